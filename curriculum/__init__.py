@@ -1,0 +1,1 @@
+"""curriculum: see docs/architecture.md."""

@@ -1,0 +1,11 @@
+"""Trajectory-scoped SQL sessions over SQLite, PostgreSQL, MySQL/MariaDB, SQL Server and Oracle.
+
+Public API: ``open_session``, ``Session``, ``QueryResult``, ``QueryError``, ``ErrorKind``,
+``Limits``, ``SessionError``, ``SessionPool``. See docs/sessions.md.
+"""
+
+from .session import Session, open_session
+from .types import ErrorKind, Limits, QueryError, QueryResult, SessionError
+
+__all__ = ["ErrorKind", "Limits", "QueryError", "QueryResult", "Session", "SessionError",
+           "open_session"]

@@ -1,0 +1,129 @@
+"""Typed contracts of the session layer: limits, errors and query results.
+
+Guarantees:
+- Every value here is a frozen dataclass or an enum, picklable, and safe to send across process
+  (and Ray actor) boundaries.
+- ``QueryResult.rows`` holds only JSON-serialisable, hashable Python values (see ``normalize``):
+  ``None``, ``bool``, ``int``, ``float``, ``str``. Each row is a tuple, so rows can be put in sets
+  and multisets by the comparators without conversion.
+- A failed statement never raises out of ``Session.execute``: it returns a ``QueryResult`` whose
+  ``error`` says what kind of failure happened and carries the driver's message.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class ErrorKind(str, enum.Enum):
+    """What kind of failure a statement hit. Values are stable strings (used in observations)."""
+
+    SYNTAX = "syntax"  # the SQL did not parse
+    TIMEOUT = "timeout"  # the statement (or a lock wait) ran past the limit and was stopped
+    PERMISSION = "permission"  # denied by the sandbox or by the database's privileges
+    RUNTIME = "runtime"  # any other error the database raised (no such column, division by zero, ...)
+    SESSION_LOST = "session-lost"  # the session is closed or its connection died
+
+
+@dataclass(frozen=True)
+class QueryError:
+    kind: ErrorKind
+    message: str
+    statement_index: int = 0  # which statement of a multi-statement call failed (0-based)
+
+    def __str__(self) -> str:
+        return f"{self.kind.value} error: {self.message}"
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Limits applied to every statement of a session.
+
+    ``timeout_s`` is enforced by the database itself (SQLite progress handler, PostgreSQL
+    ``statement_timeout`` + ``lock_timeout``, MariaDB ``max_statement_time``) so that the work
+    really stops. ``max_rows``/``max_bytes`` cap what one call returns (``truncated=True``).
+    """
+
+    timeout_s: float = 5.0
+    max_rows: int = 10_000
+    max_bytes: int = 4 * 1024 * 1024
+    max_statements: int = 32  # statements in one execute() call
+    max_sql_chars: int = 200_000
+
+    def __post_init__(self) -> None:
+        if self.timeout_s <= 0:
+            raise ValueError(f"Limits.timeout_s must be > 0, got {self.timeout_s}")
+        for name in ("max_rows", "max_bytes", "max_statements", "max_sql_chars"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"Limits.{name} must be >= 1, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
+class QueryResult:
+    """The outcome of one ``Session.execute`` call (possibly several statements).
+
+    For a multi-statement call, ``columns``/``rows`` are those of the last statement that ran;
+    on error, execution stopped at ``error.statement_index`` and earlier statements' effects stay
+    in the session.
+
+    ``row_count`` is ``len(rows)``; ``affected_rows`` is the driver's count of rows changed by the
+    last statement when it was DML (``None`` otherwise or when unknown).
+    """
+
+    columns: tuple[str, ...] = ()
+    rows: tuple[tuple[Any, ...], ...] = ()
+    row_count: int = 0
+    truncated: bool = False
+    error: QueryError | None = None
+    elapsed_ms: float = 0.0
+    affected_rows: int | None = None
+    statements: int = 1
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @classmethod
+    def failure(
+        cls, kind: ErrorKind, message: str, *, statement_index: int = 0, elapsed_ms: float = 0.0,
+        statements: int = 1,
+    ) -> "QueryResult":
+        return cls(error=QueryError(kind, message, statement_index), elapsed_ms=elapsed_ms,
+                   statements=statements)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "columns": list(self.columns),
+            "rows": [list(r) for r in self.rows],
+            "row_count": self.row_count,
+            "truncated": self.truncated,
+            "error": None if self.error is None else {
+                "kind": self.error.kind.value, "message": self.error.message,
+                "statement_index": self.error.statement_index},
+            "elapsed_ms": self.elapsed_ms,
+            "affected_rows": self.affected_rows,
+            "statements": self.statements,
+        }
+
+
+class SessionError(Exception):
+    """Raised by ``open_session`` when a session cannot be set up (bad URL, unreachable server,
+    a failing ``preprocess_sql`` statement, a privileged role). ``execute`` never raises it."""
+
+
+class PolicyViolation(Exception):
+    """Raised inside the executor when the sandbox rejects a statement; becomes a PERMISSION error."""
+
+
+@dataclass(frozen=True)
+class SessionInfo:
+    """What a session reports about itself (for logs and the pool's stats)."""
+
+    session_id: str
+    dialect: str
+    database: str
+    isolation: str
+    open_ms: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)

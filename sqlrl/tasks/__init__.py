@@ -1,0 +1,1 @@
+"""Task types, loaders and generated data (the synthetic task engine grows here)."""

@@ -1,0 +1,51 @@
+"""Shared fixtures.
+
+Server URLs come from the environment that scripts/dbservers.sh writes (SQLRL_PG_ADMIN_URL,
+SQLRL_MYSQL_ADMIN_URL). Without them the server tests skip and say why — unless
+SQLRL_REQUIRE_SERVERS=1 (set by scripts/test.sh, so CI), where a missing server is a failure.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from sqlrl.tasks.demo_db import build_demo_database
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = Path(os.environ.get("SQLRL_SHARED_DATA", ROOT.parent / "shared" / "data"))
+
+
+def _server_url(var: str, what: str) -> str:
+    url = os.environ.get(var)
+    if url:
+        return url
+    message = f"{what} not available: {var} is unset (run scripts/dbservers.sh start and source its env.sh)"
+    if os.environ.get("SQLRL_REQUIRE_SERVERS") == "1":
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def pg_admin_url() -> str:
+    return _server_url("SQLRL_PG_ADMIN_URL", "PostgreSQL server")
+
+
+@pytest.fixture(scope="session")
+def mysql_admin_url() -> str:
+    return _server_url("SQLRL_MYSQL_ADMIN_URL", "MariaDB/MySQL server")
+
+
+@pytest.fixture(scope="session")
+def spider_dir() -> Path:
+    path = SHARED_DATA / "spider"
+    if not (path / "database").is_dir():
+        pytest.skip(f"Spider data not found at {path} (the tests read ../shared/data/spider)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def demo_db_path(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return build_demo_database(str(tmp_path_factory.mktemp("demo") / "shop.sqlite"), seed=0)
