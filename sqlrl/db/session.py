@@ -28,11 +28,14 @@ from .url import dialect_name, parse_url, redact
 
 # Called on close with (conn, state, reusable); the pool uses it to take the connection back.
 ReleaseHook = Callable[[Any, Any, bool], None]
+# Called with every QueryResult a session returns (the pool counts errors and timeouts with it).
+ResultHook = Callable[[QueryResult], None]
 
 
 class Session:
     def __init__(self, adapter: DialectAdapter, conn: Any, state: Any, url: str, limits: Limits,
-                 release: ReleaseHook | None = None, open_ms: float = 0.0) -> None:
+                 release: ReleaseHook | None = None, open_ms: float = 0.0,
+                 on_result: ResultHook | None = None) -> None:
         self.id = uuid.uuid4().hex
         self.adapter = adapter
         self.url = url
@@ -41,6 +44,7 @@ class Session:
         self._conn = conn
         self._state = state
         self._release = release
+        self._on_result = on_result
         self._lock = threading.Lock()
         self._closed = False
         self._lost = False
@@ -69,7 +73,9 @@ class Session:
             result = run_call(self.adapter, self._conn, self._state, sql, self.limits)
             if result.error is not None and result.error.kind is ErrorKind.SESSION_LOST:
                 self._lost = True
-            return result
+        if self._on_result is not None:
+            self._on_result(result)
+        return result
 
     def close(self) -> None:
         with self._lock:
@@ -126,7 +132,8 @@ def connect(adapter: DialectAdapter, parsed: Any, limits: Limits) -> Any:
 
 
 def start_session(adapter: DialectAdapter, conn: Any, url: str, parsed: Any, limits: Limits,
-                  preprocess_sql: Iterable[str], release: ReleaseHook | None, t0: float) -> Session:
+                  preprocess_sql: Iterable[str], release: ReleaseHook | None, t0: float,
+                  on_result: ResultHook | None = None) -> Session:
     """Begin a workspace on an open connection and run ``preprocess_sql`` in it (used by
     ``open_session`` and by ``SessionPool``)."""
     try:
@@ -137,7 +144,7 @@ def start_session(adapter: DialectAdapter, conn: Any, url: str, parsed: Any, lim
         else:
             _quiet_close(adapter, conn)
         raise SessionError(f"cannot start a session on {redact(parsed)}: {error_message(exc)}") from exc
-    session = Session(adapter, conn, state, url, limits, release=release)
+    session = Session(adapter, conn, state, url, limits, release=release, on_result=on_result)
     for sql in ([preprocess_sql] if isinstance(preprocess_sql, str) else preprocess_sql):
         result = session.execute(sql)
         if result.error is not None:

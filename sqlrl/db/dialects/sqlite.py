@@ -116,13 +116,13 @@ class SQLiteDialect:
 
     def connect(self, url: URL, limits: Limits) -> Any:
         path = url.database
+        mode = url.query.get("isolation", "auto")
+        if mode not in ("auto", "memory", "copy"):
+            raise SessionError(f"unknown SQLite isolation {mode!r}: use memory, copy or auto")
         if path and path != ":memory:":
             path = os.path.abspath(path)
             if not os.path.isfile(path):
                 raise SessionError(f"SQLite database file not found: {path}")
-        mode = url.query.get("isolation", "auto")
-        if mode not in ("auto", "memory", "copy"):
-            raise SessionError(f"unknown SQLite isolation {mode!r}: use memory, copy or auto")
         if path and path != ":memory:" and (
                 mode == "copy" or (mode == "auto" and os.path.getsize(path) > COPY_THRESHOLD_BYTES)):
             fd, temp_path = tempfile.mkstemp(prefix="sqlrl-", suffix=".sqlite")
