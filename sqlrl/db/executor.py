@@ -77,15 +77,15 @@ def _fetch(cursor: Any, limits: Limits) -> tuple[tuple[str, ...], list[tuple[Any
     rows: list[tuple[Any, ...]] = []
     size = 0
     while True:
-        chunk = cursor.fetchmany(_FETCH_CHUNK)
-        if not chunk:
-            return columns, rows, False, None
-        chunk = normalize_rows(chunk)
+        want = min(_FETCH_CHUNK, limits.max_rows + 1 - len(rows))
+        chunk = normalize_rows(cursor.fetchmany(want))
         room = limits.max_rows - len(rows)
         chunk_size = len(marshal.dumps(chunk))  # C-speed size estimate (plain values only)
         if len(chunk) <= room and size + chunk_size <= limits.max_bytes:
             rows.extend(chunk)
             size += chunk_size
+            if len(chunk) < want:  # the driver had no more rows
+                return columns, rows, False, None
             continue
         for row in chunk[:room]:  # the cap falls inside this chunk: go row by row
             size += len(marshal.dumps(row))

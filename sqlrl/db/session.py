@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
+import os
 from typing import Any, Callable, Iterable
 
 from .dialects.base import DialectAdapter, error_message, get_dialect
@@ -36,7 +36,7 @@ class Session:
     def __init__(self, adapter: DialectAdapter, conn: Any, state: Any, url: str, limits: Limits,
                  release: ReleaseHook | None = None, open_ms: float = 0.0,
                  on_result: ResultHook | None = None) -> None:
-        self.id = uuid.uuid4().hex
+        self.id = os.urandom(12).hex()
         self.adapter = adapter
         self.url = url
         self.limits = limits

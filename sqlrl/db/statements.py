@@ -51,7 +51,16 @@ def is_blank(sql: str) -> bool:
     return not _COMMENT_RE.sub(" ", sql).strip()
 
 
+_HEAD_RE = re.compile(r"\W*([A-Za-z_]+)(?:\W+([A-Za-z_]+))?")
+
+
 def leading_keywords(statement: str, n: int = 2) -> tuple[str, ...]:
-    """The first ``n`` words of a statement, upper-cased, comments skipped (cheap, no parsing)."""
-    words = re.findall(r"[A-Za-z_]+", _COMMENT_RE.sub(" ", statement)[:200])
-    return tuple(w.upper() for w in words[:n])
+    """The first ``n`` (at most 2) words of a statement, upper-cased, comments skipped (cheap,
+    no parsing)."""
+    head = statement[:200]
+    if "--" in head or "/*" in head:
+        head = _COMMENT_RE.sub(" ", statement)[:200]
+    m = _HEAD_RE.match(head)
+    if m is None:
+        return ()
+    return tuple(w.upper() for w in m.groups()[:n] if w)

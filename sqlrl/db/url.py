@@ -7,6 +7,8 @@ Parsing is SQLAlchemy's own ``make_url`` (so escaping and query strings behave a
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from sqlalchemy.engine import URL, make_url
 
 from .types import SessionError
@@ -17,6 +19,11 @@ _ALIASES = {"postgres": "postgresql", "mariadb": "mysql", "sqlserver": "mssql"}
 def parse_url(url: str | URL) -> URL:
     if isinstance(url, URL):
         return url
+    return _parse(url)
+
+
+@lru_cache(maxsize=4096)
+def _parse(url: str) -> URL:  # URLs are immutable: parse each text once
     try:
         return make_url(url)
     except Exception as exc:  # sqlalchemy.exc.ArgumentError

@@ -24,8 +24,32 @@ def test_sessions_from_the_pool_are_isolated_and_counted(demo_db_path):
             assert pool.stats().in_use == 2
         stats = pool.stats()
     assert stats.leases == 2 and stats.in_use == 0 and stats.connects == 2
-    assert stats.discards == 2  # SQLite never reuses: a fresh deserialize is its reset
-    assert events == ["checkout", "checkout", ("checkin", False), ("checkin", False)]
+    assert stats.resets == 2 and stats.discards == 0 and stats.idle == 2
+    assert events == ["checkout", "checkout", ("checkin", True), ("checkin", True)]
+
+
+def test_a_reused_connection_starts_from_the_base_again(demo_db_path):
+    with SessionPool(PoolConfig(max_size=1)) as pool:
+        with pool.session(url(demo_db_path)) as s:
+            s.execute("DELETE FROM orders")
+            s.execute("CREATE TABLE scratch(x)")
+            s.execute("CREATE VIEW vv AS SELECT 1")
+        with pool.session(url(demo_db_path)) as s:
+            assert s.execute("SELECT count(*) FROM orders").rows == ((300,),)
+            assert s.execute("SELECT * FROM scratch").error is not None
+            assert s.execute("SELECT * FROM vv").error is not None
+            s.execute("CREATE TEMP TABLE t(x)")  # TEMP objects make the connection unreusable
+        stats = pool.stats()
+        assert stats.connects == 1 and stats.resets == 1 and stats.discards == 1
+        with pool.session(url(demo_db_path)) as s:
+            assert s.execute("SELECT * FROM t").error is not None
+
+
+def test_discard_mode_never_reuses(demo_db_path):
+    with SessionPool(PoolConfig(reset_on_return="discard")) as pool:
+        for _ in range(3):
+            pool.session(url(demo_db_path)).close()
+        assert pool.stats().connects == 3 and pool.stats().discards == 3
 
 
 def test_bounded_wait_error_states_size_in_use_and_timeout(demo_db_path):

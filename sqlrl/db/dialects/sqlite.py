@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import shutil
 import sqlite3
+import stat
 import tempfile
 import threading
 import time
@@ -52,9 +53,14 @@ _DENIED_ACTIONS = {
 
 
 class _Connection(sqlite3.Connection):
-    """A connection that carries the running statement's deadline for the progress handler."""
+    """A connection that carries the running statement's deadline for the progress handler, and
+    where its contents came from (so the pool can reset it in place)."""
 
     deadline: float = float("inf")
+    base_path: str | None = None  # the base file deserialized into this connection
+    snapshot: bytes | None = None  # the bytes it holds now (None: copy mode or empty)
+    temp_path: str | None = None  # the private file in copy mode
+    fresh: bool = True  # contents untouched since connect
 
 
 @dataclass
@@ -70,8 +76,8 @@ class _SnapshotCache:
         self._items: OrderedDict[tuple[str, int, int], bytes] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, path: str) -> bytes:
-        st = os.stat(path)
+    def get(self, path: str, st: os.stat_result | None = None) -> bytes:
+        st = st or os.stat(path)
         key = (path, st.st_size, st.st_mtime_ns)
         with self._lock:
             data = self._items.get(key)
@@ -115,30 +121,36 @@ class SQLiteDialect:
     isolation = "memory-copy"
 
     def connect(self, url: URL, limits: Limits) -> Any:
-        path = url.database
         mode = url.query.get("isolation", "auto")
         if mode not in ("auto", "memory", "copy"):
             raise SessionError(f"unknown SQLite isolation {mode!r}: use memory, copy or auto")
-        if path and path != ":memory:":
-            path = os.path.abspath(path)
-            if not os.path.isfile(path):
-                raise SessionError(f"SQLite database file not found: {path}")
-        if path and path != ":memory:" and (
-                mode == "copy" or (mode == "auto" and os.path.getsize(path) > COPY_THRESHOLD_BYTES)):
+        path = url.database
+        if not path or path == ":memory:":
+            return self._open(":memory:")
+        path = os.path.abspath(path)
+        try:
+            st = os.stat(path)
+        except OSError:
+            st = None
+        if st is None or not stat.S_ISREG(st.st_mode):
+            raise SessionError(f"SQLite database file not found: {path}")
+        if mode == "copy" or (mode == "auto" and st.st_size > COPY_THRESHOLD_BYTES):
             fd, temp_path = tempfile.mkstemp(prefix="sqlrl-", suffix=".sqlite")
             os.close(fd)
             shutil.copyfile(path, temp_path)
             conn = self._open(temp_path)
-            conn.temp_path = temp_path  # type: ignore[attr-defined]
+            conn.temp_path = temp_path
             return conn
-        data = SNAPSHOTS.get(path) if path and path != ":memory:" else None
-        return self._open(":memory:", data)
+        conn = self._open(":memory:", SNAPSHOTS.get(path, st))
+        conn.base_path = path
+        return conn
 
     def _open(self, target: str, data: bytes | None = None) -> _Connection:
         conn = sqlite3.connect(target, factory=_Connection, check_same_thread=False,
                                isolation_level=None)
         if data is not None:
             conn.deserialize(data)  # before the authorizer, which would deny it
+            conn.snapshot = data
         conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_VALUE_BYTES)
         conn.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)
         conn.set_authorizer(_authorizer)
@@ -147,10 +159,24 @@ class SQLiteDialect:
         return conn
 
     def begin(self, conn: Any, url: URL) -> Any:
-        return _Workspace(getattr(conn, "temp_path", None))
+        if not conn.fresh and conn.base_path is not None:  # a reused connection: reload the base
+            data = SNAPSHOTS.get(conn.base_path)
+            conn.set_authorizer(None)
+            try:
+                conn.deserialize(data)
+            finally:
+                conn.set_authorizer(_authorizer)
+            conn.snapshot = data
+        conn.fresh = False
+        return _Workspace(conn.temp_path)
 
     def end(self, conn: Any, state: Any) -> bool:
-        return False  # a fresh deserialize() is as cheap as any reset: never reuse
+        """Reusable when in memory mode and the session left no TEMP objects (the next ``begin``
+        reloads the base into ``main``); copy-mode connections are never reused."""
+        if conn.temp_path is not None or conn.base_path is None:
+            return False
+        conn.deadline = float("inf")
+        return conn.execute("SELECT count(*) FROM temp.sqlite_master").fetchone()[0] == 0
 
     def run(self, conn: Any, state: Any, statement: str, deadline: float) -> Any:
         conn.deadline = deadline
@@ -183,7 +209,7 @@ class SQLiteDialect:
         return None
 
     def close(self, conn: Any) -> None:
-        temp_path = getattr(conn, "temp_path", None)
+        temp_path = conn.temp_path
         conn.close()
         if temp_path:
             try:
