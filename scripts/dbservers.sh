@@ -2,6 +2,7 @@
 # Start or stop the real PostgreSQL 15 and MariaDB servers the tests and benchmarks use.
 #   scripts/dbservers.sh start   # installs the Debian packages when missing, starts both on loopback
 #   scripts/dbservers.sh stop
+#   scripts/dbservers.sh restart-pg   # kill every PostgreSQL connection (pool-recovery test)
 #   scripts/dbservers.sh env     # prints the export lines (also written to $SQLRL_DB_DIR/env.sh)
 # Servers listen on 127.0.0.1 only, on non-default ports, with throwaway data directories.
 set -euo pipefail
@@ -33,6 +34,11 @@ start_pg() {
   runuser -u postgres -- "$bin/pg_ctl" -D "$data" -w -l "$data/server.log" -o \
     "-c listen_addresses=127.0.0.1 -p $PG_PORT -k $data -c fsync=off -c synchronous_commit=off \
      -c full_page_writes=off -c max_connections=300" start >/dev/null
+}
+
+restart_pg() {  # used by the pool-recovery test: every server connection dies
+  local bin; bin=$(pg_bin)
+  runuser -u postgres -- "$bin/pg_ctl" -D "$DIR/pg" -m immediate -w restart -l "$DIR/pg/server.log" >/dev/null
 }
 
 stop_pg() {
@@ -80,6 +86,7 @@ case "${1:-}" in
   start) mkdir -p "$DIR"; chmod 755 "$DIR"; install_packages; start_pg; start_mysql; write_env
          echo "dbservers: PostgreSQL on 127.0.0.1:$PG_PORT, MariaDB on 127.0.0.1:$MY_PORT (env: $DIR/env.sh)";;
   stop) stop_pg; stop_mysql; echo "dbservers: stopped";;
+  restart-pg) restart_pg; echo "dbservers: PostgreSQL restarted";;
   env) write_env; cat "$DIR/env.sh";;
-  *) echo "usage: $0 start|stop|env" >&2; exit 2;;
+  *) echo "usage: $0 start|stop|restart-pg|env" >&2; exit 2;;
 esac

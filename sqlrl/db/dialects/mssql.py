@@ -1,0 +1,655 @@
+"""SQL Server adapter (pyodbc). UNVERIFIED: built against the real driver and its error classes, but
+never run against a SQL Server (none can run on the CI machines); see docs/unverified_dialects.md.
+
+URL: ``mssql+pyodbc://user:pw@host:1433/db?driver=FreeTDS`` (or ``driver=ODBC Driver 18 for
+SQL Server``; other query keys such as ``TrustServerCertificate=yes`` or ``TDS_Version=7.4`` go into
+the ODBC connection string unchanged; ``odbc_connect=<whole connection string>`` is accepted too).
+``?allow_superuser=1`` lets a sysadmin login through; ``?connect_timeout=N`` is the login timeout.
+
+Isolation ("transaction"): one explicit transaction per session. The ODBC connection is in
+autocommit mode so that the driver never starts or ends transactions itself (FreeTDS implements
+manual-commit mode with transaction-manager requests and restarts a transaction after every
+``SQLEndTran``; Microsoft's drivers differ), and the adapter drives the transaction in T-SQL:
+
+- ``begin``: ``BEGIN TRANSACTION`` (``@@TRANCOUNT`` is then exactly 1).
+- before every statement, one guard batch: ``IF XACT_STATE() = 1 AND @@TRANCOUNT = 1 SAVE
+  TRANSACTION sqlrl_sp ELSE RAISERROR(...)``. If the server ended or doomed the transaction
+  (deadlock victim, an error that rolls the transaction back), the guard fails, the session is
+  marked lost and no later statement can run outside the transaction in autocommit mode.
+- after a failed statement: ``SELECT @@TRANCOUNT, XACT_STATE()``; when the transaction is intact,
+  ``ROLLBACK TRANSACTION sqlrl_sp`` undoes only that statement and earlier effects survive; when
+  it is gone (``@@TRANCOUNT = 0``) or uncommittable (``XACT_STATE() = -1``) the statement's result
+  is ``session-lost``.
+- ``end``: ``IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION``. A connection is reused only if the session
+  changed no SET option and declared no cursor (those outlive a rollback).
+
+Connection setup: ``SET IMPLICIT_TRANSACTIONS OFF``, ``SET XACT_ABORT OFF`` (an error then rolls
+back only its statement), ``SET LOCK_TIMEOUT <timeout ms>`` and ``SET TEXTSIZE`` (64 MiB per
+returned value).
+
+Timeout: pyodbc ``Connection.timeout`` (ODBC ``SQL_ATTR_QUERY_TIMEOUT``, whole seconds, rounded
+up) is set from the statement's deadline before each statement; on expiry the driver sends a TDS
+attention, so the server stops the work, and raises SQLSTATE HYT00. ``LOCK_TIMEOUT`` turns lock
+waits into error 1222. Both are ``ErrorKind.TIMEOUT``; the transaction survives (statement-level
+rollback), so the session stays usable.
+
+Sandbox (``denied``): T-SQL runs several statements in one batch without semicolons, so the rules
+look at every token of the batch (``tsql_tokens``, a small lexer that drops strings and comments the
+way the server does), not only the first word. See ``mssql_denial``.
+
+Errors are re-raised as ``MSSQLError`` (readable text, pyodbc's ``(sqlstate, message)`` args kept)
+and classified by SQLSTATE and native error number (``classify_mssql``).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+import re
+import struct
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import pyodbc
+from sqlalchemy.engine import URL
+
+from ..types import ErrorKind, Limits, SessionError
+from ..url import redact
+from .base import error_message, register_dialect
+
+SAVEPOINT = "sqlrl_sp"
+MAX_VALUE_BYTES = 64 * 1024 * 1024  # SET TEXTSIZE: the largest (max)/text value returned
+DEFAULT_LOGIN_TIMEOUT_S = 10
+SQL_SS_TIMESTAMPOFFSET = -155  # DATETIMEOFFSET, which pyodbc cannot read without a converter
+GUARD_MESSAGE = "sqlrl: the session transaction is no longer active"
+_GUARD = (f"IF XACT_STATE() = 1 AND @@TRANCOUNT = 1 SAVE TRANSACTION {SAVEPOINT} "
+          f"ELSE RAISERROR('{GUARD_MESSAGE}', 16, 1)")
+_PREFERRED_DRIVERS = ("ODBC Driver 18 for SQL Server", "ODBC Driver 17 for SQL Server", "FreeTDS")
+_SQLRL_KEYS = {"driver", "odbc_connect", "allow_superuser", "connect_timeout"}
+_ODBC_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_ ]*$")
+
+
+class SessionLost(Exception):
+    """The session's transaction or connection is gone (always ``ErrorKind.SESSION_LOST``)."""
+
+
+@dataclass
+class _State:
+    lost: bool = False  # the transaction ended behind our back; every later call is session-lost
+    dirty: bool = False  # SET options or cursors that outlive ROLLBACK: do not reuse the connection
+
+
+# --- URL -> ODBC connection string (pure) --------------------------------------------------------
+
+def _query(url: URL, key: str) -> str | None:
+    value = url.query.get(key)
+    if isinstance(value, tuple):  # a repeated key: the last one wins
+        value = value[-1] if value else None
+    return value
+
+
+def truthy(value: str | None) -> bool:
+    return (value or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _odbc_value(value: str, always_brace: bool = False) -> str:
+    if always_brace or re.search(r"[;{}=\s]", value) or value != value.strip():
+        return "{" + value.replace("}", "}}") + "}"
+    return value
+
+
+def is_freetds(driver: str) -> bool:
+    return "freetds" in driver.lower() or "libtdsodbc" in driver.lower()
+
+
+def odbc_connection_string(url: URL, installed_drivers: Sequence[str] = ()) -> str:
+    """The ODBC connection string for a ``mssql+pyodbc://`` URL.
+
+    The driver comes from ``?driver=``; without it the first installed of ODBC Driver 18, 17 and
+    FreeTDS. FreeTDS takes ``SERVER=host;PORT=port`` and ``ClientCharset=UTF-8``, Microsoft's drivers
+    ``SERVER=host,port``. Query keys other than sqlrl's own are passed through as ODBC keywords.
+    """
+    whole = _query(url, "odbc_connect")
+    if whole:
+        return whole
+    driver = _query(url, "driver")
+    if not driver:
+        driver = next((d for d in _PREFERRED_DRIVERS if d in installed_drivers), None)
+        if driver is None:
+            raise SessionError(
+                "no SQL Server ODBC driver: install FreeTDS (apt-get install tdsodbc) or Microsoft's "
+                "ODBC Driver 18, or name one with ?driver=")
+    if not url.host:
+        raise SessionError(f"the SQL Server URL has no host: {redact(url)}")
+    freetds = is_freetds(driver)
+    parts = [f"DRIVER={_odbc_value(driver, always_brace=True)}"]
+    if freetds:
+        parts.append(f"SERVER={_odbc_value(url.host)}")
+        parts.append(f"PORT={int(url.port or 1433)}")
+    else:
+        parts.append(f"SERVER={_odbc_value(url.host + (f',{int(url.port)}' if url.port else ''))}")
+    if url.database:
+        parts.append(f"DATABASE={_odbc_value(url.database)}")
+    if url.username:
+        parts.append(f"UID={_odbc_value(url.username, always_brace=True)}")
+        parts.append(f"PWD={_odbc_value(url.password or '', always_brace=True)}")
+    extra = {k: _query(url, k) for k in url.query if k not in _SQLRL_KEYS}
+    if freetds and not any(k.lower() == "clientcharset" for k in extra):
+        parts.append("ClientCharset=UTF-8")
+    if not any(k.lower() in ("app", "application name") for k in extra):
+        parts.append("APP=sqlrl")
+    for key, value in extra.items():
+        if not _ODBC_KEY.match(key):
+            raise SessionError(f"not an ODBC connection keyword: {key!r}")
+        parts.append(f"{key}={_odbc_value(value or '')}")
+    return ";".join(parts)
+
+
+def query_timeout_seconds(seconds: float) -> int:
+    """ODBC's query timeout is whole seconds (0 means none): round up, at least 1."""
+    return max(1, math.ceil(round(seconds, 3)))
+
+
+def lock_timeout_ms(seconds: float) -> int:
+    return max(1, math.ceil(seconds * 1000))
+
+
+def datetimeoffset_to_text(value: bytes | None) -> str | None:
+    """Output converter for DATETIMEOFFSET (SQL_SS_TIMESTAMPOFFSET_STRUCT, 20 bytes)."""
+    if value is None:
+        return None
+    if len(value) != 20:  # a driver that sends text instead of the struct
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            return "0x" + value.hex()
+    year, month, day, hour, minute, second, nanos, tz_h, tz_m = struct.unpack("<6hI2h", value)
+    text = _dt.datetime(year, month, day, hour, minute, second, nanos // 1000).isoformat(sep=" ")
+    sign = "-" if tz_h < 0 or tz_m < 0 else "+"
+    return f"{text}{sign}{abs(tz_h):02d}:{abs(tz_m):02d}"
+
+
+# --- error classification ------------------------------------------------------------------------
+
+_SQLSTATE = re.compile(r"^[0-9A-Z]{5}$")
+_NATIVE = re.compile(r"\((-?\d+)\)")
+SYNTAX_ERRORS = {102, 103, 105, 111, 137, 153, 155, 156, 170, 319, 1018, 1038, 4145, 8180}
+PERMISSION_ERRORS = {229, 230, 262, 297, 300, 916, 1088, 3906, 15247, 27212}
+TIMEOUT_ERRORS = {1222}  # lock request time out period exceeded
+LOST_ERRORS = {596, 628, 3902, 3903, 3930, 3998, 6005, 6006}  # the transaction or session ended
+LOST_SQLSTATES = {"08S01", "08001", "08003", "08004", "08007", "01002"}
+
+
+def sqlstate_and_natives(exc: BaseException) -> tuple[str | None, tuple[int, ...], str]:
+    """(SQLSTATE, native error numbers, message) of a pyodbc error.
+
+    pyodbc builds driver errors as ``Error(sqlstate, "[sqlstate] message (native) (function)")`` and
+    its own errors as ``Error(message, sqlstate)`` or ``Error(message)``.
+    """
+    args = [a for a in getattr(exc, "args", ()) if isinstance(a, str)]
+    state = next((a for a in args if _SQLSTATE.match(a)), None)
+    message = " ".join(a for a in args if a is not state) or str(exc)
+    return state, tuple(int(n) for n in _NATIVE.findall(message)), message
+
+
+class MSSQLError(Exception):
+    """A pyodbc error re-raised with a readable message: ``str`` drops pyodbc's tuple form and the
+    driver tags (``Invalid object name 'x'. (error 208, SQLSTATE 42S02)``); ``args`` keep pyodbc's
+    ``(sqlstate, message)`` so classification is unchanged."""
+
+    def __str__(self) -> str:
+        state, natives, message = sqlstate_and_natives(self)
+        text = re.sub(r"^\[[0-9A-Z]{5}\]\s*", "", message)
+        text = re.sub(r"^(\[[^\]]*\])+\s*", "", text)  # [FreeTDS][SQL Server] / [Microsoft]...
+        text = re.sub(r"\s*\(SQL\w+\)\s*$", "", text)  # (SQLExecDirectW)
+        text = re.sub(r"\s*\(-?\d+\)\s*$", "", text)  # (208)
+        detail = ", ".join(([f"error {natives[0]}"] if natives and natives[0] else [])
+                           + ([f"SQLSTATE {state}"] if state else []))
+        return f"{text} ({detail})" if detail else text
+
+
+def readable(exc: BaseException) -> BaseException:
+    """``exc`` as an ``MSSQLError`` when it is a pyodbc error (others unchanged)."""
+    if isinstance(exc, pyodbc.Error) and not isinstance(exc, MSSQLError):
+        state, _, message = sqlstate_and_natives(exc)
+        wrapped = MSSQLError(state or "HY000", message)
+        wrapped.__cause__ = exc
+        return wrapped
+    return exc
+
+
+def classify_mssql(exc: BaseException) -> ErrorKind:
+    if isinstance(exc, SessionLost):
+        return ErrorKind.SESSION_LOST
+    state, natives, message = sqlstate_and_natives(exc)
+    low = message.lower()
+    if (state in LOST_SQLSTATES or any(n in LOST_ERRORS for n in natives) or GUARD_MESSAGE in message
+            or "closed connection" in low or "connection has been closed" in low
+            or "communication link failure" in low or "write to the server failed" in low
+            or "read from the server failed" in low):
+        return ErrorKind.SESSION_LOST
+    if state in ("HYT00", "HYT01") or any(n in TIMEOUT_ERRORS for n in natives):
+        return ErrorKind.TIMEOUT
+    if any(n in PERMISSION_ERRORS for n in natives) or "permission was denied" in low:
+        return ErrorKind.PERMISSION
+    if any(n in SYNTAX_ERRORS for n in natives) or (state == "42000" and "syntax" in low):
+        return ErrorKind.SYNTAX
+    return ErrorKind.RUNTIME
+
+
+# --- sandbox rules -------------------------------------------------------------------------------
+
+# Words that start a T-SQL statement. A batch that starts with any other name is a stored
+# procedure call (EXEC is optional for the first statement of a batch).
+STATEMENT_KEYWORDS = {
+    "SELECT", "WITH", "INSERT", "UPDATE", "DELETE", "MERGE", "CREATE", "ALTER", "DROP", "TRUNCATE",
+    "DECLARE", "SET", "IF", "WHILE", "PRINT", "RAISERROR", "THROW", "WAITFOR", "EXEC", "EXECUTE",
+    "RETURN", "BREAK", "CONTINUE", "GOTO", "OPEN", "FETCH", "CLOSE", "DEALLOCATE", "ENABLE",
+    "DISABLE", "BEGIN", "END", "COMMIT", "ROLLBACK", "SAVE",
+}
+# Read-only catalog procedures the agent may call (EXEC sp_help 'orders', sp_columns orders).
+CATALOG_PROCEDURES = {
+    "SP_HELP", "SP_HELPTEXT", "SP_HELPINDEX", "SP_HELPCONSTRAINT", "SP_COLUMNS", "SP_TABLES",
+    "SP_PKEYS", "SP_FKEYS", "SP_STORED_PROCEDURES", "SP_SPECIAL_COLUMNS", "SP_DATATYPE_INFO",
+}
+# Reserved T-SQL words denied wherever they appear unquoted (they cannot be plain identifiers).
+DENIED_WORDS = {
+    "COMMIT": "transaction control is not allowed: the session manages its own transaction",
+    "ROLLBACK": "transaction control is not allowed: the session manages its own transaction",
+    "SAVE": "transaction control (SAVE TRANSACTION) is not allowed: the session manages its own "
+            "savepoints",
+    "DISTRIBUTED": "distributed transactions are not allowed",
+    "USE": "USE (switching databases) is not allowed in a session",
+    "SHUTDOWN": "SHUTDOWN is not allowed",
+    "RECONFIGURE": "RECONFIGURE is not allowed",
+    "BACKUP": "BACKUP is not allowed",
+    "RESTORE": "RESTORE is not allowed",
+    "DBCC": "DBCC commands are not allowed",
+    "KILL": "KILL is not allowed",
+    "CHECKPOINT": "CHECKPOINT is not allowed",
+    "OPENROWSET": "OPENROWSET (ad hoc remote or file access) is not allowed",
+    "OPENDATASOURCE": "OPENDATASOURCE (ad hoc remote access) is not allowed",
+    "OPENQUERY": "OPENQUERY (linked servers) is not allowed",
+    "BULK": "BULK INSERT / OPENROWSET(BULK ...) (file access) is not allowed",
+    "SETUSER": "SETUSER (impersonation) is not allowed",
+    "REVERT": "REVERT (impersonation) is not allowed",
+    "GRANT": "changing permissions (GRANT) is not allowed",
+    "REVOKE": "changing permissions (REVOKE) is not allowed",
+    "DENY": "changing permissions (DENY) is not allowed",
+    "WRITETEXT": "WRITETEXT is not allowed",
+    "UPDATETEXT": "UPDATETEXT is not allowed",
+}
+# SET options that change how the session's transaction or the sandbox behave.
+DENIED_SET_OPTIONS = {
+    "IMPLICIT_TRANSACTIONS", "XACT_ABORT", "ANSI_DEFAULTS", "NOEXEC", "PARSEONLY", "FMTONLY",
+    "SHOWPLAN_ALL", "SHOWPLAN_TEXT", "SHOWPLAN_XML", "REMOTE_PROC_TRANSACTIONS",
+    "CURSOR_CLOSE_ON_COMMIT", "CONTEXT_INFO", "QUERY_GOVERNOR_COST_LIMIT", "TEXTSIZE", "FORCEPLAN",
+    "OFFSETS", "LOCK_TIMEOUT",
+}
+# SET options a statement may start with (SET @variable = ... is allowed too).
+ALLOWED_SET_OPTIONS = {
+    "NOCOUNT", "DATEFORMAT", "DATEFIRST", "LANGUAGE", "ANSI_NULLS", "ANSI_PADDING", "ANSI_WARNINGS",
+    "ANSI_NULL_DFLT_ON", "ANSI_NULL_DFLT_OFF", "CONCAT_NULL_YIELDS_NULL", "ARITHABORT",
+    "ARITHIGNORE", "NUMERIC_ROUNDABORT", "QUOTED_IDENTIFIER", "ROWCOUNT", "IDENTITY_INSERT",
+    "STATISTICS", "DEADLOCK_PRIORITY",
+}
+# Server-level objects: CREATE/ALTER/DROP of these is denied.
+SERVER_OBJECTS = {
+    "LOGIN", "USER", "ROLE", "DATABASE", "SERVER", "ASSEMBLY", "ENDPOINT", "CREDENTIAL",
+    "CERTIFICATE", "MASTER", "SYMMETRIC", "ASYMMETRIC", "EVENT", "AVAILABILITY", "RESOURCE",
+    "WORKLOAD", "CRYPTOGRAPHIC", "EXTERNAL", "BROKER", "APPLICATION", "SERVICE", "QUEUE", "ROUTE",
+    "REMOTE", "FULLTEXT", "AUDIT", "SECURITY",
+}
+DENIED_PROCEDURES = {
+    "XP_CMDSHELL", "XP_REGREAD", "XP_REGWRITE", "XP_REGDELETEVALUE", "XP_REGDELETEKEY", "XP_DIRTREE",
+    "XP_FILEEXIST", "XP_SUBDIRS", "XP_FIXEDDRIVES", "XP_AVAILABLEMEDIA", "XP_SERVICECONTROL",
+    "XP_INSTANCE_REGREAD", "XP_INSTANCE_REGWRITE", "XP_LOGINCONFIG", "XP_GETNETNAME",
+    "SP_CONFIGURE", "SP_EXECUTESQL", "SP_EXECUTE_EXTERNAL_SCRIPT", "SP_ADDLINKEDSERVER",
+    "SP_ADDLINKEDSRVLOGIN", "SP_ADDSRVROLEMEMBER", "SP_ADDLOGIN", "SP_PASSWORD", "SP_SETAPPROLE",
+    "SP_START_JOB", "SP_ADD_JOB", "SP_ADD_JOBSTEP", "SP_SEND_DBMAIL", "SP_PREPARE", "SP_EXECUTE",
+    "SP_PREPEXEC", "SP_RESET_CONNECTION",
+}
+
+_WORD = re.compile(r"[^\W\d][\w@#$]*|[@#][\w@#$]*")
+_NUMBER = re.compile(r"\d[\w.]*")
+
+
+def tsql_tokens(sql: str) -> list[tuple[str, str]]:
+    """T-SQL's lexical structure as the server reads it: (kind, upper-cased text) of every word
+    ("WORD", including ``@var``, ``#temp`` and ``##global``), quoted identifier ("IDENT": ``[x]`` or
+    ``"x"``, without the quotes) and punctuation character ("PUNCT"). String literals (``'..'``,
+    ``N'..'``), numbers and comments (``--``, nested ``/* */``) are dropped. An unterminated string,
+    identifier or comment is read as code from its opening character on, so a broken text yields
+    more words to check, never fewer (and the server rejects it anyway).
+
+    A lexer of our own rather than sqlglot's: sqlglot reads everything after command words such as
+    PRINT, FETCH or EXPLAIN as one string, which would hide ``PRINT 1 COMMIT`` from the rules.
+    """
+    out: list[tuple[str, str]] = []
+    i, n = 0, len(sql)
+    while i < n:
+        c = sql[i]
+        if c.isspace():
+            i += 1
+        elif sql.startswith("--", i):
+            j = sql.find("\n", i)
+            i = n if j < 0 else j + 1
+        elif sql.startswith("/*", i):
+            depth, j = 1, i + 2
+            while j < n and depth:
+                if sql.startswith("/*", j):
+                    depth, j = depth + 1, j + 2
+                elif sql.startswith("*/", j):
+                    depth, j = depth - 1, j + 2
+                else:
+                    j += 1
+            i = j if depth == 0 else i + 2
+        elif c == "'" or (c in "nN" and sql.startswith("'", i + 1)):
+            body = i + 1 if c == "'" else i + 2
+            j = _literal_end(sql, body, "'")
+            if j < 0:
+                out.append(("PUNCT", "'"))
+                i = body
+            else:
+                i = j
+        elif c in '"[':
+            close = '"' if c == '"' else "]"
+            j = _literal_end(sql, i + 1, close)
+            if j < 0:
+                out.append(("PUNCT", c))
+                i += 1
+            else:
+                out.append(("IDENT", sql[i + 1:j - 1].replace(close * 2, close).upper()))
+                i = j
+        else:
+            m = _WORD.match(sql, i)
+            if m is not None:
+                out.append(("WORD", m.group(0).upper()))
+                i = m.end()
+                continue
+            m = _NUMBER.match(sql, i)
+            if m is not None:
+                i = m.end()
+                continue
+            out.append(("PUNCT", c))
+            i += 1
+    return out
+
+
+def _literal_end(sql: str, i: int, quote: str) -> int:
+    """The index just after the closing ``quote`` of a literal whose body starts at ``i`` (a
+    doubled quote is an escaped one), or -1 when it is never closed."""
+    while True:
+        j = sql.find(quote, i)
+        if j < 0:
+            return -1
+        if sql.startswith(quote * 2, j):
+            i = j + 2
+            continue
+        return j + 1
+
+
+def _procedure_at(tokens: list[tuple[str, str]], i: int) -> tuple[str | None, int]:
+    """The (last part of the) procedure name starting at ``tokens[i]`` and the index after it."""
+    name = None
+    while i < len(tokens):
+        kind, text = tokens[i]
+        if text == ".":
+            i += 1
+            continue
+        if kind == "IDENT" or (kind == "WORD" and not text.startswith("@")):
+            name = text
+            i += 1
+            if i < len(tokens) and tokens[i][1] == ".":
+                continue
+        break
+    return name, i
+
+
+def mssql_denial(statement: str) -> str | None:
+    """The reason the SQL Server sandbox rejects ``statement``, or None.
+
+    Denied: transaction control anywhere in the batch (COMMIT/ROLLBACK/SAVE TRAN/BEGIN TRAN), EXEC
+    of anything but read-only catalog procedures (so no dynamic SQL, xp_cmdshell, sp_executesql),
+    a batch that starts with a procedure name, USE, SHUTDOWN, RECONFIGURE, BACKUP/RESTORE, DBCC,
+    KILL, CHECKPOINT, OPENROWSET/OPENDATASOURCE/OPENQUERY, BULK INSERT, GRANT/REVOKE/DENY,
+    impersonation (EXECUTE AS, SETUSER, REVERT), CREATE/ALTER/DROP of logins, users, roles,
+    databases and other server objects (so ALTER SERVER/DATABASE), UPDATE STATISTICS, ``SET``
+    options that change the transaction or the sandbox (IMPLICIT_TRANSACTIONS, XACT_ABORT,
+    ANSI_DEFAULTS, NOEXEC, TEXTSIZE, ...), global temp tables (``##t``, visible to other sessions)
+    and ODBC escapes (``{call ...}``).
+    """
+    tokens = tsql_tokens(statement)
+    # unquoted words and punctuation; "" for quoted identifiers (never keywords)
+    words = [text if kind != "IDENT" else "" for kind, text in tokens]
+    # 1. the first word: a statement keyword, or else a stored procedure call
+    start = 0
+    while start < len(tokens) and words[start] == "(":
+        start += 1
+    if start < len(tokens) and tokens[start][0] != "PUNCT":
+        first_kind, first = tokens[start]
+        if first_kind != "WORD" or first not in STATEMENT_KEYWORDS:
+            if first in DENIED_WORDS and first_kind == "WORD":
+                return DENIED_WORDS[first]
+            name, _ = _procedure_at(tokens, start)
+            if name is None or name not in CATALOG_PROCEDURES:
+                return (f"{first.lower()} is not a T-SQL statement keyword, so the batch is a "
+                        "stored procedure call; only read-only catalog procedures (sp_help, "
+                        "sp_columns, sp_tables, ...) may be called")
+        elif first == "SET":
+            nxt = words[start + 1] if start + 1 < len(words) else ""
+            if not nxt.startswith("@") and nxt not in ALLOWED_SET_OPTIONS:
+                return f"SET {nxt or '(nothing)'} is not allowed in a session"
+    # 2. every token of the batch (T-SQL runs several statements without semicolons)
+    for i, (kind, text) in enumerate(tokens):
+        if text in DENIED_PROCEDURES or text.startswith("SP_OA"):
+            return f"{text.lower()} is not allowed"
+        if kind == "IDENT":
+            continue
+        nxt = words[i + 1] if i + 1 < len(words) else ""
+        prev = words[i - 1] if i > 0 else ""
+        if text in DENIED_WORDS:
+            return DENIED_WORDS[text]
+        if text == "BEGIN" and nxt in ("TRAN", "TRANSACTION"):
+            return ("transaction control (BEGIN TRANSACTION) is not allowed: the session manages "
+                    "its own transaction")
+        if text in ("EXEC", "EXECUTE"):
+            if nxt == "AS":
+                return "EXECUTE AS (impersonation) is not allowed"
+            name, _ = _procedure_at(tokens, i + 1)
+            if name is None or name not in CATALOG_PROCEDURES:
+                return ("EXEC/EXECUTE is not allowed (no dynamic SQL or stored procedures), "
+                        "except read-only catalog procedures such as sp_help and sp_columns")
+        if text in DENIED_SET_OPTIONS:
+            return f"SET {text} is not allowed in a session"
+        if text in ("CREATE", "ALTER", "DROP") and nxt in SERVER_OBJECTS:
+            return f"{text} {nxt} is not allowed in a session"
+        if text == "ALTER" and nxt == "AUTHORIZATION":
+            return "ALTER AUTHORIZATION is not allowed"
+        if text == "UPDATE" and nxt == "STATISTICS":
+            return "UPDATE STATISTICS is not allowed"
+        if text == "SERVER" and prev == "ALL":
+            return "server-level triggers and objects (ON ALL SERVER) are not allowed"
+        if text.startswith("##"):
+            return "global temporary tables (##name) are visible to other sessions; use #name"
+        if text == "{":
+            return "ODBC escape sequences ({call ...}, {fn ...}) are not allowed"
+    return None
+
+
+def _marks_dirty(statement: str) -> bool:
+    """Statements whose effects outlive ROLLBACK on the connection (SET options, cursors)."""
+    head = statement.lstrip("( \t\r\n").upper()
+    return head.startswith("SET") or re.search(r"\bCURSOR\b", statement, re.I) is not None
+
+
+# --- results -------------------------------------------------------------------------------------
+
+class _Results:
+    """The executor's view of one T-SQL batch: the first result set with columns (or, for a batch
+    without any, the last row count). When its rows are exhausted the rest of the batch is run, so
+    an error in a later statement of the batch is reported; when the caller stops early (row or
+    byte cap) the rest of the batch is cancelled."""
+
+    def __init__(self, cursor: Any, rowcount: int, recover: Callable[[BaseException], BaseException]) -> None:
+        self._cursor = cursor
+        self._recover = recover
+        self._done = cursor.description is None
+        self.description = cursor.description
+        self.rowcount = rowcount
+
+    def fetchmany(self, size: int) -> list[tuple[Any, ...]]:
+        try:
+            rows = self._cursor.fetchmany(size)
+            if len(rows) < size and not self._done:
+                while self._cursor.nextset():
+                    pass
+                self._done = True
+        except Exception as exc:
+            self._done = True
+            _close_quietly(self._cursor)  # free the connection (no MARS) before recovering
+            raise self._recover(readable(exc)) from exc
+        return [tuple(r) for r in rows]  # pyodbc.Row -> tuple
+
+    def close(self) -> None:
+        if not self._done:
+            try:
+                self._cursor.cancel()
+            except Exception:
+                pass
+        _close_quietly(self._cursor)
+
+
+# --- the adapter ---------------------------------------------------------------------------------
+
+@register_dialect("mssql")
+class MSSQLDialect:
+    name = "mssql"
+    sqlglot_dialect = "tsql"
+    isolation = "transaction"
+
+    def connect(self, url: URL, limits: Limits) -> Any:
+        connstr = odbc_connection_string(url, pyodbc.drivers() if not _query(url, "driver") else ())
+        login_timeout = int(float(_query(url, "connect_timeout") or DEFAULT_LOGIN_TIMEOUT_S))
+        try:
+            conn = pyodbc.connect(connstr, autocommit=True, timeout=login_timeout)
+        except pyodbc.Error as exc:
+            raise SessionError(f"cannot connect to {redact(url)}: {error_message(readable(exc))}") from exc
+        try:
+            conn.timeout = query_timeout_seconds(limits.timeout_s)
+            conn.add_output_converter(SQL_SS_TIMESTAMPOFFSET, datetimeoffset_to_text)
+            cur = conn.cursor()
+            try:
+                cur.execute("SET IMPLICIT_TRANSACTIONS OFF; SET XACT_ABORT OFF; "
+                            f"SET LOCK_TIMEOUT {lock_timeout_ms(limits.timeout_s)}; "
+                            f"SET TEXTSIZE {MAX_VALUE_BYTES}")
+                sysadmin, control_server = cur.execute(
+                    "SELECT IS_SRVROLEMEMBER('sysadmin'), "
+                    "HAS_PERMS_BY_NAME(NULL, NULL, 'CONTROL SERVER')").fetchone()
+            finally:
+                cur.close()
+        except Exception as exc:
+            _close_quietly(conn)
+            raise SessionError(f"cannot set up a session on {redact(url)}: "
+                               f"{error_message(readable(exc))}") from exc
+        if (sysadmin == 1 or control_server == 1) and not truthy(_query(url, "allow_superuser")):
+            _close_quietly(conn)
+            raise SessionError(
+                f"refusing to run model-written SQL as a sysadmin (or CONTROL SERVER) login on "
+                f"{redact(url)}: use an unprivileged login, or add ?allow_superuser=1")
+        return conn
+
+    def begin(self, conn: Any, url: URL) -> Any:
+        cur = conn.cursor()
+        try:
+            cur.execute("IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION; BEGIN TRANSACTION")
+        finally:
+            cur.close()
+        return _State()
+
+    def end(self, conn: Any, state: Any) -> bool:
+        cur = conn.cursor()
+        try:
+            cur.execute("IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION")
+            trancount = cur.execute("SELECT @@TRANCOUNT").fetchone()[0]
+        finally:
+            cur.close()
+        return trancount == 0 and not state.lost and not state.dirty
+
+    def run(self, conn: Any, state: Any, statement: str, deadline: float) -> Any:
+        if state.lost:
+            raise SessionLost("the session's transaction ended earlier; its state is gone")
+        conn.timeout = query_timeout_seconds(deadline - time.monotonic())
+        cur = conn.cursor()
+        try:
+            cur.execute(_GUARD)
+        except Exception as exc:
+            state.lost = True
+            _close_quietly(cur)
+            raise SessionLost(f"the session's transaction is no longer active; its state is gone "
+                              f"({error_message(readable(exc))})") from exc
+        if _marks_dirty(statement):
+            state.dirty = True
+        try:
+            cur.execute(statement)
+            affected = cur.rowcount
+            while cur.description is None:
+                if cur.rowcount is not None and cur.rowcount >= 0:
+                    affected = cur.rowcount
+                if not cur.nextset():
+                    break
+        except Exception as exc:
+            _close_quietly(cur)
+            raise self._recover(conn, state, readable(exc)) from exc
+        return _Results(cur, affected, lambda e: self._recover(conn, state, e))
+
+    def _recover(self, conn: Any, state: Any, exc: BaseException) -> BaseException:
+        """After a failed statement: undo it (rollback to the savepoint) when the transaction is
+        intact, otherwise mark the session lost. Returns the exception to raise."""
+        if isinstance(exc, SessionLost) or classify_mssql(exc) is ErrorKind.SESSION_LOST:
+            state.lost = True
+            return exc
+        try:
+            cur = conn.cursor()
+            try:
+                trancount, xact_state = cur.execute("SELECT @@TRANCOUNT, XACT_STATE()").fetchone()
+                if trancount == 1 and xact_state == 1:
+                    cur.execute(f"ROLLBACK TRANSACTION {SAVEPOINT}")
+                    return exc
+            finally:
+                cur.close()
+        except Exception as exc2:
+            state.lost = True
+            return SessionLost(f"{error_message(exc)}; then the connection failed: "
+                               f"{error_message(readable(exc2))}")
+        state.lost = True
+        return SessionLost(
+            f"{error_message(exc)} -- the server ended the session's transaction (@@TRANCOUNT="
+            f"{trancount}, XACT_STATE()={xact_state}), so every earlier effect of this session is gone")
+
+    def ping(self, conn: Any) -> bool:
+        try:
+            cur = conn.cursor()
+            try:
+                return cur.execute("SELECT 1").fetchone()[0] == 1
+            finally:
+                cur.close()
+        except Exception:
+            return False
+
+    def classify(self, exc: BaseException) -> ErrorKind:
+        return classify_mssql(exc)
+
+    def denied(self, statement: str) -> str | None:
+        return mssql_denial(statement)
+
+    def close(self, conn: Any) -> None:
+        conn.close()
+
+
+def _close_quietly(obj: Any) -> None:
+    try:
+        obj.close()
+    except Exception:
+        pass

@@ -1,0 +1,513 @@
+"""Oracle adapter (python-oracledb, thin mode). UNVERIFIED: built against the real driver and its
+error classes, but never run against an Oracle server (none can run on the CI machines); see
+docs/unverified_dialects.md.
+
+URL (SQLAlchemy's rules): ``oracle://user:pw@host:1521/?service_name=FREEPDB1`` (a service name),
+``oracle://user:pw@host:1521/ORCL`` (the database part is a SID), or ``oracle://user:pw@alias``
+(a TNS alias or Easy Connect string in the host part). ``oracle+oracledb://`` works the same.
+``?connect_timeout=N`` is the TCP connect timeout; ``?allow_superuser=1`` lets DBA accounts through.
+
+Isolation ("transaction"): one transaction per session (oracledb never autocommits by default).
+``SAVEPOINT sqlrl_sp`` before each statement (Oracle keeps only the newest savepoint of a name) and
+``ROLLBACK TO SAVEPOINT sqlrl_sp`` after a failed one, so earlier effects survive; ``end`` rolls
+back. Oracle commits implicitly before and after every DDL statement, which would make the
+session's changes permanent, so the sandbox allows only DML and queries, plus private temporary
+tables (18c+): ``CREATE PRIVATE TEMPORARY TABLE ora$ptt_x (...)`` with the default
+``ON COMMIT DROP DEFINITION`` (their creation does not commit; ``ON COMMIT PRESERVE DEFINITION``
+is refused because Oracle documents an implicit commit for it) and ``DROP TABLE ora$ptt_x``.
+Scratch schemas per session would need a privileged account to create and drop users, so they
+are not used.
+
+Timeout: ``Connection.call_timeout`` (milliseconds, set from the statement's deadline before each
+statement). Thin mode turns an expired round trip into a break sent to the server (ORA-01013 on the
+server side), reads the reset and raises DPY-4024; the connection stays usable and the statement is
+rolled back by Oracle's statement-level atomicity. Lock waits are bounded the same way.
+
+Rows: CLOB/NCLOB are fetched as ``str`` and BLOB as ``bytes`` (an output type handler), so no LOB
+locator reaches the executor's normaliser.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import oracledb
+from sqlalchemy.engine import URL
+
+from ..types import ErrorKind, Limits, SessionError
+from ..url import redact
+from .base import error_message, register_dialect
+
+SAVEPOINT = "sqlrl_sp"
+DEFAULT_CONNECT_TIMEOUT_S = 10.0
+PTT_PREFIX = "ORA$PTT_"  # the default private_temp_table_prefix
+_ARRAYSIZE = 256
+_URL_KEYS = {"service_name", "sid", "mode", "allow_superuser", "connect_timeout", "protocol",
+             "config_dir", "wallet_location", "wallet_password"}
+PRIVILEGED_ROLES = {"DBA", "PDB_DBA", "SYSDBA", "SYSOPER", "IMP_FULL_DATABASE", "EXP_FULL_DATABASE",
+                    "DATAPUMP_IMP_FULL_DATABASE", "DATAPUMP_EXP_FULL_DATABASE", "RECOVERY_CATALOG_OWNER"}
+PRIVILEGED_PRIVILEGES = {
+    "SYSDBA", "SYSOPER", "SYSBACKUP", "SYSDG", "SYSKM", "ALTER SYSTEM", "ALTER DATABASE",
+    "GRANT ANY PRIVILEGE", "GRANT ANY ROLE", "GRANT ANY OBJECT PRIVILEGE", "BECOME USER",
+    "CREATE ANY DIRECTORY", "EXECUTE ANY PROCEDURE", "CREATE USER", "ALTER USER", "DROP USER",
+    "DROP ANY TABLE", "CREATE ANY PROCEDURE", "ALTER ANY PROCEDURE", "CREATE ANY JOB",
+}
+PRIVILEGED_USERS = {"SYS", "SYSTEM", "SYSBACKUP", "SYSDG", "SYSKM", "SYSRAC"}
+
+
+class SessionLost(Exception):
+    """The session's transaction or connection is gone (always ``ErrorKind.SESSION_LOST``)."""
+
+
+@dataclass
+class _State:
+    lost: bool = False
+
+
+# --- URL -> connect parameters (pure) ------------------------------------------------------------
+
+def _query(url: URL, key: str) -> str | None:
+    value = url.query.get(key)
+    if isinstance(value, tuple):
+        value = value[-1] if value else None
+    return value
+
+
+def truthy(value: str | None) -> bool:
+    return (value or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def connect_params(url: URL) -> dict[str, Any]:
+    """Keyword arguments for ``oracledb.connect`` from an ``oracle://`` URL (SQLAlchemy's rules:
+    the database part is a SID, ``?service_name=`` a service name, neither: the host is a TNS
+    alias or Easy Connect string)."""
+    unknown = sorted(set(url.query) - _URL_KEYS)
+    if unknown:
+        raise SessionError(f"unknown Oracle URL option(s) {', '.join(unknown)}; "
+                           f"known: {', '.join(sorted(_URL_KEYS))}")
+    service_name, sid = _query(url, "service_name"), _query(url, "sid") or url.database
+    if service_name and sid:
+        raise SessionError("an Oracle URL names either a service (?service_name=) or a SID "
+                           "(the database part or ?sid=), not both")
+    if not url.host:
+        raise SessionError(f"the Oracle URL has no host: {redact(url)}")
+    params: dict[str, Any] = {}
+    if url.username is not None:
+        params["user"] = url.username
+    if url.password is not None:
+        params["password"] = url.password
+    if service_name or sid:
+        params["host"] = url.host
+        params["port"] = int(url.port or 1521)
+        if service_name:
+            params["service_name"] = service_name
+        else:
+            params["sid"] = sid
+    else:
+        params["dsn"] = url.host if url.port is None else f"{url.host}:{url.port}"
+    params["tcp_connect_timeout"] = float(_query(url, "connect_timeout") or DEFAULT_CONNECT_TIMEOUT_S)
+    for key in ("protocol", "config_dir", "wallet_location", "wallet_password"):
+        if _query(url, key):
+            params[key] = _query(url, key)
+    mode = (_query(url, "mode") or "").strip().upper()
+    if mode and mode not in ("DEFAULT", "AUTH_MODE_DEFAULT"):
+        if not truthy(_query(url, "allow_superuser")):
+            raise SessionError(f"refusing to connect with mode={mode.lower()} (an administrative "
+                               "privilege): use an unprivileged user, or add ?allow_superuser=1")
+        name = mode if mode.startswith("AUTH_MODE_") else f"AUTH_MODE_{mode}"
+        if not hasattr(oracledb, name):
+            raise SessionError(f"unknown Oracle connection mode {mode.lower()!r}")
+        params["mode"] = getattr(oracledb, name)
+    return params
+
+
+def call_timeout_ms(seconds: float) -> int:
+    return max(1, math.ceil(seconds * 1000))
+
+
+def privileged_reasons(user: str, is_dba: str | None, roles: list[str], privileges: list[str]) -> list[str]:
+    """Why an account is too privileged to run model-written SQL (empty: it is fine)."""
+    reasons = []
+    if (user or "").upper() in PRIVILEGED_USERS:
+        reasons.append(f"user {user}")
+    if (is_dba or "").upper() == "TRUE":
+        reasons.append("connected AS SYSDBA")
+    reasons += [f"role {r}" for r in roles if r.upper() in PRIVILEGED_ROLES]
+    reasons += [f"privilege {p}" for p in privileges if p.upper() in PRIVILEGED_PRIVILEGES]
+    return reasons
+
+
+def output_type_handler(cursor: Any, metadata: Any) -> Any:
+    """Fetch CLOB/NCLOB as str and BLOB as bytes (LOB locators would need more round trips and
+    cannot be normalised)."""
+    if metadata.type_code in (oracledb.DB_TYPE_CLOB, oracledb.DB_TYPE_NCLOB):
+        return cursor.var(oracledb.DB_TYPE_LONG, arraysize=cursor.arraysize)
+    if metadata.type_code is oracledb.DB_TYPE_BLOB:
+        return cursor.var(oracledb.DB_TYPE_LONG_RAW, arraysize=cursor.arraysize)
+    return None
+
+
+class OracleError(Exception):
+    """An oracledb error re-raised without the "Help: <url>" lines the driver appends; ``args[0]``
+    is still oracledb's error object (code, full_code, is_session_dead), so classification is
+    unchanged."""
+
+    def __str__(self) -> str:
+        arg = self.args[0] if self.args else ""
+        text = getattr(arg, "message", None) or str(arg)
+        return "\n".join(line for line in str(text).splitlines() if not line.startswith("Help: "))
+
+
+def readable(exc: BaseException) -> BaseException:
+    """``exc`` as an ``OracleError`` when it is an oracledb error (others unchanged)."""
+    if isinstance(exc, oracledb.Error) and exc.args:
+        wrapped = OracleError(*exc.args)
+        wrapped.__cause__ = exc
+        return wrapped
+    return exc
+
+
+class _Rows:
+    """The executor's view of an oracledb cursor: errors raised while fetching become readable."""
+
+    def __init__(self, cursor: Any) -> None:
+        self._cursor = cursor
+        self.description = cursor.description
+        self.rowcount = cursor.rowcount
+
+    def fetchmany(self, size: int) -> list[Any]:
+        try:
+            return self._cursor.fetchmany(size)
+        except Exception as exc:
+            raise readable(exc) from exc
+
+    def close(self) -> None:
+        self._cursor.close()
+
+
+# --- error classification ------------------------------------------------------------------------
+
+# ORA-00900..00999 are parse errors; these among them are about names and types, not syntax.
+NOT_SYNTAX_900 = {904, 909, 913, 918, 932, 934, 935, 937, 938, 939, 942, 947, 955, 957, 960, 979, 980,
+                  990, 997, 998}
+SYNTAX_CODES = {1740, 1756, 1747, 2000, 6550}
+PERMISSION_CODES = {990, 1031, 1045, 1720, 1749, 1924, 1950, 16000, 24247, 28031, 29024}
+TIMEOUT_CODES = {40, 54, 1013, 2393, 2395, 4021, 30006}
+LOST_CODES = {22, 28, 31, 45, 378, 600, 602, 603, 1012, 1041, 1086, 1089, 1092, 2396, 3113, 3114,
+              3122, 3135, 12153, 12537, 12547, 12570, 12583, 27146, 28511, 56600}
+SYNTAX_DPY = {"DPY-2041", "DPY-2042"}  # missing ending single / double quote (found by the driver)
+TIMEOUT_DPY = {"DPY-4024"}  # call timeout exceeded
+LOST_DPY = {"DPY-1001", "DPY-4011", "DPY-6005", "DPY-6000"}  # not connected / closed / cannot connect
+
+
+def oracle_error_info(exc: BaseException) -> tuple[int, str, bool]:
+    """(ORA code or 0, full code such as "ORA-00942" or "DPY-4024", session dead) of an error."""
+    arg = exc.args[0] if getattr(exc, "args", None) else None
+    code = getattr(arg, "code", 0) or 0
+    full = getattr(arg, "full_code", "") or ""
+    if not full:
+        m = re.match(r"\s*((?:ORA|DPY|DPI)-\d+)", str(exc))
+        full = m.group(1) if m else ""
+        if full.startswith("ORA-") and not code:
+            code = int(full[4:])
+    return int(code), full, bool(getattr(arg, "is_session_dead", False))
+
+
+def classify_oracle(exc: BaseException) -> ErrorKind:
+    if isinstance(exc, SessionLost):
+        return ErrorKind.SESSION_LOST
+    code, full, dead = oracle_error_info(exc)
+    if dead or full in LOST_DPY or code in LOST_CODES:
+        return ErrorKind.SESSION_LOST
+    if full in TIMEOUT_DPY or code in TIMEOUT_CODES:
+        return ErrorKind.TIMEOUT
+    if code in PERMISSION_CODES:
+        return ErrorKind.PERMISSION
+    if full in SYNTAX_DPY or code in SYNTAX_CODES or (900 <= code <= 999 and code not in NOT_SYNTAX_900):
+        return ErrorKind.SYNTAX
+    return ErrorKind.RUNTIME
+
+
+# --- sandbox rules -------------------------------------------------------------------------------
+
+DML = {"SELECT", "WITH", "INSERT", "UPDATE", "DELETE", "MERGE"}
+DDL = {"CREATE", "ALTER", "DROP", "TRUNCATE", "RENAME", "GRANT", "REVOKE", "COMMENT", "ANALYZE",
+       "AUDIT", "NOAUDIT", "PURGE", "FLASHBACK", "ASSOCIATE", "DISASSOCIATE"}
+ALLOWED_PACKAGES = {"DBMS_RANDOM", "DBMS_LOB"}
+DENIED_NAMES = {"HTTPURITYPE", "DBURITYPE", "XDBURITYPE", "URIFACTORY", "BFILENAME"}
+_DDL_REASON = ("Oracle commits the transaction implicitly on DDL, which would make the session's "
+               "changes permanent; only queries, DML and private temporary tables (CREATE PRIVATE "
+               "TEMPORARY TABLE ora$ptt_name ..., DROP TABLE ora$ptt_name) are allowed")
+_WORD = re.compile(r"[^\W\d][\w$#@]*")
+_NUMBER = re.compile(r"\d[\w.]*")
+_Q_CLOSE = {"(": ")", "[": "]", "{": "}", "<": ">"}
+
+
+def oracle_tokens(sql: str) -> list[tuple[str, str]]:
+    """Oracle SQL's lexical structure as the server reads it: (kind, upper-cased text) of every
+    word ("WORD"; ``$``, ``#`` and the ``@`` of database links stay inside words), quoted
+    identifier ("IDENT", without the quotes) and punctuation character ("PUNCT"). String literals
+    (``'..'``, ``N'..'``, ``q'[..]'``), numbers and comments are dropped. An unterminated literal
+    or comment is read as code from its opening character on: more words to check, never fewer.
+
+    A lexer of our own rather than sqlglot's: sqlglot reads everything after command words such
+    as EXPLAIN or CALL as one string, which would hide the rest of the statement from the rules.
+    """
+    out: list[tuple[str, str]] = []
+    i, n = 0, len(sql)
+    while i < n:
+        c = sql[i]
+        if c.isspace():
+            i += 1
+        elif sql.startswith("--", i):
+            j = sql.find("\n", i)
+            i = n if j < 0 else j + 1
+        elif sql.startswith("/*", i):
+            j = sql.find("*/", i + 2)
+            i = i + 2 if j < 0 else j + 2
+        elif (m := re.match(r"[nN]?[qQ]'(.)", sql[i:i + 4], re.S)) is not None:
+            close = _Q_CLOSE.get(m.group(1), m.group(1)) + "'"
+            j = sql.find(close, i + m.end())
+            if j < 0:
+                out.append(("PUNCT", "'"))
+                i += m.end() - 1
+            else:
+                i = j + 2
+        elif c == "'" or (c in "nN" and sql.startswith("'", i + 1)):
+            body = i + 1 if c == "'" else i + 2
+            j = _literal_end(sql, body, "'", doubled=True)
+            if j < 0:
+                out.append(("PUNCT", "'"))
+                i = body
+            else:
+                i = j
+        elif c == '"':
+            j = _literal_end(sql, i + 1, '"', doubled=False)
+            if j < 0:
+                out.append(("PUNCT", c))
+                i += 1
+            else:
+                out.append(("IDENT", sql[i + 1:j - 1].upper()))
+                i = j
+        else:
+            m = _WORD.match(sql, i)
+            if m is not None:
+                out.append(("WORD", m.group(0).upper()))
+                i = m.end()
+                continue
+            m = _NUMBER.match(sql, i)
+            if m is not None:
+                i = m.end()
+                continue
+            out.append(("PUNCT", c))
+            i += 1
+    return out
+
+
+def _literal_end(sql: str, i: int, quote: str, doubled: bool) -> int:
+    """The index just after the closing ``quote`` of a literal whose body starts at ``i`` (with
+    ``doubled``, two quotes are an escaped one), or -1 when it is never closed."""
+    while True:
+        j = sql.find(quote, i)
+        if j < 0:
+            return -1
+        if doubled and sql.startswith(quote * 2, j):
+            i = j + 2
+            continue
+        return j + 1
+
+
+def oracle_denial(statement: str) -> str | None:
+    """The reason the Oracle sandbox rejects ``statement``, or None.
+
+    Of Oracle's SQL statements only these are allowed: SELECT/WITH, INSERT, UPDATE, DELETE, MERGE,
+    EXPLAIN PLAN FOR one of those, CREATE PRIVATE TEMPORARY TABLE (not ON COMMIT PRESERVE
+    DEFINITION) and DROP TABLE ora$ptt_name; every other statement type (DDL, which commits; ALTER
+    SESSION/SYSTEM; PL/SQL blocks; CALL; LOCK TABLE; SET ROLE; ADMINISTER KEY MANAGEMENT) is
+    refused. A first word that starts no Oracle statement is left to the server (ORA-00900).
+    Denied everywhere in a statement: inline PL/SQL (WITH FUNCTION/PROCEDURE, PRAGMA), EXECUTE IMMEDIATE,
+    UTL_* and DBMS_* packages (except DBMS_RANDOM, DBMS_LOB), URI types and BFILENAME (network
+    and file access), and database links (``table@link``).
+    """
+    tokens = oracle_tokens(statement)
+    words = [text if kind != "IDENT" else "" for kind, text in tokens]  # never keywords if quoted
+    names = [text for _, text in tokens]
+    if not tokens:
+        return None
+    start = 0
+    while start < len(words) and words[start] == "(":
+        start += 1
+    lead = words[start] if start < len(words) else ""
+    nxt = words[start + 1:start + 4]
+    if lead in DML:
+        pass
+    elif lead == "EXPLAIN":
+        target = next((words[i + 1] for i in range(start, len(words) - 1) if words[i] == "FOR"), "")
+        if target not in DML:
+            return "EXPLAIN PLAN is allowed only FOR a query or DML statement"
+    elif lead == "CREATE" and nxt[:3] == ["PRIVATE", "TEMPORARY", "TABLE"]:
+        for i in range(start, len(words) - 1):
+            if words[i] == "PRESERVE" and words[i + 1] == "DEFINITION":
+                return ("ON COMMIT PRESERVE DEFINITION is not allowed: Oracle commits the transaction "
+                        "when creating such a table; use the default ON COMMIT DROP DEFINITION")
+    elif lead == "DROP":
+        rest = names[start + 1:]
+        if not (len(rest) in (2, 3) and rest[0] == "TABLE" and rest[1].startswith(PTT_PREFIX)
+                and rest[2:] in ([], ["PURGE"])):
+            return _DDL_REASON
+    elif lead == "ALTER" and nxt[:1] in (["SESSION"], ["SYSTEM"]):
+        return f"ALTER {nxt[0]} (changing session or system settings) is not allowed"
+    elif lead in DDL:
+        return _DDL_REASON
+    elif lead in ("BEGIN", "DECLARE"):
+        return "anonymous PL/SQL blocks are not allowed (they could commit or run dynamic SQL)"
+    elif lead in ("CALL", "EXEC", "EXECUTE"):
+        return "calling procedures is not allowed (a procedure could commit or run dynamic SQL)"
+    elif lead == "LOCK":
+        return "LOCK TABLE is not allowed"
+    elif lead == "SET":
+        return "changing session settings (SET ROLE, SET CONSTRAINTS) is not allowed"
+    elif lead == "ADMINISTER":
+        return "ADMINISTER KEY MANAGEMENT is not allowed"
+    # Any other first word is none of Oracle's SQL statements: the server rejects it (ORA-00900,
+    # a syntax error), so it is left to the server to say so.
+    for i, (kind, text) in enumerate(tokens):
+        word = words[i]
+        following = words[i + 1] if i + 1 < len(words) else ""
+        if word == "WITH" and following in ("FUNCTION", "PROCEDURE"):
+            return "inline PL/SQL (WITH FUNCTION/PROCEDURE) is not allowed"
+        if word == "PRAGMA":
+            return "PL/SQL pragmas (autonomous transactions) are not allowed"
+        if word == "EXECUTE" and following == "IMMEDIATE":
+            return "dynamic SQL (EXECUTE IMMEDIATE) is not allowed"
+        if (text.startswith("UTL_") or text.startswith("DBMS_")) and text not in ALLOWED_PACKAGES:
+            return f"the {text} package is not allowed (file, network, scheduler or dynamic SQL access)"
+        if text in DENIED_NAMES:
+            return f"{text} is not allowed (file or network access)"
+        if "@" in word:
+            return "database links (name@link) are not allowed"
+    return None
+
+
+# --- the adapter ---------------------------------------------------------------------------------
+
+@register_dialect("oracle")
+class OracleDialect:
+    name = "oracle"
+    sqlglot_dialect = "oracle"
+    isolation = "transaction"
+
+    def connect(self, url: URL, limits: Limits) -> Any:
+        params = connect_params(url)
+        try:
+            conn = oracledb.connect(**params)
+        except oracledb.Error as exc:
+            raise SessionError(f"cannot connect to {redact(url)}: {error_message(readable(exc))}") from exc
+        try:
+            conn.autocommit = False
+            conn.call_timeout = call_timeout_ms(limits.timeout_s)
+            conn.outputtypehandler = output_type_handler
+            cur = conn.cursor()
+            try:
+                user, is_dba = cur.execute(
+                    "SELECT USER, SYS_CONTEXT('USERENV', 'ISDBA') FROM dual").fetchone()
+                roles = [r for (r,) in cur.execute("SELECT role FROM session_roles").fetchall()]
+                privs = [p for (p,) in cur.execute("SELECT privilege FROM session_privs").fetchall()]
+            finally:
+                cur.close()
+        except Exception as exc:
+            _close_quietly(conn)
+            raise SessionError(f"cannot set up a session on {redact(url)}: "
+                               f"{error_message(readable(exc))}") from exc
+        reasons = privileged_reasons(user, is_dba, roles, privs)
+        if reasons and not truthy(_query(url, "allow_superuser")):
+            _close_quietly(conn)
+            raise SessionError(
+                f"refusing to run model-written SQL as a privileged Oracle account on {redact(url)} "
+                f"({', '.join(reasons[:5])}): use an unprivileged user, or add ?allow_superuser=1")
+        return conn
+
+    def begin(self, conn: Any, url: URL) -> Any:
+        conn.rollback()
+        return _State()
+
+    def end(self, conn: Any, state: Any) -> bool:
+        conn.rollback()
+        # private temporary tables ON COMMIT DROP DEFINITION end with the transaction; drop any
+        # that are left (DDL on them does not commit, and there is nothing left to commit anyway)
+        cur = conn.cursor()
+        try:
+            try:
+                leftover = [t for (t,) in cur.execute(
+                    "SELECT table_name FROM user_private_temp_tables").fetchall()]
+            except oracledb.DatabaseError as exc:
+                return oracle_error_info(exc)[0] == 942 and not state.lost  # before 18c: no PTTs
+            for table in leftover:
+                cur.execute(f'DROP TABLE "{table}"')
+        finally:
+            cur.close()
+        return not state.lost
+
+    def run(self, conn: Any, state: Any, statement: str, deadline: float) -> Any:
+        if state.lost:
+            raise SessionLost("the session's transaction ended earlier; its state is gone")
+        conn.call_timeout = call_timeout_ms(deadline - time.monotonic())
+        cur = conn.cursor()
+        cur.arraysize = _ARRAYSIZE
+        cur.prefetchrows = _ARRAYSIZE + 1
+        try:
+            cur.execute(f"SAVEPOINT {SAVEPOINT}")
+        except Exception as exc:
+            _close_quietly(cur)
+            if classify_oracle(exc) is ErrorKind.SESSION_LOST:
+                state.lost = True
+            raise readable(exc) from exc
+        try:
+            cur.execute(statement)
+        except Exception as exc:
+            _close_quietly(cur)
+            raise self._recover(conn, state, readable(exc)) from exc
+        return _Rows(cur)
+
+    def _recover(self, conn: Any, state: Any, exc: BaseException) -> BaseException:
+        if classify_oracle(exc) is ErrorKind.SESSION_LOST:
+            state.lost = True
+            return exc
+        try:
+            cur = conn.cursor()
+            try:
+                cur.execute(f"ROLLBACK TO SAVEPOINT {SAVEPOINT}")
+            finally:
+                cur.close()
+        except Exception as exc2:  # ORA-01086: the savepoint (so the transaction) is gone
+            state.lost = True
+            return SessionLost(f"{error_message(exc)}; then the session's transaction could not be "
+                               f"rolled back to its savepoint: {error_message(readable(exc2))}")
+        return exc
+
+    def ping(self, conn: Any) -> bool:
+        try:
+            conn.ping()
+            return True
+        except Exception:
+            return False
+
+    def classify(self, exc: BaseException) -> ErrorKind:
+        return classify_oracle(exc)
+
+    def denied(self, statement: str) -> str | None:
+        return oracle_denial(statement)
+
+    def close(self, conn: Any) -> None:
+        conn.close()
+
+
+def _close_quietly(obj: Any) -> None:
+    try:
+        obj.close()
+    except Exception:
+        pass
