@@ -2,9 +2,11 @@
 
 Modelled on SQLAlchemy's ``QueuePool`` (``lib/sqlalchemy/pool/{base,impl,events}.py``):
 
-- ``session(url, preprocess_sql=...)`` checks a connection out (idle first, else a new one while
-  the database's pool is below ``max_size``, else waits at most ``checkout_timeout_s``) and
-  returns a ``Session``; the session's ``close()`` checks the connection back in.
+- ``session(url, preprocess_sql=..., limits=...)`` checks a connection out (idle first, else a new
+  one while the database's pool is below ``max_size``, else waits at most ``checkout_timeout_s``)
+  and returns a ``Session``; the session's ``close()`` checks the connection back in. Connections
+  are pooled per (URL, limits): a server connection keeps the timeout it was opened with, so
+  sessions asking for other limits get connections opened with those.
 - **Reset on return** is an explicit mode: ``"reset"`` ends the session's workspace (rollback,
   scratch database dropped, ...) and keeps the connection warm; ``"discard"`` ends the workspace
   and closes the connection. Engines whose reset is no cheaper than a new connection (SQLite)
@@ -74,10 +76,12 @@ class PoolStats:
 
 
 class _DatabasePool:
-    """Idle connections and the slot count of one database URL."""
+    """Idle connections and the slot count of one database URL opened with one set of limits
+    (a server connection keeps the statement timeout it was opened with)."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, limits: Limits) -> None:
         self.url = url
+        self.limits = limits
         self.parsed = parse_url(url)
         self.adapter: DialectAdapter = get_dialect(dialect_name(self.parsed))
         self.idle: deque[Any] = deque()
@@ -88,7 +92,7 @@ class SessionPool:
     def __init__(self, config: PoolConfig | None = None) -> None:
         self.config = config or PoolConfig()
         self._cond = threading.Condition()
-        self._pools: dict[str, _DatabasePool] = {}
+        self._pools: dict[tuple[str, Limits], _DatabasePool] = {}
         self._counts: dict[str, int] = defaultdict(int)
         self._listeners: dict[str, list[Callable[..., None]]] = {e: [] for e in EVENTS}
         self._closed = False
@@ -106,12 +110,11 @@ class SessionPool:
                 limits: Limits | None = None) -> Session:
         """Check out a connection for ``url`` and start a trajectory-scoped session on it."""
         t0 = time.perf_counter()
-        pool = self._pool(url)
+        pool = self._pool(url, limits or self.config.limits)
         conn = self._checkout(pool)
         waited = time.perf_counter() - t0
         self._emit("checkout", url, waited)
-        return start_session(pool.adapter, conn, url, pool.parsed, limits or self.config.limits,
-                             preprocess_sql, release=self._releaser(pool), t0=t0,
+        return start_session(pool.adapter, conn, url, pool.parsed, pool.limits, preprocess_sql, release=self._releaser(pool), t0=t0,
                              on_result=lambda r: self._record(url, r))
 
     def stats(self) -> PoolStats:
@@ -140,13 +143,13 @@ class SessionPool:
 
     # -- internals -------------------------------------------------------------------------------
 
-    def _pool(self, url: str) -> _DatabasePool:
+    def _pool(self, url: str, limits: Limits) -> _DatabasePool:
         with self._cond:
             if self._closed:
                 raise SessionError("the session pool is closed")
-            pool = self._pools.get(url)
+            pool = self._pools.get((url, limits))
             if pool is None:
-                pool = self._pools[url] = _DatabasePool(url)
+                pool = self._pools[(url, limits)] = _DatabasePool(url, limits)
             return pool
 
     def _checkout(self, pool: _DatabasePool) -> Any:
@@ -183,7 +186,7 @@ class SessionPool:
 
     def _open(self, pool: _DatabasePool) -> Any:
         try:
-            conn = connect(pool.adapter, pool.parsed, self.config.limits)
+            conn = connect(pool.adapter, pool.parsed, pool.limits)
         except BaseException:
             with self._cond:
                 pool.total -= 1

@@ -165,3 +165,16 @@ def test_config_validation():
         PoolConfig(reset_on_return="never")
     with pytest.raises(ValueError):
         Limits(timeout_s=0)
+
+
+def test_sessions_with_other_limits_get_connections_opened_with_them(demo_db_path):
+    pool = SessionPool(PoolConfig(limits=Limits(timeout_s=5)))
+    runaway = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c) SELECT count(*) FROM c"
+    pool.session(url(demo_db_path)).close()  # a warm connection with the default limits
+    t0 = time.monotonic()
+    with pool.session(url(demo_db_path), limits=Limits(timeout_s=0.3, max_rows=2)) as s:
+        assert s.limits.timeout_s == 0.3
+        assert s.execute(runaway).error.kind is ErrorKind.TIMEOUT
+        assert s.execute("SELECT * FROM orders").row_count == 2
+    assert time.monotonic() - t0 < 2
+    assert pool.stats().connects == 2 and pool.stats().idle == 2
