@@ -45,6 +45,18 @@ def test_a_reused_connection_starts_from_the_base_again(demo_db_path):
             assert s.execute("SELECT * FROM t").error is not None
 
 
+@pytest.mark.parametrize("sql, reused", [
+    ("CREATE TEMP TABLE a(x)", False), ("CREATE TEMPORARY TABLE b AS SELECT 1", False),
+    ("CREATE TABLE temp.c(x)", False), ("CREATE TEMP VIEW d AS SELECT 1", False),
+    ("CREATE TABLE main.e(x)", True), ("CREATE VIEW f AS SELECT 1", True),
+])
+def test_only_connections_without_temp_objects_are_reused(demo_db_path, sql, reused):
+    with SessionPool() as pool:
+        with pool.session(url(demo_db_path)) as s:
+            assert s.execute(sql).ok
+        assert pool.stats().resets == int(reused)
+
+
 def test_discard_mode_never_reuses(demo_db_path):
     with SessionPool(PoolConfig(reset_on_return="discard")) as pool:
         for _ in range(3):

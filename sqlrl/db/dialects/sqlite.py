@@ -61,6 +61,7 @@ class _Connection(sqlite3.Connection):
     snapshot: bytes | None = None  # the bytes it holds now (None: copy mode or empty)
     temp_path: str | None = None  # the private file in copy mode
     fresh: bool = True  # contents untouched since connect
+    temp_used: bool = False  # a TEMP object was created (seen by the authorizer)
 
 
 @dataclass
@@ -101,6 +102,12 @@ class _SnapshotCache:
 SNAPSHOTS = _SnapshotCache(SNAPSHOT_CACHE_BYTES)
 
 
+_TEMP_CREATES = {sqlite3.SQLITE_CREATE_TEMP_TABLE, sqlite3.SQLITE_CREATE_TEMP_INDEX,
+                 sqlite3.SQLITE_CREATE_TEMP_TRIGGER, sqlite3.SQLITE_CREATE_TEMP_VIEW}
+_CREATES = {sqlite3.SQLITE_CREATE_TABLE, sqlite3.SQLITE_CREATE_INDEX, sqlite3.SQLITE_CREATE_TRIGGER,
+            sqlite3.SQLITE_CREATE_VIEW}
+
+
 def _authorizer(action: int, arg1: Any, arg2: Any, dbname: Any, source: Any) -> int:
     if action in _DENIED_ACTIONS:
         return sqlite3.SQLITE_DENY
@@ -112,6 +119,18 @@ def _authorizer(action: int, arg1: Any, arg2: Any, dbname: Any, source: Any) -> 
     if action == sqlite3.SQLITE_FUNCTION and (arg2 or "").lower() == "load_extension":
         return sqlite3.SQLITE_DENY
     return sqlite3.SQLITE_OK
+
+
+def _tracking_authorizer(conn: _Connection) -> Any:
+    """The sandbox's authorizer, also noting TEMP object creation (which makes ``conn``
+    unreusable: TEMP objects live outside ``main``, which ``begin`` reloads)."""
+    def authorize(action: int, arg1: Any, arg2: Any, dbname: Any, source: Any) -> int:
+        verdict = _authorizer(action, arg1, arg2, dbname, source)
+        if verdict == sqlite3.SQLITE_OK and (
+                action in _TEMP_CREATES or (action in _CREATES and dbname == "temp")):
+            conn.temp_used = True
+        return verdict
+    return authorize
 
 
 @register_dialect("sqlite")
@@ -153,7 +172,7 @@ class SQLiteDialect:
             conn.snapshot = data
         conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_VALUE_BYTES)
         conn.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)
-        conn.set_authorizer(_authorizer)
+        conn.set_authorizer(_tracking_authorizer(conn))
         conn.set_progress_handler(
             lambda: 1 if time.monotonic() > conn.deadline else 0, _PROGRESS_EVERY)
         return conn
@@ -165,7 +184,7 @@ class SQLiteDialect:
             try:
                 conn.deserialize(data)
             finally:
-                conn.set_authorizer(_authorizer)
+                conn.set_authorizer(_tracking_authorizer(conn))
             conn.snapshot = data
         conn.fresh = False
         return _Workspace(conn.temp_path)
@@ -173,10 +192,7 @@ class SQLiteDialect:
     def end(self, conn: Any, state: Any) -> bool:
         """Reusable when in memory mode and the session left no TEMP objects (the next ``begin``
         reloads the base into ``main``); copy-mode connections are never reused."""
-        if conn.temp_path is not None or conn.base_path is None:
-            return False
-        conn.deadline = float("inf")
-        return conn.execute("SELECT count(*) FROM temp.sqlite_master").fetchone()[0] == 0
+        return conn.temp_path is None and conn.base_path is not None and not conn.temp_used
 
     def run(self, conn: Any, state: Any, statement: str, deadline: float) -> Any:
         conn.deadline = deadline
