@@ -28,7 +28,11 @@ install_packages() {
 start_pg() {
   local bin; bin=$(pg_bin)
   local data=$DIR/pg
-  if "$bin/pg_ctl" -D "$data" status >/dev/null 2>&1; then return; fi
+  # pg_ctl refuses to run as root: every call goes through runuser.
+  if [ -f "$data/PG_VERSION" ] && runuser -u postgres -- "$bin/pg_ctl" -D "$data" status >/dev/null 2>&1; then
+    return
+  fi
+  stop_pg
   rm -rf "$data"; mkdir -p "$data"; chown postgres:postgres "$data"
   runuser -u postgres -- "$bin/initdb" -D "$data" -U postgres --auth=trust >/dev/null
   runuser -u postgres -- "$bin/pg_ctl" -D "$data" -w -l "$data/server.log" -o \
@@ -43,12 +47,16 @@ restart_pg() {  # used by the pool-recovery test: every server connection dies
 
 stop_pg() {
   local bin; bin=$(pg_bin)
-  [ -d "$DIR/pg" ] && runuser -u postgres -- "$bin/pg_ctl" -D "$DIR/pg" -m fast stop >/dev/null 2>&1 || true
+  [ -d "$DIR/pg" ] && runuser -u postgres -- "$bin/pg_ctl" -D "$DIR/pg" -m fast -w stop >/dev/null 2>&1 || true
+  # a server whose data directory was removed under it still holds the port: end it too
+  pkill -u postgres -f "postgres -D $DIR/pg" 2>/dev/null || true
+  for _ in $(seq 1 40); do pgrep -u postgres -f "postgres -D $DIR/pg" >/dev/null || break; sleep 0.25; done
 }
 
 start_mysql() {
   local data=$DIR/mysql
   if [ -S "$data/s.sock" ] && mariadb-admin --socket="$data/s.sock" ping >/dev/null 2>&1; then return; fi
+  stop_mysql
   rm -rf "$data"; mkdir -p "$data"; chown mysql:mysql "$data" 2>/dev/null || chown -R mysql "$data"
   mariadb-install-db --no-defaults --user=mysql --datadir="$data" \
     --auth-root-authentication-method=socket >/dev/null 2>&1
@@ -73,6 +81,7 @@ stop_mysql() {
     kill "$pid" 2>/dev/null || true
     for _ in $(seq 1 40); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
   fi
+  pkill -u mysql -f "mariadbd --no-defaults --user=mysql --datadir=$data" 2>/dev/null || true
 }
 
 write_env() {
