@@ -3,7 +3,7 @@
     python bench/sessions.py [--spider ../shared/data/spider] [--dialects sqlite,postgresql,mysql]
 
 Per dialect, on a small and on the largest available Spider database:
-- session open+close (median), and for SQLite BIRD-RL's reset (copy the file, reopen) side by side;
+- session open+close (median; new connection, and through a SessionPool), and for SQLite BIRD-RL's reset (copy the file, reopen) side by side;
 - per-query time of ``session.execute`` vs the raw driver call on the *same connection* for the
   database's Spider gold queries (each query timed alternately both ways; medians), and the
   overhead ratio.
@@ -30,7 +30,7 @@ import sqlglot
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sqlrl.db import open_session  # noqa: E402
+from sqlrl.db import SessionPool, open_session  # noqa: E402
 
 DATABASES = {"small": "concert_singer", "largest": "sakila_1"}
 SQLGLOT = {"sqlite": "sqlite", "postgresql": "postgres", "mysql": "mysql"}
@@ -150,6 +150,9 @@ def run(spider: Path, dialects: list[str], reps: int) -> list[dict]:
             n_open = {"sqlite": 300, "postgresql": 100, "mysql": 20}[dialect]
             row = {"dialect": dialect, "db": db_id, "size": size, "bytes": path.stat().st_size,
                    "open_close_ms": median_ms(lambda: open_session(url).close(), n_open)}
+            with SessionPool() as pool:  # what rollouts use: warm connections, reset on return
+                pool.session(url).close()
+                row["pooled_open_close_ms"] = median_ms(lambda: pool.session(url).close(), n_open)
             if dialect == "sqlite":
                 row["bird_rl_copy_reopen_ms"] = bird_rl_reset(str(path))
                 row["open_speedup_vs_bird_rl"] = row["bird_rl_copy_reopen_ms"] / row["open_close_ms"]
@@ -159,7 +162,7 @@ def run(spider: Path, dialects: list[str], reps: int) -> list[dict]:
 
 
 def print_table(rows: list[dict]) -> None:
-    head = ("dialect", "db", "open+close ms", "BIRD-RL copy+reopen ms", "speed-up", "queries",
+    head = ("dialect", "db", "open+close ms", "pooled ms", "BIRD-RL copy+reopen ms", "speed-up", "queries",
             "raw ms", "session ms", "ratio (median)", "added µs")
     print(" | ".join(head))
     print(" | ".join("---" for _ in head))
@@ -170,7 +173,8 @@ def print_table(rows: list[dict]) -> None:
 
         def f(key, fmt="{:.3f}"):
             return fmt.format(r[key]) if key in r else "–"
-        print(" | ".join([r["dialect"], r["db"], f("open_close_ms"), f("bird_rl_copy_reopen_ms"),
+        print(" | ".join([r["dialect"], r["db"], f("open_close_ms"), f("pooled_open_close_ms"),
+                          f("bird_rl_copy_reopen_ms"),
                           f("open_speedup_vs_bird_rl", "{:.1f}×"), str(r.get("queries", 0)),
                           f("raw_median_ms"), f("session_median_ms"), f("median_ratio", "{:.2f}"),
                           f("median_added_us", "{:.0f}")]))
