@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Literal
 
 from .dialects.base import DialectAdapter, get_dialect
-from .session import Session, connect, start_session
+from .session import Session, close_connection, connect, start_session
 from .types import ErrorKind, Limits, QueryResult, SessionError
 from .url import dialect_name, parse_url, redact
 
@@ -133,7 +133,7 @@ class SessionPool:
                 p.total -= 1
             self._cond.notify_all()
         for p, conn in idle:
-            _close_quietly(p.adapter, conn)
+            close_connection(p.adapter, conn)
 
     def __enter__(self) -> "SessionPool":
         return self
@@ -211,12 +211,12 @@ class SessionPool:
                     self._counts["discards"] += 1
                 self._cond.notify()
             if not (keep and not self._closed):
-                _close_quietly(pool.adapter, conn)
+                close_connection(pool.adapter, conn)
             self._emit("checkin", pool.url, keep)
         return release
 
     def _invalidate(self, pool: _DatabasePool, conn: Any, reason: str) -> None:
-        _close_quietly(pool.adapter, conn)
+        close_connection(pool.adapter, conn)
         with self._cond:
             pool.total -= 1
             self._counts["invalidations"] += 1
@@ -238,9 +238,3 @@ class SessionPool:
             except Exception:
                 pass  # a metrics listener must never break a trajectory
 
-
-def _close_quietly(adapter: DialectAdapter, conn: Any) -> None:
-    try:
-        adapter.close(conn)
-    except Exception:
-        pass

@@ -92,7 +92,7 @@ class Session:
         if self._release is not None:
             self._release(conn, state, reusable)
         else:
-            _quiet_close(self.adapter, conn)
+            close_connection(self.adapter, conn)
 
     def __enter__(self) -> "Session":
         return self
@@ -142,7 +142,7 @@ def start_session(adapter: DialectAdapter, conn: Any, url: str, parsed: Any, lim
         if release is not None:
             release(conn, None, False)
         else:
-            _quiet_close(adapter, conn)
+            close_connection(adapter, conn)
         raise SessionError(f"cannot start a session on {redact(parsed)}: {error_message(exc)}") from exc
     session = Session(adapter, conn, state, url, limits, release=release, on_result=on_result)
     for sql in ([preprocess_sql] if isinstance(preprocess_sql, str) else preprocess_sql):
@@ -154,7 +154,8 @@ def start_session(adapter: DialectAdapter, conn: Any, url: str, parsed: Any, lim
     return session
 
 
-def _quiet_close(adapter: DialectAdapter, conn: Any) -> None:
+def close_connection(adapter: DialectAdapter, conn: Any) -> None:
+    """Close a connection through its adapter, ignoring errors (it may already be dead)."""
     try:
         adapter.close(conn)
     except Exception:

@@ -111,6 +111,27 @@ def common_denial(statement: str) -> str | None:
     return None
 
 
+def url_option(url: URL, key: str) -> str | None:
+    """A query-string option of ``url`` (the last one when repeated)."""
+    value = url.query.get(key)
+    if isinstance(value, tuple):
+        value = value[-1] if value else None
+    return value
+
+
+def url_flag(url: URL, key: str) -> bool:
+    """True when ``url``'s query string sets ``key`` to 1/true/yes/on."""
+    return (url_option(url, key) or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def close_quietly(obj: Any) -> None:
+    """Close a connection or cursor, ignoring errors (it may already be dead)."""
+    try:
+        obj.close()
+    except Exception:
+        pass
+
+
 def error_message(exc: BaseException, limit: int = 600) -> str:
     """The driver's message, trimmed to something an observation can show."""
     text = " ".join(str(exc).split()) or type(exc).__name__

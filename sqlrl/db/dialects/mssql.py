@@ -56,7 +56,7 @@ from sqlalchemy.engine import URL
 
 from ..types import ErrorKind, Limits, SessionError
 from ..url import redact
-from .base import error_message, register_dialect
+from .base import close_quietly, error_message, register_dialect, url_flag, url_option
 
 SAVEPOINT = "sqlrl_sp"
 MAX_VALUE_BYTES = 64 * 1024 * 1024  # SET TEXTSIZE: the largest (max)/text value returned
@@ -82,15 +82,8 @@ class _State:
 
 # --- URL -> ODBC connection string (pure) --------------------------------------------------------
 
-def _query(url: URL, key: str) -> str | None:
-    value = url.query.get(key)
-    if isinstance(value, tuple):  # a repeated key: the last one wins
-        value = value[-1] if value else None
-    return value
 
 
-def truthy(value: str | None) -> bool:
-    return (value or "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def _odbc_value(value: str, always_brace: bool = False) -> str:
@@ -110,10 +103,10 @@ def odbc_connection_string(url: URL, installed_drivers: Sequence[str] = ()) -> s
     FreeTDS. FreeTDS takes ``SERVER=host;PORT=port`` and ``ClientCharset=UTF-8``, Microsoft's drivers
     ``SERVER=host,port``. Query keys other than sqlrl's own are passed through as ODBC keywords.
     """
-    whole = _query(url, "odbc_connect")
+    whole = url_option(url, "odbc_connect")
     if whole:
         return whole
-    driver = _query(url, "driver")
+    driver = url_option(url, "driver")
     if not driver:
         driver = next((d for d in _PREFERRED_DRIVERS if d in installed_drivers), None)
         if driver is None:
@@ -134,7 +127,7 @@ def odbc_connection_string(url: URL, installed_drivers: Sequence[str] = ()) -> s
     if url.username:
         parts.append(f"UID={_odbc_value(url.username, always_brace=True)}")
         parts.append(f"PWD={_odbc_value(url.password or '', always_brace=True)}")
-    extra = {k: _query(url, k) for k in url.query if k not in _SQLRL_KEYS}
+    extra = {k: url_option(url, k) for k in url.query if k not in _SQLRL_KEYS}
     if freetds and not any(k.lower() == "clientcharset" for k in extra):
         parts.append("ClientCharset=UTF-8")
     if not any(k.lower() in ("app", "application name") for k in extra):
@@ -508,7 +501,7 @@ class _Results:
                 self._done = True
         except Exception as exc:
             self._done = True
-            _close_quietly(self._cursor)  # free the connection (no MARS) before recovering
+            close_quietly(self._cursor)  # free the connection (no MARS) before recovering
             raise self._recover(readable(exc)) from exc
         return [tuple(r) for r in rows]  # pyodbc.Row -> tuple
 
@@ -518,7 +511,7 @@ class _Results:
                 self._cursor.cancel()
             except Exception:
                 pass
-        _close_quietly(self._cursor)
+        close_quietly(self._cursor)
 
 
 # --- the adapter ---------------------------------------------------------------------------------
@@ -530,8 +523,8 @@ class MSSQLDialect:
     isolation = "transaction"
 
     def connect(self, url: URL, limits: Limits) -> Any:
-        connstr = odbc_connection_string(url, pyodbc.drivers() if not _query(url, "driver") else ())
-        login_timeout = int(float(_query(url, "connect_timeout") or DEFAULT_LOGIN_TIMEOUT_S))
+        connstr = odbc_connection_string(url, pyodbc.drivers() if not url_option(url, "driver") else ())
+        login_timeout = int(float(url_option(url, "connect_timeout") or DEFAULT_LOGIN_TIMEOUT_S))
         try:
             conn = pyodbc.connect(connstr, autocommit=True, timeout=login_timeout)
         except pyodbc.Error as exc:
@@ -550,11 +543,11 @@ class MSSQLDialect:
             finally:
                 cur.close()
         except Exception as exc:
-            _close_quietly(conn)
+            close_quietly(conn)
             raise SessionError(f"cannot set up a session on {redact(url)}: "
                                f"{error_message(readable(exc))}") from exc
-        if (sysadmin == 1 or control_server == 1) and not truthy(_query(url, "allow_superuser")):
-            _close_quietly(conn)
+        if (sysadmin == 1 or control_server == 1) and not url_flag(url, "allow_superuser"):
+            close_quietly(conn)
             raise SessionError(
                 f"refusing to run model-written SQL as a sysadmin (or CONTROL SERVER) login on "
                 f"{redact(url)}: use an unprivileged login, or add ?allow_superuser=1")
@@ -586,7 +579,7 @@ class MSSQLDialect:
             cur.execute(_GUARD)
         except Exception as exc:
             state.lost = True
-            _close_quietly(cur)
+            close_quietly(cur)
             raise SessionLost(f"the session's transaction is no longer active; its state is gone "
                               f"({error_message(readable(exc))})") from exc
         if _marks_dirty(statement):
@@ -600,7 +593,7 @@ class MSSQLDialect:
                 if not cur.nextset():
                     break
         except Exception as exc:
-            _close_quietly(cur)
+            close_quietly(cur)
             raise self._recover(conn, state, readable(exc)) from exc
         return _Results(cur, affected, lambda e: self._recover(conn, state, e))
 
@@ -647,9 +640,3 @@ class MSSQLDialect:
     def close(self, conn: Any) -> None:
         conn.close()
 
-
-def _close_quietly(obj: Any) -> None:
-    try:
-        obj.close()
-    except Exception:
-        pass

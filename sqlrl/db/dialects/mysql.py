@@ -43,7 +43,7 @@ import pymysql.cursors
 from sqlalchemy.engine import URL
 
 from ..types import ErrorKind, Limits, SessionError
-from .base import error_message, register_dialect
+from .base import error_message, register_dialect, url_flag
 
 SCRATCH_PREFIX = "sqlrl_s_"
 READ_TIMEOUT_MARGIN_S = 5.0
@@ -295,7 +295,7 @@ class MySQLDialect:
                                f"{url.username}@{url.host}")
                 conn.account_tag = hashlib.sha1(account.encode()).hexdigest()[:8]
                 problem = privilege_problem(lines)
-                if problem and not _flag(url, "allow_superuser"):
+                if problem and not url_flag(url, "allow_superuser"):
                     raise SessionError(
                         f"refusing to run agent SQL as {account}: {problem}. Create an "
                         "unprivileged user with sqlrl.db.provision.ensure_agent_role(admin_url) "
@@ -498,10 +498,6 @@ class MySQLDialect:
         return denial(statement)
 
 
-def _flag(url: URL, key: str) -> bool:
-    value = url.query.get(key)
-    value = value[-1] if isinstance(value, tuple) else value
-    return str(value).lower() in ("1", "true", "yes", "on")
 
 
 def _close(conn: Any) -> None:

@@ -40,7 +40,7 @@ from sqlalchemy.engine import URL
 
 from ..types import ErrorKind, Limits, SessionError
 from ..url import redact
-from .base import error_message, register_dialect
+from .base import close_quietly, error_message, register_dialect, url_flag, url_option
 
 SAVEPOINT = "sqlrl_sp"
 DEFAULT_CONNECT_TIMEOUT_S = 10.0
@@ -70,15 +70,8 @@ class _State:
 
 # --- URL -> connect parameters (pure) ------------------------------------------------------------
 
-def _query(url: URL, key: str) -> str | None:
-    value = url.query.get(key)
-    if isinstance(value, tuple):
-        value = value[-1] if value else None
-    return value
 
 
-def truthy(value: str | None) -> bool:
-    return (value or "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def connect_params(url: URL) -> dict[str, Any]:
@@ -89,7 +82,7 @@ def connect_params(url: URL) -> dict[str, Any]:
     if unknown:
         raise SessionError(f"unknown Oracle URL option(s) {', '.join(unknown)}; "
                            f"known: {', '.join(sorted(_URL_KEYS))}")
-    service_name, sid = _query(url, "service_name"), _query(url, "sid") or url.database
+    service_name, sid = url_option(url, "service_name"), url_option(url, "sid") or url.database
     if service_name and sid:
         raise SessionError("an Oracle URL names either a service (?service_name=) or a SID "
                            "(the database part or ?sid=), not both")
@@ -109,13 +102,13 @@ def connect_params(url: URL) -> dict[str, Any]:
             params["sid"] = sid
     else:
         params["dsn"] = url.host if url.port is None else f"{url.host}:{url.port}"
-    params["tcp_connect_timeout"] = float(_query(url, "connect_timeout") or DEFAULT_CONNECT_TIMEOUT_S)
+    params["tcp_connect_timeout"] = float(url_option(url, "connect_timeout") or DEFAULT_CONNECT_TIMEOUT_S)
     for key in ("protocol", "config_dir", "wallet_location", "wallet_password"):
-        if _query(url, key):
-            params[key] = _query(url, key)
-    mode = (_query(url, "mode") or "").strip().upper()
+        if url_option(url, key):
+            params[key] = url_option(url, key)
+    mode = (url_option(url, "mode") or "").strip().upper()
     if mode and mode not in ("DEFAULT", "AUTH_MODE_DEFAULT"):
-        if not truthy(_query(url, "allow_superuser")):
+        if not url_flag(url, "allow_superuser"):
             raise SessionError(f"refusing to connect with mode={mode.lower()} (an administrative "
                                "privilege): use an unprivileged user, or add ?allow_superuser=1")
         name = mode if mode.startswith("AUTH_MODE_") else f"AUTH_MODE_{mode}"
@@ -420,12 +413,12 @@ class OracleDialect:
             finally:
                 cur.close()
         except Exception as exc:
-            _close_quietly(conn)
+            close_quietly(conn)
             raise SessionError(f"cannot set up a session on {redact(url)}: "
                                f"{error_message(readable(exc))}") from exc
         reasons = privileged_reasons(user, is_dba, roles, privs)
-        if reasons and not truthy(_query(url, "allow_superuser")):
-            _close_quietly(conn)
+        if reasons and not url_flag(url, "allow_superuser"):
+            close_quietly(conn)
             raise SessionError(
                 f"refusing to run model-written SQL as a privileged Oracle account on {redact(url)} "
                 f"({', '.join(reasons[:5])}): use an unprivileged user, or add ?allow_superuser=1")
@@ -462,14 +455,14 @@ class OracleDialect:
         try:
             cur.execute(f"SAVEPOINT {SAVEPOINT}")
         except Exception as exc:
-            _close_quietly(cur)
+            close_quietly(cur)
             if classify_oracle(exc) is ErrorKind.SESSION_LOST:
                 state.lost = True
             raise readable(exc) from exc
         try:
             cur.execute(statement)
         except Exception as exc:
-            _close_quietly(cur)
+            close_quietly(cur)
             raise self._recover(conn, state, readable(exc)) from exc
         return _Rows(cur)
 
@@ -505,9 +498,3 @@ class OracleDialect:
     def close(self, conn: Any) -> None:
         conn.close()
 
-
-def _close_quietly(obj: Any) -> None:
-    try:
-        obj.close()
-    except Exception:
-        pass
