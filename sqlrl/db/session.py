@@ -70,7 +70,13 @@ class Session:
                 return QueryResult.failure(
                     ErrorKind.SESSION_LOST,
                     "the session's connection was lost earlier; its state is gone")
-            result = run_call(self.adapter, self._conn, self._state, sql, self.limits)
+            try:
+                result = run_call(self.adapter, self._conn, self._state, sql, self.limits)
+            except Exception as exc:  # a bug below us: the connection's state is unknown now
+                self._lost = True
+                result = QueryResult.failure(
+                    ErrorKind.SESSION_LOST, f"internal error in sqlrl ({type(exc).__name__}: "
+                    f"{error_message(exc)}); the session was abandoned")
             if result.error is not None and result.error.kind is ErrorKind.SESSION_LOST:
                 self._lost = True
         if self._on_result is not None:

@@ -278,3 +278,14 @@ def test_results_are_json_ready_and_sqlite_values_round_trip(demo_db_path):
         assert r.columns == ("customer_id", "name", "email", "joined", "b", "f")
         assert r.rows[0][4] == "0x00ff" and r.rows[0][5] == 1.5
         json.dumps(r.to_dict())
+
+
+def test_an_internal_error_becomes_a_typed_result_and_abandons_the_session(demo_db_path, monkeypatch):
+    s = open_session(url(demo_db_path))
+    monkeypatch.setattr(s.adapter, "denied", lambda statement: 1 / 0)
+    r = s.execute("SELECT 1")
+    assert r.error.kind is ErrorKind.SESSION_LOST and "ZeroDivisionError" in r.error.message
+    assert s.lost
+    monkeypatch.undo()
+    assert s.execute("SELECT 1").error.kind is ErrorKind.SESSION_LOST
+    s.close()
