@@ -106,7 +106,8 @@ def common_denial(statement: str) -> str | None:
     if words[0] in _TRANSACTION_CONTROL or words[:2] in {("START", "TRANSACTION"), ("SET", "TRANSACTION")}:
         return ("transaction control is not allowed: the session manages its own transaction "
                 "(every statement's effects already persist until the session ends)")
-    if _LIMIT_SETTINGS.search(statement):
+    lowered = statement.lower()
+    if ("time" in lowered or "autocommit" in lowered) and _LIMIT_SETTINGS.search(statement):
         return "changing the session's limits (timeouts, autocommit) is not allowed"
     return None
 
