@@ -25,6 +25,7 @@ class ErrorKind(str, enum.Enum):
     PERMISSION = "permission"  # denied by the sandbox or by the database's privileges
     RUNTIME = "runtime"  # any other error the database raised (no such column, division by zero, ...)
     SESSION_LOST = "session-lost"  # the session is closed or its connection died
+    LEASE_EXPIRED = "lease-expired"  # the pool reclaimed the session: unused for longer than its TTL
 
 
 @dataclass(frozen=True)
