@@ -38,6 +38,9 @@ from sqlrl.db.shard import COUNTERS, ShardConfig, ShardCore, ShardStats
 from sqlrl.db.types import ErrorKind, Limits, QueryResult
 
 LATENCY_BOUNDARIES_MS = [0.1, 0.25, 0.5, 1, 2, 5, 10, 25, 50, 100, 250, 1000, 5000]
+# Lease refusals that pass: a full shard, or one that died and is being restarted by Ray (nothing
+# was granted, so retrying cannot leak). lease() retries them until lease_wait_s.
+_RETRIED = (LeaseErrorKind.CAPACITY, LeaseErrorKind.SHARD_UNAVAILABLE)
 _RAY_FAILURES = (RayActorError, GetTimeoutError)  # incl. ActorDied/ActorUnavailable
 
 
@@ -207,8 +210,8 @@ class DBPoolClient:
               preprocess_sql: tuple[str, ...] | list[str] = (), limits: Limits | None = None,
               worker_id: str | None = None) -> Lease:
         """Lease a session on ``db`` (catalog id or URL). ``key`` (e.g. the trajectory id) picks
-        among this caller's shards. Retries a full shard until ``lease_wait_s``; raises
-        ``LeaseError`` otherwise."""
+        among this caller's shards. Retries a full or restarting shard until ``lease_wait_s``;
+        raises ``LeaseError`` otherwise."""
         request, shard = self._request(db, dialect, key, preprocess_sql, limits, worker_id)
         deadline = time.monotonic() + self._lease_wait
         delay = 0.01
@@ -216,7 +219,7 @@ class DBPoolClient:
             try:
                 return self._get(self._invoke(shard, "lease", request), lease_error=True)
             except LeaseError as exc:
-                if exc.kind is not LeaseErrorKind.CAPACITY or time.monotonic() + delay > deadline:
+                if exc.kind not in _RETRIED or time.monotonic() + delay > deadline:
                     raise
             time.sleep(delay)
             delay = min(delay * 2, 0.5)

@@ -15,6 +15,9 @@ import pytest
 from sqlrl.tasks.demo_db import build_demo_database
 
 ROOT = Path(__file__).resolve().parents[1]
+# Ray (actor tests): bind the local head, GCS and dashboard to loopback; no usage reporting.
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 SHARED_DATA = Path(os.environ.get("SQLRL_SHARED_DATA", ROOT.parent / "shared" / "data"))
 
 

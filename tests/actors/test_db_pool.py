@@ -1,0 +1,191 @@
+"""The DB-session pool as Ray actors: the lease protocol across processes, typed errors, a shard
+killed mid-trajectory, callers that die, and client use from inside another actor."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from actors.db_pool import DBPoolConfig, DBPoolGroup
+from sqlrl.db.lease import Catalog, LeaseError, LeaseErrorKind
+from sqlrl.db.shard import ShardConfig
+from sqlrl.db.types import ErrorKind, Limits
+from sqlrl.db.pool import PoolConfig
+
+
+def wait_for(predicate, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+@pytest.fixture()
+def group(ray_session, demo_db_path):
+    catalog = Catalog({"shop": {"sqlite": f"sqlite:///{demo_db_path}"}})
+    g = DBPoolGroup(DBPoolConfig(
+        rollout_workers=2, per_worker={"sqlite": 1},
+        shard=ShardConfig(catalog=catalog, lease_ttl_s=2.0,
+                          pool=PoolConfig(max_size=16, limits=Limits(timeout_s=2))),
+        reaper_interval_s=0.25, call_timeout_s=20))
+    yield g
+    g.shutdown()
+
+
+def active(group) -> int:
+    return sum(s.active_leases for s in group.stats().values() if s is not None)
+
+
+def test_a_trajectory_through_a_shard_actor(group) -> None:
+    client = group.client(0)
+    lease = client.lease("shop", key="traj-1", preprocess_sql=["CREATE TEMP TABLE seen(x)"])
+    assert lease.shard == "rollout/w0/sqlite/0" and lease.worker_id == "rollout-0"
+    assert client.execute(lease, "INSERT INTO seen VALUES (42)").ok
+    assert client.execute(lease, "SELECT x FROM seen").rows == ((42,),)
+    assert active(group) == 1
+    assert client.release(lease) is True and client.release(lease) is False
+    lost = client.execute(lease, "SELECT 1")
+    assert lost.error.kind is ErrorKind.SESSION_LOST and "released" in lost.error.message
+    assert active(group) == 0
+
+
+def test_lease_errors_cross_the_actor_boundary_typed(group) -> None:
+    client = group.client(1)
+    with pytest.raises(LeaseError) as e:
+        client.lease("no_such_db")
+    assert type(e.value) is LeaseError and e.value.kind is LeaseErrorKind.UNKNOWN_DATABASE
+    with pytest.raises(LeaseError) as e:
+        client.resolve(client.lease_async("shop", preprocess_sql=["SELEC broken"]))
+    assert e.value.kind is LeaseErrorKind.OPEN_FAILED
+
+
+def test_async_variants_return_object_refs(group, ray_session) -> None:
+    client = group.client(0)
+    ref = client.lease_async("shop", key="a")
+    assert isinstance(ref, ray_session.ObjectRef)
+    lease = client.resolve(ref)
+    refs = [client.execute_async(lease, f"SELECT {i}") for i in range(5)]
+    assert [r.rows for r in ray_session.get(refs)] == [((i,),) for i in range(5)]
+    assert client.resolve(client.release_async(lease)) is True
+
+
+def test_an_idle_lease_expires_and_says_so(group) -> None:
+    client = group.client(0)
+    lease = client.lease("shop")
+    wait_for(lambda: active(group) == 0, 10, "the reaper to reclaim the idle lease")
+    result = client.execute(lease, "SELECT 1")
+    assert result.error.kind is ErrorKind.LEASE_EXPIRED
+    assert group.stats()[lease.shard].reclaimed == 1
+
+
+def test_a_killed_shard_restarts_and_callers_get_typed_errors_not_hangs(group, ray_session) -> None:
+    client = group.client(0)
+    lease = client.lease("shop", key="k")
+    assert client.execute(lease, "CREATE TABLE mine(x)").ok
+    slow = client.execute_async(
+        lease, "WITH RECURSIVE c(n) AS (SELECT 1 UNION ALL SELECT n+1 FROM c) SELECT COUNT(*) FROM c")
+    time.sleep(0.3)
+    ray_session.kill(group.shards[lease.shard], no_restart=False)
+    t0 = time.monotonic()
+    with pytest.raises(LeaseError) as e:  # the call in flight died with the shard
+        client.resolve(slow)
+    assert e.value.kind is LeaseErrorKind.SHARD_UNAVAILABLE
+    after = client.execute(lease, "SELECT * FROM mine")  # the old lease, on the restarted shard
+    assert after.error.kind is ErrorKind.SESSION_LOST and "restarted" in after.error.message
+    assert time.monotonic() - t0 < 20
+    fresh = client.lease("shop", key="k")  # the restarted shard serves new leases
+    assert fresh.incarnation != lease.incarnation
+    assert client.execute(fresh, "SELECT COUNT(*) FROM products").ok
+    assert client.execute(fresh, "SELECT * FROM mine").error.kind is ErrorKind.RUNTIME
+    client.release(fresh)
+    assert active(group) == 0
+
+
+def test_a_blocking_execute_in_flight_on_a_killed_shard_is_session_lost(group, ray_session) -> None:
+    import threading
+
+    client = group.client(1)
+    lease = client.lease("shop")
+    out = {}
+    sql = "WITH RECURSIVE c(n) AS (SELECT 1 UNION ALL SELECT n+1 FROM c) SELECT COUNT(*) FROM c"
+    t = threading.Thread(target=lambda: out.setdefault("r", client.execute(lease, sql)))
+    t.start()
+    time.sleep(0.3)
+    ray_session.kill(group.shards[lease.shard], no_restart=False)
+    t.join(timeout=20)
+    assert not t.is_alive()
+    assert out["r"].error.kind is ErrorKind.SESSION_LOST and "did not answer" in out["r"].error.message
+
+
+@pytest.fixture()
+def caller_cls(ray_session):
+    @ray_session.remote(num_cpus=0.25)
+    class Caller:
+        """A stand-in rollout worker: holds leases and may die holding them."""
+
+        def __init__(self, client) -> None:
+            self.client = client
+            self.leases = []
+
+        def hold(self, n: int) -> list[str]:
+            self.leases += [self.client.lease("shop", key=str(i)) for i in range(n)]
+            return [lease.id for lease in self.leases]
+
+        def work(self) -> list[bool]:
+            return [self.client.execute(x, "SELECT COUNT(*) FROM products").ok for x in self.leases]
+
+    return Caller
+
+
+def test_the_client_works_inside_another_actor(group, caller_cls, ray_session) -> None:
+    caller = caller_cls.remote(group.client(1))
+    assert len(ray_session.get(caller.hold.remote(3))) == 3
+    assert ray_session.get(caller.work.remote()) == [True, True, True]
+    assert group.stats()["rollout/w1/sqlite/0"].holders == (("rollout-1", 3),)
+    ray_session.kill(caller)
+
+
+def test_leases_of_a_dead_caller_are_reclaimed_after_the_ttl(group, caller_cls, ray_session) -> None:
+    caller = caller_cls.remote(group.client(0))
+    ray_session.get(caller.hold.remote(4))
+    assert active(group) == 4
+    ray_session.kill(caller)  # dies holding four sessions
+    t0 = time.monotonic()
+    wait_for(lambda: active(group) == 0, 15, "the dead caller's leases to be reclaimed")
+    took = time.monotonic() - t0
+    assert took <= 2.0 + 0.25 + 2.0  # TTL + reaper interval + slack
+    stats = group.stats()["rollout/w0/sqlite/0"]
+    assert stats.reclaimed == 4 and stats.pool.in_use == 0
+
+
+def test_release_worker_frees_a_dead_callers_leases_without_waiting(group, caller_cls,
+                                                                    ray_session) -> None:
+    caller = caller_cls.remote(group.client(1))
+    ray_session.get(caller.hold.remote(2))
+    ray_session.kill(caller)
+    assert group.release_worker("rollout-1") == 2
+    assert active(group) == 0
+
+
+def test_rebalance_starts_and_retires_shard_actors(group, ray_session) -> None:
+    change = group.rebalance(3)
+    assert [s.id for s in change.added] == ["rollout/w2/sqlite/0"]
+    client = group.client(2)
+    with client.session("shop") as s:
+        assert s.execute("SELECT 1").ok
+    leaving = group.shards["rollout/w1/sqlite/0"]
+    group.rebalance([0, 2])
+    assert "rollout/w1/sqlite/0" not in group.shards
+    wait_for(lambda: _dead(ray_session, leaving), 10, "the retired shard actor to stop")
+
+
+def _dead(ray_session, actor) -> bool:
+    try:
+        ray_session.get(actor.ready.remote(), timeout=2)
+        return False
+    except Exception:
+        return True
