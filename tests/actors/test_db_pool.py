@@ -189,3 +189,48 @@ def _dead(ray_session, actor) -> bool:
         return False
     except Exception:
         return True
+
+
+def _prometheus_text(ray) -> str:
+    import urllib.request
+
+    port = ray.nodes()[0]["MetricsExportPort"]
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        return response.read().decode()
+
+
+def _sample(text: str, metric: str, shard: str) -> float | None:
+    """The value of one Prometheus sample (``ray_<metric>{...shard="<shard>"...} <value>``)."""
+    for line in text.splitlines():
+        if line.startswith(f"ray_{metric}{{") and f'shard="{shard}"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def test_metrics_reach_the_ray_metrics_endpoint(group, ray_session) -> None:
+    client = group.client(0)
+    shard = "rollout/w0/sqlite/0"
+    lease = client.lease("shop", key="m")
+    for _ in range(3):
+        assert client.execute(lease, "SELECT COUNT(*) FROM orders").ok
+    client.execute(lease, "SELEC oops")
+    client.execute(lease, "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) "
+                          "SELECT COUNT(*) FROM c")  # stopped by the 2 s statement timeout
+    client.release(lease)
+    client.lease("shop", key="m2")  # never used again: the reaper reclaims it after the 2 s TTL
+    wait_for(lambda: group.stats()[shard].reclaimed == 1, 15, "the reaper to reclaim the idle lease")
+
+    expected = {"leases": 2, "releases": 1, "executes": 5, "errors": 2, "timeouts": 1, "reclaimed": 1}
+
+    def seen():
+        text = _prometheus_text(ray_session)
+        values = {name: _sample(text, f"sqlrl_db_{name}_total", shard) for name in expected}
+        hist = _sample(text, "sqlrl_db_execute_ms_count", shard)
+        gauge = _sample(text, "sqlrl_db_active_sessions", shard)
+        ok = all(v is not None and v >= expected[k] for k, v in values.items())
+        return (values, hist, gauge) if ok and hist and hist >= 5 and gauge == 0 else None
+
+    values, hist, gauge = wait_for(seen, 30, "the shard's metrics on the Prometheus endpoint")
+    assert values == expected  # a fresh shard: exactly what this test did
+    stats = group.stats()[shard]
+    assert (stats.granted, stats.executes, stats.timeouts, stats.reclaimed) == (2, 5, 1, 1)
