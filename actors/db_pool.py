@@ -27,12 +27,12 @@ import concurrent.futures
 import contextlib
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator, Mapping, Sequence
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
-from sqlrl.db.lease import Lease, LeaseError, LeaseErrorKind, LeaseRequest
+from sqlrl.db.lease import ExecuteRequest, Lease, LeaseError, LeaseErrorKind, LeaseRequest
 from sqlrl.db.partition import PartitionPlan, Rebalance, ShardSpec
 from sqlrl.db.shard import COUNTERS, ShardConfig, ShardCore, ShardStats
 from sqlrl.db.types import ErrorKind, Limits, QueryResult
@@ -258,7 +258,95 @@ class DBPoolClient:
         return self._invoke(shard, "lease", request)
 
     def execute_async(self, lease: Lease, sql: str) -> Any:
-        return self._invoke(self._owner(lease), "execute", lease, sql)
+        return self._invoke(self._owner(lease), "submit", ExecuteRequest(lease, sql))
+
+    def lease_many(self, dbs: Sequence[tuple[str, str | None, str]], *,
+                   preprocess_sql: tuple[str, ...] | list[str] = (),
+                   limits: Limits | None = None) -> list[Lease]:
+        """Lease sessions for a batch of trajectories, ``(db, dialect, key)`` each, with one round
+        trip per shard; requests a shard refused as full or restarting are retried one by one
+        (``lease``). Raises ``LeaseError`` for any other refusal, after releasing what was
+        granted — all or nothing."""
+        by_shard: dict[int, list[int]] = {}
+        requests, shards = [], []
+        for i, (db, dialect, key) in enumerate(dbs):
+            request, shard = self._request(db, dialect, key, preprocess_sql, limits, None)
+            requests.append(request)
+            shards.append(shard)
+            by_shard.setdefault(id(shard), []).append(i)
+        refs = [(self._invoke(shards[idx[0]], "lease_many", tuple(requests[i] for i in idx)), idx)
+                for idx in by_shard.values()]
+        out: list[Any] = [None] * len(dbs)
+        for ref, idx in refs:
+            try:
+                values = self._get(ref, lease_error=True)
+            except LeaseError as exc:  # the shard did not answer
+                values = [exc] * len(idx)
+            for i, v in zip(idx, values):
+                out[i] = v
+        try:
+            for i, v in enumerate(out):
+                if isinstance(v, LeaseError):
+                    if v.kind not in _RETRIED:
+                        raise LeaseError(v.kind, v.message)
+                    db, dialect, key = dbs[i]
+                    out[i] = self.lease(db, dialect, key=key, preprocess_sql=preprocess_sql,
+                                        limits=limits)
+        except LeaseError:
+            self.release_many([v for v in out if isinstance(v, Lease)])
+            raise
+        return out
+
+    def release_many(self, leases: Sequence[Lease]) -> list[bool]:
+        """``release`` for many leases, one round trip per shard; never raises."""
+        by_shard: dict[str, list[int]] = {}
+        for i, lease in enumerate(leases):
+            by_shard.setdefault(getattr(lease, "shard", ""), []).append(i)
+        out = [False] * len(leases)
+        refs = []
+        for idx in by_shard.values():
+            shard = self._owner(leases[idx[0]])
+            if not isinstance(shard, _Missing):
+                refs.append((self._invoke(shard, "release_many", tuple(leases[i] for i in idx)), idx))
+        for ref, idx in refs:
+            try:
+                values = self._get(ref, lease_error=True)
+            except LeaseError:
+                continue  # a dead shard took the sessions with it
+            for i, v in zip(idx, values):
+                out[i] = bool(v)
+        return out
+
+    def execute_many(self, calls: Sequence[tuple[Lease, str]]) -> list[QueryResult]:
+        """Run ``(lease, sql)`` calls of many trajectories with one round trip per shard (a
+        rollout worker's turn). Results in call order; never raises (as ``execute``)."""
+        return self.resolve_many(self.execute_many_async(calls))
+
+    def execute_many_async(self, calls: Sequence[tuple[Lease, str]]) -> "PendingBatch":
+        """One ``submit_many`` call per shard involved; ``PendingBatch.refs`` are ObjectRefs (for
+        ``ray.wait``), ``resolve_many`` assembles the results in call order."""
+        by_shard: dict[str, list[int]] = {}
+        for i, (lease, _) in enumerate(calls):
+            by_shard.setdefault(getattr(lease, "shard", ""), []).append(i)
+        parts = []
+        for shard_id, idx in by_shard.items():
+            shard = self._owner(calls[idx[0]][0])
+            if isinstance(shard, _Missing):
+                parts.append((shard.future("submit_many", len(idx)), idx))
+                continue
+            batch = tuple(ExecuteRequest(calls[i][0], calls[i][1]) for i in idx)
+            parts.append((self._invoke(shard, "submit_many", batch), idx))
+        return PendingBatch(len(calls), tuple(parts))
+
+    def resolve_many(self, pending: "PendingBatch") -> list[QueryResult]:
+        out: list[QueryResult | None] = [None] * pending.size
+        for ref, idx in pending.parts:
+            results = self._get(ref, lease_error=False)
+            if isinstance(results, QueryResult):  # the shard did not answer: every call is lost
+                results = (results,) * len(idx)
+            for i, r in zip(idx, results):
+                out[i] = r
+        return out  # type: ignore[return-value]
 
     def renew_async(self, lease: Lease) -> Any:
         return self._invoke(self._owner(lease), "renew", lease)
@@ -321,6 +409,19 @@ class DBPoolClient:
         return QueryResult.failure(ErrorKind.SESSION_LOST, why)
 
 
+@dataclass(frozen=True)
+class PendingBatch:
+    """What ``execute_many_async`` returns: per shard, an ObjectRef (or Future) and the positions
+    of its calls in the batch."""
+
+    size: int
+    parts: tuple[tuple[Any, list[int]], ...]
+
+    @property
+    def refs(self) -> list[Any]:
+        return [ref for ref, _ in self.parts]
+
+
 class LeasedSession:
     """A lease plus its client: the object a trajectory holds inside ``client.session()``."""
 
@@ -341,12 +442,15 @@ class _Missing:
     def __init__(self, lease: Any) -> None:
         self.lease = lease
 
-    def future(self, method: str) -> concurrent.futures.Future:
+    def future(self, method: str, n: int = 1) -> concurrent.futures.Future:
         future: concurrent.futures.Future = concurrent.futures.Future()
-        if method == "execute":
-            future.set_result(QueryResult.failure(
-                ErrorKind.SESSION_LOST, f"lease for shard {getattr(self.lease, 'shard', '?')!r}, "
-                "which is not one of this caller's shards"))
+        lost = QueryResult.failure(
+            ErrorKind.SESSION_LOST, f"lease for shard {getattr(self.lease, 'shard', '?')!r}, "
+            "which is not one of this caller's shards")
+        if method == "submit":
+            future.set_result(lost)
+        elif method == "submit_many":
+            future.set_result((lost,) * n)
         elif method == "release":
             future.set_result(False)
         else:
@@ -380,4 +484,4 @@ def _call(shard: Any, method: str, *args: Any, timeout: float, in_process: bool,
         return default
 
 
-__all__ = ["DBPoolConfig", "DBPoolGroup", "DBPoolClient", "LeasedSession"]
+__all__ = ["DBPoolConfig", "DBPoolGroup", "DBPoolClient", "LeasedSession", "PendingBatch"]

@@ -16,7 +16,11 @@ concurrently. A seeded RNG draws the plan, so every mode runs the identical work
   models 4 rollout workers better than one worker with 4 shards (an even 8/8/8/8 split, not crc32
   routing), but all clients live in this one driver process, as they would not in training.
 
-Pool modes are driven from the driver three ways (``--drivers``): ``wait`` (one loop: submit every
+Pool modes are driven from the driver five ways (``--drivers``): ``batched`` (turn-synchronous,
+each client sends its trajectories' calls of the turn as one ``execute_many``: one Ray round trip
+per shard per turn), ``steps`` (turn-synchronous, as a rollout worker runs: all trajectories' next
+calls as separate calls, then one ``ray.get`` for the step), ``wait`` (one
+loop: submit every
 trajectory's next call, ``ray.wait`` for whichever finish, submit their next), ``asyncio`` (a
 coroutine per trajectory awaiting the ObjectRefs of ``client.*_async``) and ``threads`` (a thread
 per trajectory on the blocking API). All three are reported; the best decides the targets. On the
@@ -31,6 +35,10 @@ latency, so p50 ~= N / (calls/s) and says nothing about the pool's per-call cost
 *unloaded* latency: one trajectory at a time, alternating a raw and a pool trajectory so drift hits
 both; "added latency per call" = pool p50 - raw p50 of that sequential run, the quantity the
 <= 1 ms target is about. The >= 1,500 calls/s target is the best SQLite pool row.
+
+``ray-echo`` rows (SQLite section) measure the floor: the same drivers against a threaded actor
+whose methods return at once (no database, no lease table). The pool can only be as fast as one
+Ray actor round trip; the gap between ``ray-echo`` and ``pool-*`` is what sqlrl adds.
 
 Servers are used when SQLRL_PG_ADMIN_URL / SQLRL_MYSQL_ADMIN_URL are set: the databases are loaded
 as ``bench_pool_<db_id>`` and dropped at the end. Prints tables and writes JSON (``--out``).
@@ -187,7 +195,100 @@ def run_wait(clients, dialect, trajs, tag, _ex) -> tuple:
     return time.perf_counter() - t_start, lat, bad
 
 
-DRIVERS = {"wait": run_wait, "asyncio": run_asyncio, "threads": run_threads}
+def run_steps(clients, dialect, trajs, tag, _ex) -> tuple:
+    """Turn-synchronous, as a rollout worker runs: every trajectory makes its next call, then one
+    ``ray.get`` collects the whole step (generation is batched across trajectories per turn)."""
+    lat, bad = [], 0
+    t_start = time.perf_counter()
+    owners = [clients[i % len(clients)] for i in range(len(trajs))]
+    leases = ray.get([c.lease_async(db, dialect, key=f"{tag}-{i}")
+                      for i, (c, (db, _)) in enumerate(zip(owners, trajs))])
+    for step in range(max(len(sqls) for _, sqls in trajs)):
+        t0 = time.perf_counter()
+        refs = [c.execute_async(lease, sqls[step])
+                for c, lease, (_, sqls) in zip(owners, leases, trajs) if step < len(sqls)]
+        results = ray.get(refs)
+        ms = (time.perf_counter() - t0) * 1e3  # each call of the step waited for the whole step
+        lat += [ms] * len(results)
+        bad += sum(not r.ok for r in results)
+    ray.get([c.release_async(lease) for c, lease in zip(owners, leases)])
+    return time.perf_counter() - t_start, lat, bad
+
+
+def run_batched(clients, dialect, trajs, tag, _ex) -> tuple:
+    """``steps``, but each client leases, executes each turn and releases its trajectories'
+    sessions with ``lease_many`` / ``execute_many`` / ``release_many``: one Ray round trip per
+    shard per phase instead of one per call."""
+    lat, bad = [], 0
+    t_start = time.perf_counter()
+    owners = [i % len(clients) for i in range(len(trajs))]
+    leases: list = [None] * len(trajs)
+    for c, client in enumerate(clients):
+        mine = [i for i in range(len(trajs)) if owners[i] == c]
+        for i, lease in zip(mine, client.lease_many([(trajs[i][0], dialect, f"{tag}-{i}") for i in mine])):
+            leases[i] = lease
+    for step in range(max(len(sqls) for _, sqls in trajs)):
+        t0 = time.perf_counter()
+        pending = []
+        for c, client in enumerate(clients):
+            calls = [(leases[i], trajs[i][1][step]) for i in range(len(trajs))
+                     if owners[i] == c and step < len(trajs[i][1])]
+            if calls:
+                pending.append(client.execute_many_async(calls))
+        ray.wait([r for p in pending for r in p.refs], num_returns=sum(len(p.refs) for p in pending))
+        results = [r for c, p in zip(clients, pending) for r in c.resolve_many(p)]
+        ms = (time.perf_counter() - t0) * 1e3
+        lat += [ms] * len(results)
+        bad += sum(not r.ok for r in results)
+    for c, client in enumerate(clients):
+        client.release_many([lease for o, lease in zip(owners, leases) if o == c])
+    return time.perf_counter() - t_start, lat, bad
+
+
+DRIVERS = {"batched": run_batched, "steps": run_steps, "wait": run_wait, "asyncio": run_asyncio, "threads": run_threads}
+
+
+class _Echo:
+    """The Ray floor: a threaded actor whose methods do nothing but return a small result, so the
+    same drivers measure what one actor round trip costs on this machine."""
+
+    def __init__(self) -> None:
+        from sqlrl.db.types import QueryResult
+        self._result = QueryResult(columns=("n",), rows=((1,),), row_count=1)
+
+    def lease(self, request):
+        return "lease"
+
+    def execute(self, lease, sql):
+        return self._result
+
+    def release(self, lease):
+        return True
+
+
+class EchoClient:
+    """DBPoolClient's interface over one ``_Echo`` actor (no database, no lease table)."""
+
+    def __init__(self, actor) -> None:
+        self.actor = actor
+
+    def lease_async(self, db, dialect=None, *, key=None):
+        return self.actor.lease.remote(db)
+
+    def execute_async(self, lease, sql):
+        return self.actor.execute.remote(lease, sql)
+
+    def release_async(self, lease):
+        return self.actor.release.remote(lease)
+
+    def lease(self, db, dialect=None, *, key=None):
+        return ray.get(self.lease_async(db))
+
+    def execute(self, lease, sql):
+        return ray.get(self.execute_async(lease, sql))
+
+    def release(self, lease):
+        return ray.get(self.release_async(lease))
 
 
 def shard_cpu(group: DBPoolGroup) -> float:
@@ -244,6 +345,18 @@ def bench_dialect(dialect: str, urls: dict, queries: dict, args) -> tuple[list, 
         conc.append({"dialect": dialect, "mode": "raw", "driver": "threads", **row})
         print(f"  {dialect} raw: {row['calls_s']:.0f} calls/s", flush=True)
         catalog = Catalog({db: {dialect: url} for db, url in urls.items()})
+        if dialect == "sqlite":  # the Ray floor, measured once, side by side with the pool
+            echo = ray.remote(_Echo).options(num_cpus=0.25, max_concurrency=args.max_concurrency).remote()
+            clients = [EchoClient(echo)]
+            group = type("G", (), {"shards": {"echo": echo}})()
+            for name in [d for d in args.drivers if d != "batched"]:
+                row = concurrent(DRIVERS[name], lambda t, tag: (clients, dialect, t, f"echo-{name}-{tag}", ex),
+                                 plans, group)
+                conc.append({"dialect": dialect, "mode": "ray-echo", "driver": name, **row})
+                print(f"  ray-echo {name}: {row['calls_s']:.0f} calls/s", flush=True)
+            seq.append({"dialect": dialect, "mode": "ray-echo",
+                        **sequential(pool, urls, clients, dialect, seq_plan)})
+            ray.kill(echo)
         for mode, (workers, per) in POOL_MODES.items():
             group = DBPoolGroup(DBPoolConfig(
                 rollout_workers=workers, per_worker={dialect: per}, reward={},  # no idle reward shard
@@ -284,9 +397,9 @@ def print_tables(conc: list, seq: list) -> None:
 
 
 def targets(conc: list, seq: list) -> dict:
-    pool_rows = [r for r in conc if r["dialect"] == "sqlite" and r["mode"] != "raw"]
+    pool_rows = [r for r in conc if r["dialect"] == "sqlite" and r["mode"].startswith("pool")]
     best = max(pool_rows, key=lambda r: r["calls_s"], default=None)
-    added = [r["added_p50_ms"] for r in seq if r["dialect"] == "sqlite"]
+    added = [r["added_p50_ms"] for r in seq if r["dialect"] == "sqlite" and r["mode"].startswith("pool")]
     return {
         "added_p50_ms": {"target": TARGET_ADDED_P50_MS, "worst": max(added, default=None),
                          "met": bool(added) and max(added) <= TARGET_ADDED_P50_MS},
@@ -303,7 +416,7 @@ def main() -> None:
     ap.add_argument("--trajectories", type=int, default=32)
     ap.add_argument("--calls", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=5, help="measured rounds (after one warm-up)")
-    ap.add_argument("--drivers", default="wait,asyncio,threads")
+    ap.add_argument("--drivers", default="batched,steps,wait,asyncio,threads")
     ap.add_argument("--max-concurrency", type=int, default=DBPoolConfig.max_concurrency)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true", help="2 rounds, fewer sequential calls")

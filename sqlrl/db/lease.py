@@ -137,3 +137,13 @@ class Lease:
     dialect: str
     expires_at: float  # wall clock; renewed by every execute and by renew()
     ttl_s: float
+
+
+@dataclass(frozen=True)
+class ExecuteRequest:
+    """``execute(lease, sql)`` as one value: a Ray actor call costs ~0.2 ms per argument on a
+    2-core machine (bench/pool.py), so the client sends one argument, not two."""
+
+    lease: Lease
+    sql: str
+

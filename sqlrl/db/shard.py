@@ -27,13 +27,14 @@ It does not retry, route or know about other shards (``sqlrl.db.partition`` and 
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import os
 import threading
 import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from .lease import Catalog, Lease, LeaseError, LeaseErrorKind, LeaseRequest
+from .lease import Catalog, ExecuteRequest, Lease, LeaseError, LeaseErrorKind, LeaseRequest
 from .pool import PoolConfig, PoolStats, SessionPool
 from .session import Session
 from .types import ErrorKind, QueryResult, SessionError
@@ -54,6 +55,7 @@ class ShardConfig:
     max_leases: int = 64  # live sessions per shard
     allow_urls: bool = True  # accept database URLs besides catalog ids
     remember_ended: int = 4096  # ended lease ids kept, so late calls get a precise error
+    batch_threads: int = 8  # threads for the server calls of one *_many batch (SQLite: serial)
 
     def __post_init__(self) -> None:
         if self.lease_ttl_s <= 0:
@@ -116,6 +118,7 @@ class ShardCore:
         self._closed = False
         self._reaper: threading.Thread | None = None
         self._stop = threading.Event()
+        self._batch_pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._pool.on("checkin", lambda url, reused: self._metric("resets") if reused else None)
         self._pool.on("invalidate", lambda url, reason: self._metric("invalidations"))
 
@@ -127,6 +130,21 @@ class ShardCore:
         except LeaseError:
             self._count("refused")
             raise
+
+    def lease_many(self, requests: tuple[LeaseRequest, ...]) -> tuple[Lease | LeaseError, ...]:
+        """Several ``lease`` calls in one; a refusal comes back as its ``LeaseError`` in place
+        (not raised), so one full or failing request does not cost the others their leases."""
+        def one(request: LeaseRequest) -> Lease | LeaseError:
+            try:
+                return self.lease(request)
+            except LeaseError as exc:
+                return exc
+        # opening a session is I/O on a server (MariaDB clones a scratch database): in parallel
+        return self._map(one, requests, parallel=True)
+
+    def release_many(self, leases: tuple[Lease, ...]) -> tuple[bool, ...]:
+        return self._map(self.release, leases, parallel=any(
+            getattr(lease, "dialect", "sqlite") != "sqlite" for lease in leases))
 
     def execute(self, lease: Lease, sql: str) -> QueryResult:
         t0 = time.perf_counter()
@@ -145,6 +163,26 @@ class ShardCore:
                 self._count("timeouts")
         self._metric("execute_ms", (time.perf_counter() - t0) * 1e3)
         return result
+
+    def submit(self, request: ExecuteRequest) -> QueryResult:
+        """``execute`` with its arguments packed in one ``ExecuteRequest`` (what the Ray client
+        sends). Never raises either."""
+        if not isinstance(request, ExecuteRequest):
+            return QueryResult.failure(ErrorKind.SESSION_LOST,
+                                       f"expected an ExecuteRequest, got {type(request).__name__}")
+        return self.execute(request.lease, request.sql)
+
+    def submit_many(self, requests: tuple[ExecuteRequest, ...]) -> tuple[QueryResult, ...]:
+        """Several ``submit`` calls in one (a rollout worker's whole turn on this shard: one Ray
+        round trip instead of one per trajectory). Results in request order; never raises. The
+        calls run one after another, so the batch takes the sum of its queries' times."""
+        if not isinstance(requests, (tuple, list)):
+            return (QueryResult.failure(ErrorKind.SESSION_LOST, "expected a tuple of "
+                                        f"ExecuteRequest, got {type(requests).__name__}"),)
+        # SQLite work is CPU in this process (threads would only trade the GIL); a server call
+        # waits on the network, so those run in parallel
+        return self._map(self.submit, requests, parallel=any(
+            getattr(getattr(r, "lease", None), "dialect", "sqlite") != "sqlite" for r in requests))
 
     def renew(self, lease: Lease) -> Lease:
         """Push the deadline out by the TTL; returns the lease with its new ``expires_at``.
@@ -189,6 +227,15 @@ class ShardCore:
                 holders=tuple(sorted(holders.items())), pool=self._pool.stats(),
                 draining=self._draining, closed=self._closed)
 
+    def _map(self, fn: Callable, items: tuple, parallel: bool) -> tuple:
+        if not parallel or len(items) < 2 or self.config.batch_threads < 2:
+            return tuple(fn(item) for item in items)
+        with self._lock:
+            if self._batch_pool is None:
+                self._batch_pool = concurrent.futures.ThreadPoolExecutor(
+                    self.config.batch_threads, thread_name_prefix=f"batch-{self.shard_id}")
+        return tuple(self._batch_pool.map(fn, items))
+
     def on_metric(self, hook: MetricHook) -> None:
         self._hooks.append(hook)
 
@@ -215,6 +262,8 @@ class ShardCore:
             ids = list(self._held)
         ended = self._end(ids, "closed")
         self._pool.close()
+        if self._batch_pool is not None:
+            self._batch_pool.shutdown(wait=False)
         return ended
 
     # -- internals -------------------------------------------------------------------------------

@@ -94,6 +94,9 @@ def test_a_killed_shard_restarts_and_callers_get_typed_errors_not_hangs(group, r
     with pytest.raises(LeaseError) as e:  # the call in flight died with the shard
         client.resolve(slow)
     assert e.value.kind is LeaseErrorKind.SHARD_UNAVAILABLE
+    # while Ray restarts the shard a call fails fast ("did not answer"); once it is back, the old
+    # lease is recognised as one of a previous incarnation
+    wait_for(lambda: group.stats()[lease.shard] is not None, 60, "the shard to restart")
     after = client.execute(lease, "SELECT * FROM mine")  # the old lease, on the restarted shard
     assert after.error.kind is ErrorKind.SESSION_LOST and "restarted" in after.error.message
     assert time.monotonic() - t0 < 20
@@ -199,10 +202,12 @@ def _prometheus_text(ray) -> str:
         return response.read().decode()
 
 
-def _sample(text: str, metric: str, shard: str) -> float | None:
-    """The value of one Prometheus sample (``ray_<metric>{...shard="<shard>"...} <value>``)."""
+def _sample(text: str, metric: str, shard: str, worker: str) -> float | None:
+    """The value of one Prometheus sample (``ray_<metric>{...shard="<shard>"...} <value>``) of the
+    shard actor process ``worker`` (earlier tests' shards had the same shard ids)."""
     for line in text.splitlines():
-        if line.startswith(f"ray_{metric}{{") and f'shard="{shard}"' in line:
+        if (line.startswith(f"ray_{metric}{{") and f'shard="{shard}"' in line
+                and f'WorkerId="{worker}"' in line):
             return float(line.rsplit(" ", 1)[1])
     return None
 
@@ -220,13 +225,15 @@ def test_metrics_reach_the_ray_metrics_endpoint(group, ray_session) -> None:
     client.lease("shop", key="m2")  # never used again: the reaper reclaims it after the 2 s TTL
     wait_for(lambda: group.stats()[shard].reclaimed == 1, 15, "the reaper to reclaim the idle lease")
 
+    worker = ray_session.get(group.shards[shard].__ray_call__.remote(
+        lambda self: __import__("ray").get_runtime_context().get_worker_id()))
     expected = {"leases": 2, "releases": 1, "executes": 5, "errors": 2, "timeouts": 1, "reclaimed": 1}
 
     def seen():
         text = _prometheus_text(ray_session)
-        values = {name: _sample(text, f"sqlrl_db_{name}_total", shard) for name in expected}
-        hist = _sample(text, "sqlrl_db_execute_ms_count", shard)
-        gauge = _sample(text, "sqlrl_db_active_sessions", shard)
+        values = {name: _sample(text, f"sqlrl_db_{name}_total", shard, worker) for name in expected}
+        hist = _sample(text, "sqlrl_db_execute_ms_count", shard, worker)
+        gauge = _sample(text, "sqlrl_db_active_sessions", shard, worker)
         ok = all(v is not None and v >= expected[k] for k, v in values.items())
         return (values, hist, gauge) if ok and hist and hist >= 5 and gauge == 0 else None
 
@@ -234,3 +241,31 @@ def test_metrics_reach_the_ray_metrics_endpoint(group, ray_session) -> None:
     assert values == expected  # a fresh shard: exactly what this test did
     stats = group.stats()[shard]
     assert (stats.granted, stats.executes, stats.timeouts, stats.reclaimed) == (2, 5, 1, 1)
+
+
+def test_batched_calls_across_shards_and_a_killed_shard(ray_session, demo_db_path) -> None:
+    catalog = Catalog({"shop": {"sqlite": f"sqlite:///{demo_db_path}"}})
+    g = DBPoolGroup(DBPoolConfig(rollout_workers=1, per_worker={"sqlite": 2}, reward={},
+                                 shard=ShardConfig(catalog=catalog), call_timeout_s=20))
+    try:
+        client = g.client(0)
+        keys = [f"t{i}" for i in range(8)]
+        leases = client.lease_many([("shop", "sqlite", k) for k in keys])
+        assert len({l.shard for l in leases}) == 2  # crc32 spreads 8 keys over both shards
+        pending = client.execute_many_async([(l, "SELECT COUNT(*) FROM products") for l in leases])
+        assert len(pending.refs) == 2  # one round trip per shard
+        assert all(r.ok for r in client.resolve_many(pending))
+        dead = leases[0].shard
+        ray_session.kill(g.shards[dead], no_restart=False)
+        out = client.execute_many([(l, "SELECT 1") for l in leases])
+        for lease, r in zip(leases, out):
+            if lease.shard == dead:
+                assert r.error.kind is ErrorKind.SESSION_LOST
+            else:
+                assert r.ok and r.rows == ((1,),)
+        released = client.release_many(leases)
+        assert all(released[i] for i, l in enumerate(leases) if l.shard != dead)
+        wait_for(lambda: all(s is not None and s.active_leases == 0 for s in g.stats().values()),
+                 60, "both shards idle")
+    finally:
+        g.shutdown()

@@ -136,3 +136,35 @@ def test_rebalance_keeps_live_leases_of_survivors_and_retires_drained_shards(gro
     assert group.retire_idle() == [draining.shard]
     assert group.client(2).lease("shop").shard.startswith("rollout/w2/")
 
+
+
+def test_batched_calls_keep_order_and_type_each_failure(group) -> None:
+    client = group.client(0)
+    leases = client.lease_many([("shop", "sqlite", f"b{i}") for i in range(2)])
+    assert {l.shard for l in leases} <= set(client.shards) and len(leases) == 2
+    tables = ["customers", "orders"]
+    results = client.execute_many([(l, f"SELECT COUNT(*) FROM {t}") for l, t in zip(leases, tables)])
+    single = [client.execute(l, f"SELECT COUNT(*) FROM {t}") for l, t in zip(leases, tables)]
+    assert [r.rows for r in results] == [r.rows for r in single] and all(r.ok for r in results)
+    assert client.release_many([leases[0]]) == [True]
+    stranger = group.client(1).lease("shop", key="x")
+    mixed = client.execute_many([(leases[0], "SELECT 1"), (leases[1], "SELEC 1"),
+                                 (leases[1], "SELECT 2"), (stranger, "SELECT 3")])
+    assert [r.error.kind if r.error else None for r in mixed] == [
+        ErrorKind.SESSION_LOST, ErrorKind.SYNTAX, None, ErrorKind.SESSION_LOST]
+    assert mixed[2].rows == ((2,),) and "released" in mixed[0].error.message
+    assert client.release_many([leases[1], leases[1], stranger]) == [True, False, False]
+    group.client(1).release(stranger)
+
+
+def test_lease_many_is_all_or_nothing(group) -> None:
+    client = group.client(0)
+    with pytest.raises(LeaseError) as e:
+        client.lease_many([("shop", "sqlite", "ok"), ("no_such_db", "sqlite", "bad")])
+    assert e.value.kind is LeaseErrorKind.UNKNOWN_DATABASE
+    assert all(s.active_leases == 0 for s in group.stats().values())
+    # more than the shards' capacity (2 shards x max_leases 2): the client retries, then gives up
+    with pytest.raises(LeaseError) as e:
+        client.lease_many([("shop", "sqlite", f"k{i}") for i in range(5)])
+    assert e.value.kind is LeaseErrorKind.CAPACITY
+    assert all(s.active_leases == 0 for s in group.stats().values())

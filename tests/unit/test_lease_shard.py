@@ -139,7 +139,7 @@ def test_use_and_renew_keep_a_lease_alive_past_its_ttl(catalog) -> None:
 
 def test_a_lease_is_not_reclaimed_while_a_call_runs_on_it(catalog) -> None:
     core = ShardCore("t", ShardConfig(catalog=catalog, lease_ttl_s=0.2,
-                                      pool=PoolConfig(limits=Limits(timeout_s=3))))
+                                      pool=PoolConfig(limits=Limits(timeout_s=60))))
     try:
         lease = core.lease(req())
         slow = "WITH RECURSIVE c(n) AS (SELECT 1 UNION ALL SELECT n+1 FROM c WHERE n < 5000000) " \

@@ -1,0 +1,217 @@
+"""The evaluate job: score predictions with the official semantics of Spider, BIRD or BIRD-CRITIC.
+
+    python -m jobs.evaluate spider --gold dev_gold.sql --pred pred.sql --db spider/database \\
+                                   [--etype exec] [--questions spider/dev.json]
+    python -m jobs.evaluate bird   --pred predict_dev.json --gold mini_dev_sqlite_gold.sql \\
+                                   --db-root dev_databases [--questions mini_dev_sqlite.json]
+    python -m jobs.evaluate critic --tasks instances.jsonl --pred preds.jsonl \\
+                                   [--db-root DIR] [--catalog catalog.json]
+    # on a cluster: ray job submit --working-dir . -- python -m jobs.evaluate spider ...
+
+Inputs are the official evaluators' (Spider ``evaluation.py --etype exec``: gold lines
+``SQL<TAB>db_id``, one predicted SQL per line, the database folder; BIRD: the predicted-SQL JSON,
+the gold SQL file, the database root; BIRD-CRITIC: predictions JSONL with ``pred_sqls``).
+Writes to ``--out`` (default ``runs/eval/<kind>-<time>``): ``verdicts.jsonl`` (one line per item),
+``report.json`` and ``report.md`` (EX overall and by difficulty; SR% by dialect for BIRD-CRITIC),
+and prints the table. Reads top to bottom: parse → evaluate → write → print.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Callable
+
+from rich.console import Console
+from rich.table import Table
+
+console = Console(stderr=True)
+
+
+# -- evaluators (a registry: kind -> (add arguments, run)) -----------------------------------------
+
+def _spider_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--gold", required=True, help="gold file: SQL<TAB>db_id per line")
+    p.add_argument("--pred", required=True, help="predictions: one SQL per line")
+    p.add_argument("--db", required=True, help="database folder (<db_id>/<db_id>.sqlite)")
+    p.add_argument("--etype", default="exec", choices=["exec"],
+                   help="only execution accuracy (the test-suite 'exec' metric) is implemented")
+    p.add_argument("--questions", help="dev.json (its parsed 'sql' gives Spider hardness levels)")
+    p.add_argument("--processes", type=int, default=min(2, os.cpu_count() or 1),
+                   help="child processes, each labelling whole databases (1: in this process)")
+
+
+def _spider_run(a: argparse.Namespace) -> tuple[list[dict], dict]:
+    from sqlrl.eval.spider import evaluate_spider
+
+    report = evaluate_spider(a.gold, a.pred, a.db, timeout_s=a.timeout, workers=a.workers,
+                             progress=a.processes <= 1, processes=a.processes)
+    rows = [asdict(v) for v in report.items]
+    summary = {k: v for k, v in report.to_dict().items() if k != "items"}
+    if a.questions:
+        from sqlrl.tasks.loaders.spider import spider_hardness
+
+        questions = json.loads(Path(a.questions).read_text(encoding="utf-8"))
+        if len(questions) != len(rows):
+            raise SystemExit(f"--questions has {len(questions)} items, the gold file {len(rows)}")
+        for row, q in zip(rows, questions):
+            row["hardness"] = spider_hardness(q["sql"])
+        summary["by_hardness"] = _by(rows, "hardness", excluded=lambda r: r["gold_error"] is not None)
+    return rows, summary
+
+
+def _bird_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--pred", required=True, help="predicted SQL JSON ({\"0\": \"SQL\\t----- bird -----\\tdb\"})")
+    p.add_argument("--gold", required=True, help="gold SQL file: SQL<TAB>db_id per line")
+    p.add_argument("--db-root", required=True, help="database root (<db_id>/<db_id>.sqlite) "
+                                                    "or an admin URL for server dialects")
+    p.add_argument("--dialect", default="sqlite", choices=["sqlite", "postgresql", "mysql"])
+    p.add_argument("--questions", help="the questions JSON (gives difficulty)")
+
+
+def _bird_run(a: argparse.Namespace) -> tuple[list[dict], dict]:
+    from sqlrl.eval.bird import evaluate_bird
+
+    report = evaluate_bird(a.pred, a.gold, a.db_root, a.dialect, questions_path=a.questions,
+                           timeout_s=a.timeout, workers=a.workers, progress=True)
+    return [asdict(v) for v in report.items], {k: v for k, v in report.to_dict().items()
+                                                if k != "items"}
+
+
+def _critic_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tasks", required=True, help="BIRD-CRITIC instances JSONL (with sol_sql)")
+    p.add_argument("--pred", required=True, help="predictions JSONL: instance_id + pred_sqls")
+    p.add_argument("--db-root", help="SQLite databases: <db_id>/<db_id>.sqlite")
+    p.add_argument("--catalog", help="JSON {db_id: {dialect: url}} for server databases")
+    p.add_argument("--test-timeout", type=float, default=60.0,
+                   help="seconds for each test case's code (the child is killed)")
+
+
+def _critic_run(a: argparse.Namespace) -> tuple[list[dict], dict]:
+    from sqlrl.eval.critic_eval import evaluate_critic, read_predictions
+    from sqlrl.tasks.io import read_tasks
+    from sqlrl.tasks.types import CriticTask
+
+    tasks = read_tasks(a.tasks)
+    others = [t.task_id for t in tasks if not isinstance(t, CriticTask)]
+    if others:
+        raise SystemExit(f"{a.tasks} holds {len(others)} non-BIRD-CRITIC tasks (e.g. {others[0]})")
+    catalog = json.loads(Path(a.catalog).read_text()) if a.catalog else None
+    with _progress("BIRD-CRITIC") as advance:
+        report = evaluate_critic(tasks, read_predictions(a.pred), catalog=catalog,
+                                 db_root=a.db_root, timeout_s=a.timeout,
+                                 test_timeout_s=a.test_timeout, workers=a.workers or 4,
+                                 progress=advance)
+    return [i.to_dict() for i in report.items], report.to_dict()
+
+
+EVALUATORS: dict[str, tuple[Callable, Callable]] = {
+    "spider": (_spider_args, _spider_run),
+    "bird": (_bird_args, _bird_run),
+    "critic": (_critic_args, _critic_run),
+}
+
+
+# -- helpers ------------------------------------------------------------------------------------
+
+class _progress:
+    """A rich progress bar as a ``(done, total)`` callback."""
+
+    def __init__(self, label: str) -> None:
+        from rich.progress import Progress
+
+        self._bar = Progress(console=console, transient=True)
+        self._label = label
+        self._task = None
+
+    def __enter__(self) -> Callable[[int, int], None]:
+        self._bar.start()
+
+        def advance(done: int, total: int) -> None:
+            if self._task is None:
+                self._task = self._bar.add_task(self._label, total=total)
+            self._bar.update(self._task, completed=done)
+        return advance
+
+    def __exit__(self, *exc: object) -> None:
+        self._bar.stop()
+
+
+def _by(rows: list[dict], key: str, excluded: Callable[[dict], bool]) -> dict[str, dict]:
+    groups: dict[str, list[dict]] = {}
+    for r in rows:
+        if not excluded(r):
+            groups.setdefault(str(r.get(key)), []).append(r)
+    return {g: {"n": len(v), "matched": sum(bool(r["match"]) for r in v),
+                "ex": sum(bool(r["match"]) for r in v) / len(v)} for g, v in sorted(groups.items())}
+
+
+def render_markdown(kind: str, summary: dict[str, Any]) -> str:
+    lines = [f"# {kind} evaluation", ""]
+    if kind == "critic":
+        lines += ["| slice | n | solved | SR% |", "|---|---|---|---|",
+                  f"| all | {summary['scored']} | {summary['solved']} | {summary['sr']:.2f} |"]
+        for key, groups in summary["by"].items():
+            for g, s in groups.items():
+                lines.append(f"| {key}={g} | {s['n']} | {s['solved']} | {s['sr']:.2f} |")
+        if summary["excluded"]:
+            lines += ["", f"Excluded (reference failed): {', '.join(summary['excluded'])}"]
+    else:
+        overall = summary.get("overall", {"scored": summary.get("scored"),
+                                          "matched": summary.get("matched")})
+        lines += ["| slice | n | matched | EX% |", "|---|---|---|---|",
+                  f"| all | {overall['scored']} | {overall['matched']} | {100 * summary['ex']:.2f} |"]
+        for g, s in (summary.get("by_difficulty") or summary.get("by_hardness") or {}).items():
+            lines.append(f"| {g} | {s.get('scored', s.get('n'))} | {s['matched']} | {100 * s['ex']:.2f} |")
+        if summary.get("gold_errors"):
+            lines += ["", f"Excluded (gold failed): items {summary['gold_errors']}"]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    # -- parse
+    ap = argparse.ArgumentParser(prog="python -m jobs.evaluate", description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="kind", required=True)
+    for kind, (add_args, _) in EVALUATORS.items():
+        p = sub.add_parser(kind)
+        add_args(p)
+        p.add_argument("--out", help="output folder (default runs/eval/<kind>-<time>)")
+        p.add_argument("--timeout", type=float, default=30.0, help="seconds per SQL statement")
+        p.add_argument("--workers", type=int, default=None, help="parallel executions")
+    a = ap.parse_args(argv)
+    out = Path(a.out or f"runs/eval/{a.kind}-{time.strftime('%Y%m%d-%H%M%S')}")
+
+    # -- evaluate
+    try:
+        rows, summary = EVALUATORS[a.kind][1](a)
+    except (FileNotFoundError, ValueError) as exc:
+        console.print(f"[red]evaluate: {exc}[/red]")
+        return 2
+
+    # -- write
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "verdicts.jsonl", "w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    (out / "report.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False))
+    markdown = render_markdown(a.kind, summary)
+    (out / "report.md").write_text(markdown)
+
+    # -- print
+    table = Table(title=f"{a.kind} — {out}")
+    header, *body = [l for l in markdown.splitlines() if l.startswith("|") and "---" not in l]
+    for col in header.strip("|").split("|"):
+        table.add_column(col.strip())
+    for line in body:
+        table.add_row(*[c.strip() for c in line.strip("|").split("|")])
+    Console().print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,174 @@
+"""The Judge: executes predictions (and gold, once per task) and returns verdicts for rewards.
+
+Rewards are pure functions of (task, extracted answer, verdict); the Judge is the only part that
+touches a database. It runs everything through sqlrl sessions opened by an ``Opener``: in-process
+``open_session`` by default, or a lease on the DB pool's reward partition inside reward actors.
+
+Guarantees:
+- **Gold runs once per task** (per database URL and limits): an LRU of gold results, single-flight
+  per key, so a GRPO group of n rollouts of one task executes the gold query once, not n times.
+  Gold results that failed are cached too (a broken gold stays broken) unless the failure was a
+  lost session or a timeout (those are retried by the next call).
+- **Fail-closed**: a prediction that errors, times out, or returns more rows than the cap
+  (``Limits.max_rows``; a truncated result can never be proven equal) is a non-match. A gold that
+  errors, times out or is truncated makes the verdict ``gold_error`` — the reward marks it
+  excluded and scores 0: it is never rewarded.
+- Predictions and gold each run on a fresh session (scratch state: a prediction cannot alter
+  what the gold sees, nor the base database). Multi-statement predictions run in order and the
+  last statement's result is compared (as ``execute_sql`` shows it).
+- Never raises for anything a model wrote; ``ValueError`` only for a task whose database is not in
+  the catalog (a configuration error).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Callable, ContextManager, Iterator, Mapping, Sequence
+
+from sqlrl.db import ErrorKind, Limits, QueryResult, SessionError, open_session
+from sqlrl.eval.compare import bird_ex, spider_ex
+from sqlrl.eval.critic import CriticVerdict, SolCache, run_critic
+from sqlrl.tasks.types import CriticTask, Text2SQLTask
+
+Opener = Callable[[str, Sequence[str], Limits], ContextManager[Any]]
+
+
+@contextlib.contextmanager
+def local_opener(url: str, preprocess_sql: Sequence[str], limits: Limits) -> Iterator[Any]:
+    with open_session(url, preprocess_sql=list(preprocess_sql), limits=limits) as session:
+        yield session
+
+
+@dataclass(frozen=True)
+class ExecVerdict:
+    """A text-to-SQL prediction judged against its gold by execution."""
+
+    executed: bool  # the prediction ran without error and was not truncated
+    bird_match: bool  # BIRD EX: set equality
+    spider_match: bool  # Spider test-suite EX: bag equality, order when the gold orders
+    pred_error: str | None = None  # "<kind>: <message>" when it did not execute
+    pred_error_kind: str | None = None  # ErrorKind value, "too-many-rows" or "no-sql"
+    gold_error: str | None = None  # the gold failed: exclude this sample
+    pred_rows: int = 0
+    gold_rows: int = 0
+
+
+def gold_orders(gold_sql: str, dialect: str = "sqlite") -> bool:
+    """True when the gold's outermost query has ORDER BY (row order is part of the answer)."""
+    try:
+        import sqlglot
+
+        tree = sqlglot.parse_one(gold_sql, read={"postgresql": "postgres"}.get(dialect, dialect))
+        return tree.args.get("order") is not None
+    except Exception:
+        return "order by" in " ".join(gold_sql.lower().split())
+
+
+class Judge:
+    """Executes and compares; holds the gold cache. Thread-safe."""
+
+    def __init__(self, catalog: Mapping[str, Mapping[str, str]], *, limits: Limits | None = None,
+                 opener: Opener = local_opener, gold_cache_size: int = 4096,
+                 critic_test_timeout_s: float = 30.0) -> None:
+        self.catalog = {db: dict(urls) for db, urls in catalog.items()}
+        self.limits = limits or Limits(timeout_s=10.0, max_rows=10_000)
+        self.opener = opener
+        self.critic_test_timeout_s = critic_test_timeout_s
+        self._gold: OrderedDict[Any, QueryResult] = OrderedDict()
+        self._inflight: dict[Any, threading.Lock] = {}
+        self._lock = threading.Lock()
+        self._gold_size = gold_cache_size
+        self.sol_cache = SolCache(gold_cache_size)
+        self.gold_executions = 0
+        self.gold_hits = 0
+
+    def url(self, db_id: str, dialect: str) -> str:
+        urls = self.catalog.get(db_id)
+        if not urls or dialect not in urls:
+            raise ValueError(f"database {db_id!r} ({dialect}) is not in the judge's catalog")
+        return urls[dialect]
+
+    # -- text-to-SQL -----------------------------------------------------------------------------
+
+    def text2sql(self, task: Text2SQLTask, sql: str | None) -> ExecVerdict:
+        url = self.url(task.db_id, task.dialect)
+        gold = self._gold_result(task, url)
+        gold_error = _failure(gold)
+        if sql is None or not sql.strip():
+            return ExecVerdict(False, False, False, "no SQL to run", "no-sql", gold_error,
+                               gold_rows=gold.row_count)
+        pred = self._run(url, (), sql)
+        pred_error = _failure(pred)
+        if pred_error is not None:
+            kind = "too-many-rows" if pred.ok else pred.error.kind.value
+            return ExecVerdict(False, False, False, pred_error, kind, gold_error,
+                               pred.row_count, gold.row_count)
+        if gold_error is not None:
+            return ExecVerdict(True, False, False, None, None, gold_error, pred.row_count,
+                               gold.row_count)
+        order = gold_orders(task.gold_sql, task.dialect)
+        return ExecVerdict(True, bird_ex(pred.rows, gold.rows),
+                           spider_ex(pred.rows, gold.rows, order), None, None, None,
+                           pred.row_count, gold.row_count)
+
+    # -- debugging (BIRD-CRITIC) -----------------------------------------------------------------
+
+    def critic(self, task: CriticTask, sqls: Sequence[str] | str | None) -> CriticVerdict:
+        url = self.url(task.db_id, task.dialect)
+        if sqls is None:
+            sqls = []
+        elif isinstance(sqls, str):
+            sqls = [sqls]
+        return run_critic(task, list(sqls), url, timeout_s=self.limits.timeout_s,
+                          test_timeout_s=self.critic_test_timeout_s, sol_cache=self.sol_cache)
+
+    # -- internals -------------------------------------------------------------------------------
+
+    def _run(self, url: str, preprocess: Sequence[str], sql: str) -> QueryResult:
+        try:
+            with self.opener(url, preprocess, self.limits) as session:
+                return session.execute(sql)
+        except SessionError as exc:
+            return QueryResult.failure(ErrorKind.SESSION_LOST, f"could not open a session: {exc}")
+        except Exception as exc:  # a lease refused, a dead shard: never the model's fault
+            return QueryResult.failure(ErrorKind.SESSION_LOST, f"{type(exc).__name__}: {exc}")
+
+    def _gold_result(self, task: Text2SQLTask, url: str) -> QueryResult:
+        key = (url, task.gold_sql, self.limits)
+        with self._lock:
+            if key in self._gold:
+                self._gold.move_to_end(key)
+                self.gold_hits += 1
+                return self._gold[key]
+            gate = self._inflight.setdefault(key, threading.Lock())
+        with gate:  # single flight: concurrent rollouts of one task wait for one execution
+            with self._lock:
+                if key in self._gold:
+                    self.gold_hits += 1
+                    return self._gold[key]
+            result = self._run(url, (), task.gold_sql)
+            with self._lock:
+                self.gold_executions += 1
+                self._inflight.pop(key, None)
+                transient = (result.error is not None and result.error.kind in
+                             (ErrorKind.SESSION_LOST, ErrorKind.TIMEOUT))
+                if not transient:
+                    self._gold[key] = result
+                    while len(self._gold) > self._gold_size:
+                        self._gold.popitem(last=False)
+            return result
+
+    def stats(self) -> dict[str, int]:
+        return {"gold_executions": self.gold_executions, "gold_hits": self.gold_hits,
+                "sol_hits": self.sol_cache.hits, "sol_misses": self.sol_cache.misses}
+
+
+def _failure(result: QueryResult) -> str | None:
+    if result.error is not None:
+        return str(result.error)
+    if result.truncated:
+        return f"result truncated at {result.row_count} rows (too many rows to compare)"
+    return None

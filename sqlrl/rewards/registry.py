@@ -1,0 +1,241 @@
+"""Rewards: a registry of pure scoring functions, each returning a breakdown of named parts.
+
+A reward is computed in three steps, only the middle one touching a database:
+``extract`` (parse.py: the SQL in a response, and whether its format is right) →
+``Judge`` (judge.py: execute prediction and gold → a verdict) → ``score`` (here: a pure function
+of task, extraction, verdict and config → ``RewardBreakdown``). ``compute``/``compute_batch`` run
+the three; tests call the scorers directly with hand-made verdicts.
+
+Registered rewards (``REWARDS``):
+
+| name | task | response | score |
+|---|---|---|---|
+| ``critic_single`` | debugging | ``<thought>…</thought><solution>…</solution>`` | share of test cases passed |
+| ``critic_agentic`` | debugging | tool calls; the last ``submit_solution`` | share of test cases passed |
+| ``bird_ex_single`` / ``spider_ex_single`` | text-to-SQL | thought/solution | 1 on EX match |
+| ``bird_ex_agentic`` / ``spider_ex_agentic`` | text-to-SQL | tool calls | 1 on EX match |
+| ``sqlr1`` | text-to-SQL | ``<think>…</think><answer>```sql…```</answer>`` | SQL-R1 composite |
+| ``hybrid_single`` / ``hybrid_agentic`` | either | either | routes by task type |
+
+Guarantees — **fail-closed**, the property every reward here is tested for:
+- A malformed response scores 0 (SQL-R1: −1 format, nothing else): its SQL is never executed.
+- A prediction that errors, times out or returns too many rows scores 0 (SQL-R1: −2 execution,
+  no result or length term). There is no consolation reward for an error, whatever the gold
+  returns (BIRD-RL gives 0.1, and 1.0 when the gold result is empty).
+- A gold (or BIRD-CRITIC ``sol_sql``) that errors makes the sample ``excluded=True`` with score 0:
+  flagged, never rewarded (SQL-R1's comparator calls a failing gold a match).
+- Within one reward, every breakdown has the same ``parts`` keys (hybrid included), so a batch's
+  parts can be averaged and logged column by column.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from sqlrl.eval.critic import CriticVerdict, OutcomeKind
+from sqlrl.tasks.types import CriticTask, Text2SQLTask
+
+from .judge import ExecVerdict, Judge
+from .parse import Extracted, extract_agentic, extract_single
+
+
+@dataclass(frozen=True)
+class SQLR1Config:
+    """SQL-R1's progressive reward (Ma et al., 2025, §2.3.3). Lengths are in characters here
+    (the paper counts tokens; the reward actor has no tokenizer), so ``max_length`` should be the
+    response budget in characters (≈ 4 × the token budget)."""
+
+    format: float = 1.0  # ±format when the format is right / wrong
+    execution: float = 2.0  # ±execution when the SQL runs / fails
+    result: float = 3.0  # ±result when the result matches / does not
+    max_length: int = 8192
+    length_weight: float = 1.0  # scales the length term, which lies in [0, 1] (times this)
+    over_length: float = -0.5  # the length term when the response exceeds max_length
+    length_needs_match: bool = True  # only a correct answer earns the length term (our choice)
+    semantics: str = "bird"  # which EX decides "result": "bird" (set) or "spider" (bag/order)
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    format_style: str = "birdrl"  # parse.STYLES key for single-turn rewards
+    sqlr1: SQLR1Config = field(default_factory=SQLR1Config)
+
+
+@dataclass(frozen=True)
+class RewardBreakdown:
+    score: float
+    parts: dict[str, float]
+    excluded: bool = False  # the reference is broken: drop from the learning signal
+    reason: str = ""  # why the score is what it is ("ok", "format", "pred-error", "gold-error", …)
+    sql: str | None = None  # the SQL that was graded
+
+
+# -- scorers (pure) -------------------------------------------------------------------------------
+
+_BASIC_KEYS = ("format", "executed", "result")
+
+
+def _basic(score_ok: float, ex: Extracted, executed: bool, reason: str, excluded: bool = False
+           ) -> RewardBreakdown:
+    score = 0.0 if (excluded or not ex.format_ok) else score_ok
+    return RewardBreakdown(score, {"format": float(ex.format_ok), "executed": float(executed),
+                                   "result": 0.0 if excluded else score_ok},
+                           excluded, reason, ex.sql)
+
+
+def score_critic(task: CriticTask, ex: Extracted, verdict: CriticVerdict | None,
+                 config: RewardConfig) -> RewardBreakdown:
+    if not ex.format_ok or verdict is None:
+        return _basic(0.0, ex, False, f"format: {ex.problem}")
+    if verdict.sol_error is not None:
+        return _basic(0.0, ex, False, f"gold-error: {verdict.sol_error}", excluded=True)
+    failed = {o.kind for o in verdict.outcomes}
+    executed = not failed & {OutcomeKind.PRED_ERROR, OutcomeKind.PRED_TIMEOUT}
+    reason = "ok" if verdict.solved else ",".join(sorted(k.value for k in failed - {OutcomeKind.PASSED}))
+    return _basic(verdict.score, ex, executed, reason)
+
+
+def _ex_scorer(semantics: str) -> Callable[..., RewardBreakdown]:
+    def score(task: Text2SQLTask, ex: Extracted, verdict: ExecVerdict | None,
+              config: RewardConfig) -> RewardBreakdown:
+        if not ex.format_ok or verdict is None:
+            return _basic(0.0, ex, False, f"format: {ex.problem}")
+        if verdict.gold_error is not None:
+            return _basic(0.0, ex, verdict.executed, f"gold-error: {verdict.gold_error}", True)
+        if not verdict.executed:
+            return _basic(0.0, ex, False, f"pred-error: {verdict.pred_error}")
+        match = verdict.bird_match if semantics == "bird" else verdict.spider_match
+        return _basic(float(match), ex, True, "ok" if match else "wrong-result")
+    return score
+
+
+def score_sqlr1(task: Text2SQLTask, ex: Extracted, verdict: ExecVerdict | None,
+                config: RewardConfig) -> RewardBreakdown:
+    c = config.sqlr1
+    parts = {"format": -c.format, "execution": 0.0, "result": 0.0, "length": 0.0}
+    if not ex.format_ok or verdict is None:
+        return RewardBreakdown(sum(parts.values()), parts, False, f"format: {ex.problem}", ex.sql)
+    parts["format"] = c.format
+    if verdict.gold_error is not None:
+        zero = {k: 0.0 for k in parts}
+        return RewardBreakdown(0.0, zero, True, f"gold-error: {verdict.gold_error}", ex.sql)
+    if not verdict.executed:
+        parts["execution"] = -c.execution
+        return RewardBreakdown(sum(parts.values()), parts, False,
+                               f"pred-error: {verdict.pred_error}", ex.sql)
+    parts["execution"] = c.execution
+    match = verdict.bird_match if c.semantics == "bird" else verdict.spider_match
+    parts["result"] = c.result if match else -c.result
+    if match or not c.length_needs_match:
+        parts["length"] = c.length_weight * sqlr1_length(ex, c)
+    return RewardBreakdown(sum(parts.values()), parts, False,
+                           "ok" if match else "wrong-result", ex.sql)
+
+
+def sqlr1_length(ex: Extracted, c: SQLR1Config) -> float:
+    """SQL-R1's length term in [0, 1]: half from the response length relative to the maximum,
+    half from the share of the answer block that is SQL (penalising prose around the SQL);
+    ``c.over_length`` when the response is longer than ``c.max_length``."""
+    if ex.response_chars > c.max_length:
+        return c.over_length
+    total = min(1.0, ex.response_chars / c.max_length)
+    sql_share = min(1.0, len(ex.sql or "") / ex.answer_chars) if ex.answer_chars else 0.0
+    return 0.5 * total + 0.5 * sql_share
+
+
+# -- the registry ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RewardSpec:
+    name: str
+    task_kind: str  # "text2sql", "critic" or "any"
+    response: str  # "single" (text) or "agentic" (tool calls)
+    scorer: Callable[..., RewardBreakdown] | None  # None: hybrid (routes by task type)
+    keys: tuple[str, ...] = _BASIC_KEYS
+    style: str | None = None  # a fixed single-turn format style (sqlr1), else config.format_style
+
+
+REWARDS: dict[str, RewardSpec] = {s.name: s for s in (
+    RewardSpec("critic_single", "critic", "single", score_critic),
+    RewardSpec("critic_agentic", "critic", "agentic", score_critic),
+    RewardSpec("bird_ex_single", "text2sql", "single", _ex_scorer("bird")),
+    RewardSpec("bird_ex_agentic", "text2sql", "agentic", _ex_scorer("bird")),
+    RewardSpec("spider_ex_single", "text2sql", "single", _ex_scorer("spider")),
+    RewardSpec("spider_ex_agentic", "text2sql", "agentic", _ex_scorer("spider")),
+    RewardSpec("sqlr1", "text2sql", "single", score_sqlr1,
+               ("format", "execution", "result", "length"), style="sqlr1"),
+    RewardSpec("hybrid_single", "any", "single", None, _BASIC_KEYS + ("is_critic",)),
+    RewardSpec("hybrid_agentic", "any", "agentic", None, _BASIC_KEYS + ("is_critic",)),
+)}
+# What a hybrid reward routes each task type to (by response shape).
+HYBRID_ROUTES = {("critic", "single"): "critic_single", ("critic", "agentic"): "critic_agentic",
+                 ("text2sql", "single"): "bird_ex_single", ("text2sql", "agentic"): "bird_ex_agentic"}
+
+
+def get_reward(name: str) -> RewardSpec:
+    if name not in REWARDS:
+        raise KeyError(f"unknown reward {name!r}; registered: {', '.join(REWARDS)}")
+    return REWARDS[name]
+
+
+def extract(spec: RewardSpec, response: Any, config: RewardConfig) -> Extracted:
+    if spec.response == "agentic":
+        if isinstance(response, (str, bytes)) or not isinstance(response, Iterable):
+            return Extracted(None, False, "an agentic reward needs the trajectory's tool calls")
+        return extract_agentic(response)
+    return extract_single(response, spec.style or config.format_style)
+
+
+def judge_task(task: Any, ex: Extracted, judge: Judge) -> Any:
+    """Run the prediction (nothing is executed for a malformed response)."""
+    if not ex.format_ok:
+        return None
+    if isinstance(task, CriticTask):
+        return judge.critic(task, ex.sql)
+    return judge.text2sql(task, ex.sql)
+
+
+def score(name: str, task: Any, ex: Extracted, verdict: Any,
+          config: RewardConfig = RewardConfig()) -> RewardBreakdown:
+    """The pure part: a breakdown from an extraction and a verdict."""
+    spec = get_reward(name)
+    kind = getattr(task, "kind", None)
+    if spec.scorer is None:
+        routed = get_reward(HYBRID_ROUTES[(kind, spec.response)])
+        b = routed.scorer(task, ex, verdict, config)
+        parts = {k: b.parts.get(k, 0.0) for k in _BASIC_KEYS}
+        parts["is_critic"] = float(kind == "critic")
+        return RewardBreakdown(b.score, parts, b.excluded, b.reason, b.sql)
+    if spec.task_kind != kind:
+        raise ValueError(f"reward {name!r} scores {spec.task_kind} tasks, got a {kind} task "
+                         f"(use a hybrid reward for mixed batches)")
+    b = spec.scorer(task, ex, verdict, config)
+    assert tuple(b.parts) == spec.keys, (b.parts, spec.keys)
+    return b
+
+
+def compute(name: str, task: Any, response: Any, judge: Judge,
+            config: RewardConfig = RewardConfig()) -> RewardBreakdown:
+    """Extract, execute, score one response."""
+    spec = get_reward(name)
+    if spec.scorer is not None and spec.task_kind != getattr(task, "kind", None):
+        return score(name, task, Extracted(None, False), None, config)  # raises the type error
+    ex = extract(spec, response, config)
+    return score(name, task, ex, judge_task(task, ex, judge), config)
+
+
+def compute_batch(name: str, items: Sequence[tuple[Any, Any]], judge: Judge,
+                  config: RewardConfig = RewardConfig()) -> list[RewardBreakdown]:
+    return [compute(name, task, response, judge, config) for task, response in items]
+
+
+def batch_means(breakdowns: Sequence[RewardBreakdown]) -> dict[str, float]:
+    """Mean score and parts over the non-excluded samples, plus the excluded count (for logs)."""
+    kept = [b for b in breakdowns if not b.excluded]
+    out: dict[str, float] = {"excluded": float(len(breakdowns) - len(kept))}
+    if kept:
+        out["score"] = sum(b.score for b in kept) / len(kept)
+        for key in kept[0].parts:
+            out[key] = sum(b.parts[key] for b in kept) / len(kept)
+    return out

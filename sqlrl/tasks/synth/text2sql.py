@@ -1,0 +1,636 @@
+"""Text-to-SQL tasks generated from a domain's annotations, each gold query verified by execution.
+
+    tasks = generate_text2sql("library", "/data/library.sqlite", n=200, seed=0)
+
+Templates (``TEMPLATES``, a registry name -> (difficulty, function)) read only the annotations —
+table nouns, column phrases and roles, foreign keys — never per-domain SQL:
+- simple: projection + one filter (=, <, >, <=, >=, BETWEEN, LIKE, IS [NOT] NULL), COUNT, MIN/MAX,
+  ORDER BY + LIMIT;
+- moderate: joins over foreign keys, GROUP BY + aggregates, HAVING, DISTINCT, COUNT(DISTINCT);
+- challenging: IN / NOT IN subqueries, comparison to a scalar AVG subquery, UNION / INTERSECT /
+  EXCEPT, window functions (RANK / DENSE_RANK / ROW_NUMBER, partitioned), CTEs.
+
+Guarantees:
+- Filter constants are sampled from the database itself. Every gold query was run through a
+  ``sqlrl.db`` session on ``db_path``: it succeeded, returned between 1 and ``max_rows`` rows, and not
+  a degenerate single 0/NULL. ``LIMIT`` is only used after ORDER BY with the primary key as the last
+  sort key, and only when the row at the cut differs in the sort value from the next row (so the
+  answer does not depend on tie-breaking the question does not mention). ``ROW_NUMBER`` is only used
+  over values without ties.
+- Gold SQL is unique within one call (compared after collapsing whitespace).
+- The same ``(domain, database, n, seed, difficulties)`` gives the same tasks in the same order.
+- ``task_id`` is ``synth/<domain>/<i>``, ``source`` is ``synthetic/<domain>``, ``db_id`` the domain
+  name; ``meta`` holds ``template``, ``constructs`` and ``order_matters``; ``evidence`` states any
+  value encoding the question relies on (BIRD style: "cancelled refers to status = 2").
+- Bad arguments (negative ``n``, unknown difficulty or domain, missing database) raise ``ValueError``.
+  When fewer than ``n`` distinct verified tasks can be found within the attempt budget, the tasks
+  found are returned (never padded with duplicates); ``generate_text2sql(..., strict=True)`` raises.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from ...db import Limits, open_session
+from ..types import DIFFICULTIES, Text2SQLTask, norm_difficulty
+from .domains import Column, Domain, ForeignKey, Table, get_domain
+from .phrasing import condition, plural, question
+
+MAX_ROWS = 100
+
+
+@dataclass(frozen=True)
+class Draft:
+    """A candidate task before verification."""
+
+    template: str
+    sql: str
+    question: str
+    constructs: tuple[str, ...]
+    evidence: str = ""
+    order_matters: bool = False
+    cut: tuple[str, int, int] | None = None  # (probe SQL with LIMIT k+1, k, sort column index)
+
+
+@dataclass(frozen=True)
+class Cond:
+    sql: str
+    phrase: str
+    evidence: str = ""
+
+
+@dataclass(frozen=True)
+class Link:
+    fk: ForeignKey
+    child: Table
+    parent: Table
+    role: str  # the FK column's phrase: "author", "origin airport"
+
+
+class GenerationError(ValueError):
+    """Generation could not meet a strict request (e.g. fewer verified tasks than asked)."""
+
+
+# --- SQL and text helpers ----------------------------------------------------------------------------
+
+def lit(value: Any) -> str:
+    if isinstance(value, str):
+        return "'" + value.replace("'", "''") + "'"
+    if isinstance(value, float):
+        return repr(value)
+    return str(int(value))
+
+
+def show(col: Column, value: Any) -> str:
+    """How a value appears in a question."""
+    meaning = col.meaning(value)
+    if meaning is not None:
+        return meaning
+    text = f"{value:g}" if isinstance(value, float) else str(value)
+    return f"{text} {col.unit}" if col.unit and isinstance(value, (int, float)) else text
+
+
+def encoding(col: Column, value: Any) -> str:
+    meaning = col.meaning(value)
+    return "" if meaning is None else f"{meaning} refers to {col.name} = {lit(value)}"
+
+
+def ref(alias: str, column: str) -> str:
+    return f"{alias}.{column}" if alias else column
+
+
+def join_evidence(*parts: str) -> str:
+    seen: list[str] = []
+    for p in parts:
+        if p and p not in seen:
+            seen.append(p)
+    return "; ".join(seen)
+
+
+class Ctx:
+    """What templates see: the domain, a session on its database, the RNG and cached value lists."""
+
+    def __init__(self, domain: Domain, session: Any, rng: random.Random) -> None:
+        self.domain, self.session, self.rng = domain, session, rng
+        self._values: dict[tuple[str, str], list[Any]] = {}
+        self.links = [Link(fk, domain.table(fk.table), domain.table(fk.ref_table),
+                           domain.table(fk.table).column(fk.column).phrase)
+                      for fk in domain.foreign_keys]
+
+    def rows(self, sql: str) -> list[tuple]:
+        r = self.session.execute(sql)
+        if not r.ok:
+            raise RuntimeError(f"helper query failed: {r.error} -- {sql}")
+        return list(r.rows)
+
+    def values(self, table: str, column: str) -> list[Any]:
+        key = (table, column)
+        if key not in self._values:
+            self._values[key] = [v for (v,) in self.rows(
+                f"SELECT DISTINCT {column} FROM {table} WHERE {column} IS NOT NULL ORDER BY {column}")]
+        return self._values[key]
+
+    def pick(self, seq: Sequence[Any]) -> Any:
+        return self.rng.choice(seq) if seq else None
+
+    def middle(self, values: list[Any]) -> Any:
+        """A value between the 20th and 80th percentile (so both sides of it are non-empty)."""
+        if len(values) < 3:
+            return None
+        return values[self.rng.randrange(max(1, len(values) // 5), max(2, 4 * len(values) // 5))]
+
+
+# --- filters (a registry by column role) -------------------------------------------------------------
+
+def _cond_category(ctx: Ctx, t: Table, col: Column, r: str, phrase: str) -> Cond | None:
+    v = ctx.pick(ctx.values(t.name, col.name))
+    if v is None:
+        return None
+    shown = show(col, v)
+    return Cond(f"{r} = {lit(v)}", condition("eq", phrase, shown, ctx.rng), encoding(col, v))
+
+
+def _cond_measure(ctx: Ctx, t: Table, col: Column, r: str, phrase: str) -> Cond | None:
+    values = ctx.values(t.name, col.name)
+    v = ctx.middle(values)
+    if v is None:
+        return None
+    op = ctx.rng.choice(["gt", "lt", "ge", "le", "between"])
+    if op == "between":
+        i, j = sorted(ctx.rng.sample(range(len(values)), 2))
+        return Cond(f"{r} BETWEEN {lit(values[i])} AND {lit(values[j])}",
+                    condition("between", phrase, show(col, values[i]), ctx.rng, show(col, values[j])))
+    sym = {"gt": ">", "lt": "<", "ge": ">=", "le": "<="}[op]
+    return Cond(f"{r} {sym} {lit(v)}", condition(op, phrase, show(col, v), ctx.rng))
+
+
+def _cond_date(ctx: Ctx, t: Table, col: Column, r: str, phrase: str) -> Cond | None:
+    values = ctx.values(t.name, col.name)
+    v = ctx.middle(values)
+    if v is None:
+        return None
+    op = ctx.rng.choice(["before", "after", "between"])
+    if op == "between":
+        i, j = sorted(ctx.rng.sample(range(len(values)), 2))
+        return Cond(f"{r} BETWEEN {lit(values[i])} AND {lit(values[j])}",
+                    condition("between", phrase, values[i], ctx.rng, values[j]))
+    return Cond(f"{r} {'<' if op == 'before' else '>'} {lit(v)}", condition(op, phrase, v, ctx.rng))
+
+
+_WORD = re.compile(r"[A-Za-z]{4,}")
+
+
+def _cond_text(ctx: Ctx, t: Table, col: Column, r: str, phrase: str) -> Cond | None:
+    words = sorted({w for v in ctx.values(t.name, col.name) if isinstance(v, str) for w in _WORD.findall(v)})
+    w = ctx.pick(words)
+    if w is None:
+        return None
+    return Cond(f"{r} LIKE {lit('%' + w + '%')}", condition("like", phrase, f'"{w}"', ctx.rng))
+
+
+CONDITION_BUILDERS: dict[str, Callable[[Ctx, Table, Column, str, str], Cond | None]] = {
+    "category": _cond_category, "measure": _cond_measure, "date": _cond_date,
+    "name": _cond_text, "text": _cond_text,
+}
+
+def make_cond(ctx: Ctx, table: Table, alias: str = "", roles: Sequence[str] = tuple(CONDITION_BUILDERS),
+              prefix: str = "", allow_null: bool = True) -> Cond | None:
+    """One filter on ``table``; ``prefix`` qualifies the column phrase ("author's country")."""
+    cols = [c for c in table.columns if c.role in roles]
+    col = ctx.pick(cols)
+    if col is None:
+        return None
+    phrase = f"{prefix}{col.phrase}"
+    r = ref(alias, col.name)
+    if allow_null and col.nullable and ctx.rng.random() < 0.25:
+        op = ctx.rng.choice(["null", "notnull"])
+        return Cond(f"{r} IS {'NULL' if op == 'null' else 'NOT NULL'}", condition(op, phrase, "", ctx.rng))
+    return CONDITION_BUILDERS[col.role](ctx, table, col, r, phrase)
+
+
+# --- templates -----------------------------------------------------------------------------------------
+
+def label_slots(t: Table, prefix: str = "") -> dict[str, str]:
+    label = t.column(t.label).phrase
+    return {f"{prefix}label": label, f"{prefix}labels": plural(label)}
+
+
+def nouns(t: Table) -> dict[str, str]:
+    return {"thing": t.singular, "things": t.plural, **label_slots(t)}
+
+
+def order_keys(t: Table, alias: str = "") -> str:
+    return ", ".join(ref(alias, k) for k in t.primary_key)
+
+
+def _one_filter(ctx: Ctx, name: str, select: Callable[[Table], str],
+                constructs: tuple[str, ...]) -> Draft | None:
+    """``SELECT <select(t)> FROM t WHERE <one sampled condition>``."""
+    t = ctx.pick(ctx.domain.tables)
+    cond = make_cond(ctx, t)
+    if cond is None:
+        return None
+    sql = f"SELECT {select(t)} FROM {t.name} WHERE {cond.sql}"
+    return Draft(name, sql, question(name, {**nouns(t), "cond": cond.phrase}, ctx.rng),
+                 constructs, cond.evidence)
+
+
+def t_filter_list(ctx: Ctx) -> Draft | None:
+    return _one_filter(ctx, "filter_list", lambda t: t.label, ("projection", "filter"))
+
+
+def t_count_filter(ctx: Ctx) -> Draft | None:
+    return _one_filter(ctx, "count_filter", lambda t: "COUNT(*)", ("aggregate", "filter"))
+
+
+def t_extreme(ctx: Ctx) -> Draft | None:
+    tables = [t for t in ctx.domain.tables if t.by_role("measure", "date")]
+    t = ctx.pick(tables)
+    if t is None:
+        return None
+    m = ctx.pick(t.by_role("measure", "date"))
+    fn = ctx.rng.choice(["MAX", "MIN"])
+    ext = {("MAX", "measure"): "highest", ("MIN", "measure"): "lowest",
+           ("MAX", "date"): "latest", ("MIN", "date"): "earliest"}[fn, m.role]
+    cond, scope = None, ""
+    if ctx.rng.random() < 0.5:
+        cond = make_cond(ctx, t, roles=("category",), allow_null=False)
+        scope = f" {cond.phrase}" if cond else ""
+    where = f" WHERE {cond.sql}" if cond else ""
+    sql = f"SELECT {fn}({m.name}) FROM {t.name}{where}"
+    slots = {**nouns(t), "ext": ext, "measure": m.phrase, "scope": scope}
+    return Draft("extreme", sql, question("extreme", slots, ctx.rng), ("aggregate",) + (("filter",) if cond else ()),
+                 cond.evidence if cond else "")
+
+
+def t_top_k(ctx: Ctx) -> Draft | None:
+    t = ctx.pick([t for t in ctx.domain.tables if t.by_role("measure")])
+    if t is None:
+        return None
+    m = ctx.pick(t.by_role("measure"))
+    k = ctx.rng.choice([3, 5, 10])
+    desc = ctx.rng.random() < 0.7
+    where = f" WHERE {m.name} IS NOT NULL" if m.nullable else ""
+    label = t.label if t.label != m.name else t.primary_key[0]
+    base = (f"SELECT {label}, {m.name} FROM {t.name}{where} "
+            f"ORDER BY {m.name} {'DESC' if desc else 'ASC'}, {order_keys(t)} LIMIT ")
+    slots = {**nouns(t), "k": k, "measure": m.phrase, "ext": "highest" if desc else "lowest",
+             "dir": "highest" if desc else "lowest"}
+    return Draft("top_k", base + str(k), question("top_k", slots, ctx.rng), ("projection", "order-limit"),
+                 order_matters=True, cut=(base + str(k + 1), k, 1))
+
+
+def t_join_filter(ctx: Ctx) -> Draft | None:
+    link = ctx.pick(ctx.links)
+    if link is None:
+        return None
+    c, p = link.child, link.parent
+    cond = make_cond(ctx, p, "T2", roles=("category", "measure", "date", "name"), prefix=f"{link.role}'s ")
+    if cond is None:
+        return None
+    sql = (f"SELECT T1.{c.label}, T2.{p.label} FROM {c.name} AS T1 JOIN {p.name} AS T2 "
+           f"ON T1.{link.fk.column} = T2.{link.fk.ref_column} WHERE {cond.sql}")
+    slots = {**nouns(c), "cond": cond.phrase, "role": link.role, "plabel": p.column(p.label).phrase}
+    return Draft("join_filter", sql, question("join_filter", slots, ctx.rng), ("join", "filter"), cond.evidence)
+
+
+def _category_tables(ctx: Ctx) -> list[tuple[Table, Column]]:
+    return [(t, c) for t in ctx.domain.tables for c in t.by_role("category")]
+
+
+def t_group_count(ctx: Ctx) -> Draft | None:
+    pair = ctx.pick(_category_tables(ctx))
+    if pair is None:
+        return None
+    t, c = pair
+    sql = f"SELECT {c.name}, COUNT(*) FROM {t.name} GROUP BY {c.name}"
+    ev = join_evidence(*(encoding(c, code) for code, _ in c.codes))
+    return Draft("group_count", sql, question("group_count", {**nouns(t), "col": c.phrase}, ctx.rng),
+                 ("group-by", "aggregate"), ev)
+
+
+AGGS = {"AVG": "average", "SUM": "total", "MAX": "maximum", "MIN": "minimum"}
+
+
+def aggregates(m: Column) -> list[str]:
+    return [fn for fn in AGGS if m.summable or fn not in ("SUM", "AVG")]
+
+
+def t_group_agg(ctx: Ctx) -> Draft | None:
+    pairs = [(t, c) for t, c in _category_tables(ctx) if t.by_role("measure")]
+    pair = ctx.pick(pairs)
+    if pair is None:
+        return None
+    t, c = pair
+    m = ctx.pick(t.by_role("measure"))
+    fn = ctx.rng.choice(aggregates(m))
+    sql = f"SELECT {c.name}, {fn}({m.name}) FROM {t.name} GROUP BY {c.name}"
+    slots = {**nouns(t), "col": c.phrase, "agg": AGGS[fn], "measure": m.phrase}
+    return Draft("group_agg", sql, question("group_agg", slots, ctx.rng), ("group-by", "aggregate"))
+
+
+def t_group_having(ctx: Ctx) -> Draft | None:
+    pair = ctx.pick(_category_tables(ctx))
+    if pair is None:
+        return None
+    t, c = pair
+    counts = sorted(n for (n,) in ctx.rows(f"SELECT COUNT(*) FROM {t.name} GROUP BY {c.name}"))
+    k = ctx.middle(counts)
+    if k is None:
+        return None
+    sql = f"SELECT {c.name}, COUNT(*) FROM {t.name} GROUP BY {c.name} HAVING COUNT(*) > {k}"
+    return Draft("group_having", sql, question("group_having", {**nouns(t), "col": c.phrase, "k": k}, ctx.rng),
+                 ("group-by", "having", "aggregate"))
+
+
+def _parent_slots(link: Link) -> dict[str, str]:
+    p = link.parent
+    return {**nouns(link.child), "parent": p.singular, "parents": p.plural, "role": link.role,
+            **label_slots(p, "p")}
+
+
+def t_join_having(ctx: Ctx) -> Draft | None:
+    link = ctx.pick(ctx.links)
+    if link is None:
+        return None
+    fk = link.fk
+    counts = sorted(n for (n,) in ctx.rows(
+        f"SELECT COUNT(*) FROM {fk.table} WHERE {fk.column} IS NOT NULL GROUP BY {fk.column}"))
+    if len(counts) < 3:
+        return None
+    k = counts[ctx.rng.randrange(int(len(counts) * 0.8), len(counts))]
+    p = link.parent
+    sql = (f"SELECT T2.{p.label}, COUNT(*) FROM {fk.table} AS T1 JOIN {p.name} AS T2 "
+           f"ON T1.{fk.column} = T2.{fk.ref_column} GROUP BY {order_keys(p, 'T2')}"
+           f"{'' if p.label in p.primary_key else ', T2.' + p.label} HAVING COUNT(*) >= {k}")
+    return Draft("join_having", sql, question("join_having", {**_parent_slots(link), "k": k}, ctx.rng),
+                 ("join", "group-by", "having", "aggregate"))
+
+
+def t_join_group_agg(ctx: Ctx) -> Draft | None:
+    options = [(link, pc, m) for link in ctx.links for pc in link.parent.by_role("category")
+               for m in link.child.by_role("measure")]
+    choice = ctx.pick(options)
+    if choice is None:
+        return None
+    link, pc, m = choice
+    fk = link.fk
+    fn = ctx.rng.choice(aggregates(m))
+    sql = (f"SELECT T2.{pc.name}, {fn}(T1.{m.name}) FROM {fk.table} AS T1 JOIN {fk.ref_table} AS T2 "
+           f"ON T1.{fk.column} = T2.{fk.ref_column} GROUP BY T2.{pc.name}")
+    slots = {**_parent_slots(link), "agg": AGGS[fn], "measure": m.phrase, "pcol": pc.phrase}
+    return Draft("join_group_agg", sql, question("join_group_agg", slots, ctx.rng),
+                 ("join", "group-by", "aggregate"))
+
+
+def t_distinct(ctx: Ctx) -> Draft | None:
+    pair = ctx.pick(_category_tables(ctx))
+    if pair is None:
+        return None
+    t, c = pair
+    cond = make_cond(ctx, t, roles=("measure", "date", "name", "text"))
+    if cond is None:
+        return None
+    sql = f"SELECT DISTINCT {c.name} FROM {t.name} WHERE {cond.sql}"
+    ev = join_evidence(cond.evidence, *(encoding(c, code) for code, _ in c.codes))
+    return Draft("distinct", sql, question("distinct", {**nouns(t), "col": c.phrase, "cond": cond.phrase}, ctx.rng),
+                 ("distinct", "filter"), ev)
+
+
+def t_count_distinct(ctx: Ctx) -> Draft | None:
+    link = ctx.pick(ctx.links)
+    if link is None:
+        return None
+    cond = make_cond(ctx, link.child, roles=("category", "measure", "date"))
+    if cond is None:
+        return None
+    sql = f"SELECT COUNT(DISTINCT {link.fk.column}) FROM {link.fk.table} WHERE {cond.sql}"
+    return Draft("count_distinct", sql, question("count_distinct", {**_parent_slots(link), "cond": cond.phrase},
+                                                 ctx.rng), ("distinct", "aggregate", "filter"), cond.evidence)
+
+
+def t_in_subquery(ctx: Ctx, negate: bool = False) -> Draft | None:
+    link = ctx.pick(ctx.links)
+    if link is None:
+        return None
+    fk, p = link.fk, link.parent
+    cond = make_cond(ctx, link.child, roles=("category", "measure", "date"), allow_null=False)
+    if cond is None:
+        return None
+    inner = f"SELECT {fk.column} FROM {fk.table} WHERE {fk.column} IS NOT NULL AND {cond.sql}"
+    sql = f"SELECT {p.label} FROM {p.name} WHERE {fk.ref_column} {'NOT IN' if negate else 'IN'} ({inner})"
+    name = "not_in_subquery" if negate else "in_subquery"
+    return Draft(name, sql, question(name, {**_parent_slots(link), "cond": cond.phrase}, ctx.rng),
+                 ("subquery", "filter"), cond.evidence)
+
+
+def t_not_in_subquery(ctx: Ctx) -> Draft | None:
+    return t_in_subquery(ctx, negate=True)
+
+
+def t_above_avg(ctx: Ctx) -> Draft | None:
+    pairs = [(t, c) for t, c in _category_tables(ctx) if t.by_role("measure")]
+    pair = ctx.pick(pairs)
+    if pair is None:
+        return None
+    t, c = pair
+    m = ctx.pick(t.by_role("measure"))
+    cond = _cond_category(ctx, t, c, c.name, c.phrase)
+    if cond is None:
+        return None
+    sql = (f"SELECT {t.label}, {m.name} FROM {t.name} WHERE {cond.sql} AND {m.name} > "
+           f"(SELECT AVG({m.name}) FROM {t.name} WHERE {cond.sql})")
+    slots = {**nouns(t), "cond": cond.phrase, "measure": m.phrase}
+    return Draft("above_avg", sql, question("above_avg", slots, ctx.rng), ("subquery", "aggregate", "filter"),
+                 cond.evidence)
+
+
+SET_OPS = {"INTERSECT": "{a} and also {b}", "UNION": "either {a} or {b}", "EXCEPT": "{a} but not {b}"}
+
+
+def t_set_op(ctx: Ctx) -> Draft | None:
+    t = ctx.pick([t for t in ctx.domain.tables if len(t.primary_key) == 1 and t.label != t.primary_key[0]])
+    if t is None:
+        return None
+    a = make_cond(ctx, t, allow_null=False)
+    b = make_cond(ctx, t, allow_null=False)
+    if a is None or b is None or a.sql == b.sql:
+        return None
+    op = ctx.rng.choice(list(SET_OPS))
+    pk = t.primary_key[0]
+    sql = (f"SELECT {pk}, {t.label} FROM {t.name} WHERE {a.sql} {op} "
+           f"SELECT {pk}, {t.label} FROM {t.name} WHERE {b.sql}")
+    slots = {**nouns(t), "pk": t.column(pk).phrase, "setphrase": SET_OPS[op].format(a=a.phrase, b=b.phrase)}
+    return Draft("set_op", sql, question("set_op", slots, ctx.rng), ("set-op", "filter"),
+                 join_evidence(a.evidence, b.evidence))
+
+
+def t_top_per_group(ctx: Ctx) -> Draft | None:
+    pairs = [(t, c) for t, c in _category_tables(ctx) if t.by_role("measure")]
+    pair = ctx.pick(pairs)
+    if pair is None:
+        return None
+    t, c = pair
+    m = ctx.pick(t.by_role("measure"))
+    desc = ctx.rng.random() < 0.7
+    sql = (f"WITH ranked AS (SELECT {c.name}, {t.label}, {m.name}, RANK() OVER (PARTITION BY {c.name} "
+           f"ORDER BY {m.name} {'DESC' if desc else 'ASC'}) AS rnk FROM {t.name} "
+           f"WHERE {c.name} IS NOT NULL AND {m.name} IS NOT NULL) "
+           f"SELECT {c.name}, {t.label}, {m.name} FROM ranked WHERE rnk = 1")
+    slots = {**nouns(t), "col": c.phrase, "measure": m.phrase, "ext": "highest" if desc else "lowest",
+             "dir": "highest" if desc else "lowest"}
+    ev = join_evidence(*(encoding(c, code) for code, _ in c.codes))
+    return Draft("top_per_group", sql, question("top_per_group", slots, ctx.rng), ("window", "cte"), ev)
+
+
+def t_rank_list(ctx: Ctx) -> Draft | None:
+    pairs = [(t, c) for t, c in _category_tables(ctx) if t.by_role("measure")]
+    pair = ctx.pick(pairs)
+    if pair is None:
+        return None
+    t, c = pair
+    m = ctx.pick(t.by_role("measure"))
+    cond = _cond_category(ctx, t, c, c.name, c.phrase)
+    if cond is None:
+        return None
+    desc = ctx.rng.random() < 0.7
+    where = f"{cond.sql}{' AND ' + m.name + ' IS NOT NULL' if m.nullable else ''}"
+    fn = ctx.rng.choice(["RANK", "DENSE_RANK", "ROW_NUMBER"])
+    if fn == "ROW_NUMBER":  # only when the order is total, so the numbering is the question's answer
+        total, distinct = ctx.rows(f"SELECT COUNT(*), COUNT(DISTINCT {m.name}) FROM {t.name} WHERE {where}")[0]
+        if total != distinct:
+            fn = "RANK"
+    names = {"RANK": "rank", "DENSE_RANK": "dense rank (no gaps after ties)", "ROW_NUMBER": "position"}
+    sql = (f"SELECT {t.label}, {m.name}, {fn}() OVER (ORDER BY {m.name} {'DESC' if desc else 'ASC'}) AS rnk "
+           f"FROM {t.name} WHERE {where}")
+    slots = {**nouns(t), "cond": cond.phrase, "measure": m.phrase, "dir": "highest" if desc else "lowest",
+             "rankname": names[fn]}
+    return Draft("rank_list", sql, question("rank_list", slots, ctx.rng), ("window", "filter"), cond.evidence)
+
+
+def _per_parent_cte(link: Link) -> str:
+    fk = link.fk
+    return (f"WITH per AS (SELECT {fk.column} AS k, COUNT(*) AS n FROM {fk.table} "
+            f"WHERE {fk.column} IS NOT NULL GROUP BY {fk.column}) ")
+
+
+def t_cte_max_group(ctx: Ctx) -> Draft | None:
+    link = ctx.pick(ctx.links)
+    if link is None:
+        return None
+    p = link.parent
+    sql = (_per_parent_cte(link) + f"SELECT T2.{p.label}, per.n FROM per JOIN {p.name} AS T2 "
+           f"ON T2.{link.fk.ref_column} = per.k WHERE per.n = (SELECT MAX(n) FROM per)")
+    return Draft("cte_max_group", sql, question("cte_max_group", _parent_slots(link), ctx.rng),
+                 ("cte", "group-by", "join", "subquery", "aggregate"))
+
+
+def t_cte_above_avg(ctx: Ctx) -> Draft | None:
+    link = ctx.pick(ctx.links)
+    if link is None:
+        return None
+    p = link.parent
+    sql = (_per_parent_cte(link) + f"SELECT T2.{p.label}, per.n FROM per JOIN {p.name} AS T2 "
+           f"ON T2.{link.fk.ref_column} = per.k WHERE per.n > (SELECT AVG(n) FROM per)")
+    return Draft("cte_above_avg", sql, question("cte_above_avg", _parent_slots(link), ctx.rng),
+                 ("cte", "group-by", "join", "subquery", "aggregate"))
+
+
+Template = Callable[[Ctx], "Draft | None"]
+TEMPLATES: dict[str, tuple[str, Template]] = {
+    "filter_list": ("simple", t_filter_list),
+    "count_filter": ("simple", t_count_filter),
+    "extreme": ("simple", t_extreme),
+    "top_k": ("simple", t_top_k),
+    "join_filter": ("moderate", t_join_filter),
+    "group_count": ("moderate", t_group_count),
+    "group_agg": ("moderate", t_group_agg),
+    "group_having": ("moderate", t_group_having),
+    "join_having": ("moderate", t_join_having),
+    "join_group_agg": ("moderate", t_join_group_agg),
+    "distinct": ("moderate", t_distinct),
+    "count_distinct": ("moderate", t_count_distinct),
+    "in_subquery": ("challenging", t_in_subquery),
+    "not_in_subquery": ("challenging", t_not_in_subquery),
+    "above_avg": ("challenging", t_above_avg),
+    "set_op": ("challenging", t_set_op),
+    "top_per_group": ("challenging", t_top_per_group),
+    "rank_list": ("challenging", t_rank_list),
+    "cte_max_group": ("challenging", t_cte_max_group),
+    "cte_above_avg": ("challenging", t_cte_above_avg),
+}
+
+
+# --- verification and the generator ------------------------------------------------------------------
+
+def verify(session: Any, draft: Draft, max_rows: int = MAX_ROWS) -> str | None:
+    """None when ``draft`` is a usable gold query, else why not."""
+    r = session.execute(draft.sql)
+    if not r.ok:
+        return f"error: {r.error}"
+    if r.row_count == 0:
+        return "empty result"
+    if r.truncated or r.row_count > max_rows:
+        return "result too large"
+    if r.row_count == 1 and all(v is None or v == 0 for v in r.rows[0]):
+        return "degenerate result (a single 0/NULL row)"
+    if draft.cut is not None:
+        probe, k, i = draft.cut
+        p = session.execute(probe)
+        if not p.ok or p.row_count <= k:
+            return "LIMIT does not cut the result"
+        if p.rows[k - 1][i] == p.rows[k][i]:
+            return "tie at the LIMIT cut"
+    return None
+
+
+def _norm(sql: str) -> str:
+    return " ".join(sql.split())
+
+
+def generate_text2sql(domain: Domain | str, db_path: str, n: int, seed: int = 0,
+                      difficulties: Sequence[str] = DIFFICULTIES, *, max_rows: int = MAX_ROWS,
+                      attempts_per_task: int = 30, strict: bool = False) -> list[Text2SQLTask]:
+    """``n`` verified text-to-SQL tasks over ``db_path`` (a database built for ``domain``), spread
+    evenly over ``difficulties`` and round-robin over each difficulty's templates."""
+    dom = get_domain(domain) if isinstance(domain, str) else domain
+    if not isinstance(n, int) or n < 0:
+        raise ValueError(f"n must be a non-negative integer, got {n!r}")
+    if not difficulties:
+        raise ValueError("difficulties must name at least one difficulty")
+    levels = [norm_difficulty(d) for d in difficulties]
+    if not os.path.isfile(db_path):
+        raise ValueError(f"database file not found: {db_path}")
+    rng = random.Random(f"text2sql:{dom.name}:{seed}")
+    quotas = {lvl: n // len(levels) + (i < n % len(levels)) for i, lvl in enumerate(levels)}
+    found: dict[str, list[tuple[Draft, str]]] = {lvl: [] for lvl in levels}
+    seen: set[str] = set()
+    url = "sqlite:///" + os.path.abspath(db_path)
+    with open_session(url, limits=Limits(timeout_s=10, max_rows=max_rows + 1)) as session:
+        ctx = Ctx(dom, session, rng)
+        for lvl in levels:
+            names = [name for name, (d, _) in TEMPLATES.items() if d == lvl]
+            rng.shuffle(names)
+            attempts = 0
+            while len(found[lvl]) < quotas[lvl] and attempts < attempts_per_task * max(quotas[lvl], 1):
+                name = names[attempts % len(names)]
+                attempts += 1
+                draft = TEMPLATES[name][1](ctx)
+                if draft is None or _norm(draft.sql) in seen or verify(session, draft, max_rows):
+                    continue
+                seen.add(_norm(draft.sql))
+                found[lvl].append((draft, lvl))
+    if strict and sum(map(len, found.values())) < n:
+        raise GenerationError(f"only {sum(map(len, found.values()))} of {n} tasks could be generated "
+                              f"for domain {dom.name!r}")
+    ordered = [found[lvl][i] for i in range(max(map(len, found.values()), default=0))
+               for lvl in levels if i < len(found[lvl])]
+    return [Text2SQLTask(task_id=f"synth/{dom.name}/{i}", db_id=dom.name, question=d.question,
+                         gold_sql=d.sql, evidence=d.evidence, difficulty=lvl, source=f"synthetic/{dom.name}",
+                         meta={"template": d.template, "constructs": list(d.constructs),
+                               "order_matters": d.order_matters})
+            for i, (d, lvl) in enumerate(ordered)]

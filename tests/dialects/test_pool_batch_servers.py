@@ -1,0 +1,50 @@
+"""Batched pool calls (lease_many / execute_many / release_many) on PostgreSQL and MariaDB, where a
+shard runs a batch's server calls in parallel threads: results in order, per-call errors, scratch
+state per lease, nothing left open."""
+
+import uuid
+
+import pytest
+
+from actors.db_pool import DBPoolConfig, DBPoolGroup
+from sqlrl.db import provision
+from sqlrl.db.lease import Catalog
+from sqlrl.db.loader import load_sqlite
+from sqlrl.db.shard import ShardConfig
+from sqlrl.db.types import ErrorKind
+
+
+@pytest.fixture(scope="module", params=[pytest.param("postgresql", marks=pytest.mark.postgres),
+                                        pytest.param("mysql", marks=pytest.mark.mysql)])
+def server(request, demo_db_path):
+    admin = request.getfixturevalue("pg_admin_url" if request.param == "postgresql"
+                                    else "mysql_admin_url")
+    name = f"t_batch_{uuid.uuid4().hex[:8]}"
+    report = load_sqlite(demo_db_path, admin, name, replace=True)
+    yield request.param, report.agent_url
+    provision.drop_database(admin, name)
+
+
+def test_a_batch_on_a_server_shard(server) -> None:
+    dialect, url = server
+    group = DBPoolGroup(DBPoolConfig(rollout_workers=1, per_worker={dialect: 1}, reward={},
+                                     in_process=True,
+                                     shard=ShardConfig(catalog=Catalog({"shop": {dialect: url}}))))
+    try:
+        client = group.client(0)
+        leases = client.lease_many([("shop", dialect, f"t{i}") for i in range(6)])
+        # each lease's own scratch state: a table only it can see
+        made = client.execute_many([(l, f"CREATE TEMPORARY TABLE mine AS SELECT {i} AS v")
+                                    for i, l in enumerate(leases)])
+        assert all(r.ok for r in made), [r.error for r in made]
+        out = client.execute_many([(l, "SELECT v FROM mine") for l in leases]
+                                  + [(leases[0], "SELECT nope FROM customers")])
+        assert [r.rows for r in out[:6]] == [((i,),) for i in range(6)]
+        assert out[6].error.kind is ErrorKind.RUNTIME
+        assert client.release_many(leases) == [True] * 6
+        shard_id = f"rollout/w0/{dialect}/0"
+        stats = group.stats()[shard_id]
+        assert stats.active_leases == 0 and stats.granted == 6
+        assert group.shards[shard_id]._batch_pool is not None  # the parallel path ran
+    finally:
+        group.shutdown()
