@@ -7,8 +7,7 @@ themselves are ``sqlrl.rewards``).
 - **Parallel**: within an actor, items are scored by ``threads`` threads (database work releases
   the GIL; BIRD-CRITIC test-case code runs in killable child processes).
 - **Sessions** come from the DB pool's reward partition when a ``DBPoolClient`` is given (leased
-  per query, released at once), else from a local ``open_session``. BIRD-CRITIC instances open
-  their own sessions from the catalog URLs (``run_critic`` takes a URL).
+  per query or test case, released at once), else from a local ``open_session``.
 - **Timeouts never hang the group**: SQL is stopped by the database (``Limits.timeout_s``) and
   test-case code by killing its child, and the group waits at most ``batch_timeout_s`` for an
   actor. Items of an actor that did not answer in time, or died, come back as

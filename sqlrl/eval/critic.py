@@ -53,7 +53,10 @@ from sqlrl.tasks.types import CriticTask
 
 from .sandbox import MAX_ROWS, results_match, run_test_code, strip_sql
 
-__all__ = ["CriticVerdict", "OutcomeKind", "SolCache", "TestCaseOutcome", "run_critic"]
+__all__ = ["CriticVerdict", "OpenFn", "OutcomeKind", "SolCache", "TestCaseOutcome", "run_critic"]
+
+# Opens a fresh session: (url, *, preprocess_sql, limits) -> an object with execute() and close().
+OpenFn = Callable[..., Any]
 
 
 class OutcomeKind(str, enum.Enum):
@@ -189,13 +192,14 @@ def _clean_up(session: Session, task: CriticTask) -> str | None:
     return "; ".join(errors) or None
 
 
-def _sol_default(task: CriticTask, url: str, limits: Limits, dialect: str) -> _SolOutcome:
+def _sol_default(task: CriticTask, url: str, limits: Limits, dialect: str,
+                 open_fn: OpenFn) -> _SolOutcome:
     try:
-        session = open_session(url, preprocess_sql=task.preprocess_sql, limits=limits)
+        session = open_fn(url, preprocess_sql=task.preprocess_sql, limits=limits)
     except SessionError as exc:
         text = str(exc)
         return _SolOutcome(error=f"cannot run sol_sql: {text}",
-                           cacheable=text.startswith("preprocess_sql failed"))
+                           cacheable="preprocess_sql failed" in text)
     try:
         result = _run_all(session, [strip_sql(s, dialect) for s in task.sol_sql])
         _clean_up(session, task)
@@ -219,10 +223,10 @@ def _sol_key(task: CriticTask, url: str, limits: Limits) -> tuple[Any, ...]:
 
 
 def _default_test_case(task: CriticTask, preds: list[str], url: str, limits: Limits, dialect: str,
-                       sol_cache: SolCache | None) -> TestCaseOutcome | str:
+                       sol_cache: SolCache | None, open_fn: OpenFn) -> TestCaseOutcome | str:
     """The default test case's outcome, or the sol error text."""
     def compute() -> _SolOutcome:
-        return _sol_default(task, url, limits, dialect)
+        return _sol_default(task, url, limits, dialect, open_fn)
 
     sol = compute() if sol_cache is None else sol_cache.get_or_compute(
         _sol_key(task, url, limits), compute)
@@ -231,7 +235,7 @@ def _default_test_case(task: CriticTask, preds: list[str], url: str, limits: Lim
     if not preds:
         return TestCaseOutcome(0, False, OutcomeKind.PRED_ERROR, "the prediction holds no SQL")
     try:
-        session = open_session(url, preprocess_sql=task.preprocess_sql, limits=limits)
+        session = open_fn(url, preprocess_sql=task.preprocess_sql, limits=limits)
     except SessionError as exc:
         return TestCaseOutcome(0, False, OutcomeKind.TEST_ERROR, f"cannot open a session: {exc}")
     try:
@@ -257,13 +261,13 @@ _SANDBOX_KINDS = {"passed": OutcomeKind.PASSED, "failed": OutcomeKind.FAILED,
 
 
 def _custom_test_case(index: int, code: str, task: CriticTask, preds: list[str], url: str,
-                      limits: Limits, db_path: str, test_timeout_s: float
-                      ) -> TestCaseOutcome | QueryResult | str:
+                      limits: Limits, db_path: str, test_timeout_s: float, dialect: str,
+                      open_fn: OpenFn) -> TestCaseOutcome | QueryResult | str:
     """One custom test case: its outcome, the failing prediction result, or a sol error text."""
     try:
-        session = open_session(url, preprocess_sql=task.preprocess_sql, limits=limits)
+        session = open_fn(url, preprocess_sql=task.preprocess_sql, limits=limits)
     except SessionError as exc:
-        if str(exc).startswith("preprocess_sql failed"):
+        if "preprocess_sql failed" in str(exc):
             return f"cannot run the test cases: {exc}"
         return TestCaseOutcome(index, False, OutcomeKind.TEST_ERROR, f"cannot open a session: {exc}")
     try:
@@ -273,7 +277,7 @@ def _custom_test_case(index: int, code: str, task: CriticTask, preds: list[str],
         pred_rows = None if result is None or not result.columns else result.rows
         box = run_test_code(code, session.execute, pred_sqls=preds, sol_sqls=list(task.sol_sql),
                             db_path=db_path, conditions=dict(task.conditions),
-                            pred_query_result=pred_rows, dialect=session.adapter.sqlglot_dialect,
+                            pred_query_result=pred_rows, dialect=dialect,
                             timeout_s=test_timeout_s)
         cleanup = _clean_up(session, task)
     finally:
@@ -283,22 +287,27 @@ def _custom_test_case(index: int, code: str, task: CriticTask, preds: list[str],
 
 
 def run_critic(task: CriticTask, pred_sqls: Sequence[str], url: str, *, timeout_s: float = 10.0,
-               test_timeout_s: float = 30.0, sol_cache: SolCache | None = None) -> CriticVerdict:
+               test_timeout_s: float = 30.0, sol_cache: SolCache | None = None,
+               open_fn: OpenFn | None = None) -> CriticVerdict:
     """Judge ``pred_sqls`` (the predicted fix: statements run in order; a single string is one
     entry, blank entries are dropped) against ``task`` on the database at ``url``. ``timeout_s`` bounds each SQL statement (enforced by the database);
-    ``test_timeout_s`` bounds each custom test case's code (the child is killed)."""
+    ``test_timeout_s`` bounds each custom test case's code (the child is killed). ``open_fn``
+    opens each fresh session (``open_session`` when None; reward actors pass one that leases
+    from the DB pool's reward partition): ``open_fn(url, preprocess_sql=…, limits=…)`` returns an
+    object with ``execute(sql)`` and ``close()`` or raises ``SessionError``."""
     if not isinstance(task, CriticTask):
         raise ValueError(f"task must be a CriticTask, got {type(task).__name__}")
     for name, value in (("timeout_s", timeout_s), ("test_timeout_s", test_timeout_s)):
         if not isinstance(value, (int, float)) or not value > 0:
             raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
     preds = _check_sqls("pred_sqls", pred_sqls)
+    open_fn = open_fn or open_session  # looked up at call time
     limits = Limits(timeout_s=timeout_s, max_rows=MAX_ROWS)
     parsed = parse_url(url)
     dialect = get_dialect(dialect_name(parsed)).sqlglot_dialect
 
     if not task.test_cases:
-        out = _default_test_case(task, preds, url, limits, dialect, sol_cache)
+        out = _default_test_case(task, preds, url, limits, dialect, sol_cache, open_fn)
         if isinstance(out, str):
             return CriticVerdict(task.instance_id, 0, 1,
                                  (TestCaseOutcome(0, False, OutcomeKind.SOL_ERROR, out),), out)
@@ -321,7 +330,8 @@ def run_critic(task: CriticTask, pred_sqls: Sequence[str], url: str, *, timeout_
                                           "the prediction holds no SQL")
             outcomes.append(pred_failed)
             continue
-        out = _custom_test_case(index, code, task, preds, url, limits, db_path, test_timeout_s)
+        out = _custom_test_case(index, code, task, preds, url, limits, db_path, test_timeout_s,
+                                dialect, open_fn)
         if isinstance(out, str):
             sol_error = out
             outcomes.append(TestCaseOutcome(index, False, OutcomeKind.SOL_ERROR, out))

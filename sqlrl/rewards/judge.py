@@ -13,6 +13,7 @@ Guarantees:
   (``Limits.max_rows``; a truncated result can never be proven equal) is a non-match. A gold that
   errors, times out or is truncated makes the verdict ``gold_error`` — the reward marks it
   excluded and scores 0: it is never rewarded.
+- Sessions come from ``opener`` for every query, BIRD-CRITIC test cases included.
 - Predictions and gold each run on a fresh session (scratch state: a prediction cannot alter
   what the gold sees, nor the base database). Multi-statement predictions run in order and the
   last statement's result is compared (as ``execute_sql`` shows it).
@@ -123,7 +124,16 @@ class Judge:
         elif isinstance(sqls, str):
             sqls = [sqls]
         return run_critic(task, list(sqls), url, timeout_s=self.limits.timeout_s,
-                          test_timeout_s=self.critic_test_timeout_s, sol_cache=self.sol_cache)
+                          test_timeout_s=self.critic_test_timeout_s, sol_cache=self.sol_cache,
+                          open_fn=self._open_fn)
+
+    def _open_fn(self, url: str, *, preprocess_sql: Sequence[str] = (),
+                 limits: Limits | None = None) -> Any:
+        """``run_critic``'s session opener on top of this judge's ``opener``."""
+        if self.opener is local_opener:
+            return open_session(url, preprocess_sql=list(preprocess_sql), limits=limits)
+        manager = self.opener(url, preprocess_sql, limits or self.limits)
+        return _Opened(manager, manager.__enter__())
 
     # -- internals -------------------------------------------------------------------------------
 
@@ -164,6 +174,19 @@ class Judge:
     def stats(self) -> dict[str, int]:
         return {"gold_executions": self.gold_executions, "gold_hits": self.gold_hits,
                 "sol_hits": self.sol_cache.hits, "sol_misses": self.sol_cache.misses}
+
+
+class _Opened:
+    """A session entered from a context-manager opener, closed by ``close()``."""
+
+    def __init__(self, manager: Any, session: Any) -> None:
+        self._manager, self._session = manager, session
+
+    def execute(self, sql: str) -> QueryResult:
+        return self._session.execute(sql)
+
+    def close(self) -> None:
+        self._manager.__exit__(None, None, None)
 
 
 def _failure(result: QueryResult) -> str | None:

@@ -256,7 +256,10 @@ def test_batched_calls_across_shards_and_a_killed_shard(ray_session, demo_db_pat
         assert len(pending.refs) == 2  # one round trip per shard
         assert all(r.ok for r in client.resolve_many(pending))
         dead = leases[0].shard
-        ray_session.kill(g.shards[dead], no_restart=False)
+        before = g.stats()[dead].incarnation
+        ray_session.kill(g.shards[dead], no_restart=False)  # asynchronous: wait for the restart
+        wait_for(lambda: getattr(g.stats()[dead], "incarnation", before) != before, 60,
+                 "the shard to restart")
         out = client.execute_many([(l, "SELECT 1") for l in leases])
         for lease, r in zip(leases, out):
             if lease.shard == dead:

@@ -61,6 +61,14 @@ def test_sessions_come_from_the_pools_reward_partition(ray_session, catalog) -> 
         reward = stats["reward/sqlite/0"]
         assert reward.granted == 18 + 3 and reward.active_leases == 0  # 18 predictions + 3 golds
         assert stats["rollout/w0/sqlite/0"].granted == 0
+        # a debugging task: its test case's sessions (sol once, then the prediction) are leased too
+        fix = CriticTask(instance_id="fix", db_id="shop", query="q", issue_sql=["SELECT 1"],
+                         sol_sql=["SELECT COUNT(*) FROM products"])
+        out = group.score([RewardRequest("critic_agentic", fix, [
+            ToolCall("submit_solution", {"sql": "SELECT COUNT(*) FROM products"})])])
+        assert out[0].score == 1.0
+        after = pool.stats()["reward/sqlite/0"]
+        assert after.granted == reward.granted + 2 and after.active_leases == 0
     finally:
         group.shutdown()
         pool.shutdown()
