@@ -321,12 +321,10 @@ def aggregates(m: Column) -> list[str]:
 
 
 def t_group_agg(ctx: Ctx) -> Draft | None:
-    pairs = [(t, c) for t, c in _category_tables(ctx) if t.by_role("measure")]
-    pair = ctx.pick(pairs)
-    if pair is None:
+    picked = _category_and_measure(ctx)
+    if picked is None:
         return None
-    t, c = pair
-    m = ctx.pick(t.by_role("measure"))
+    t, c, m = picked
     fn = ctx.rng.choice(aggregates(m))
     sql = f"SELECT {c.name}, {fn}({m.name}) FROM {t.name} GROUP BY {c.name}"
     slots = {**nouns(t), "col": c.phrase, "agg": AGGS[fn], "measure": m.phrase}
@@ -432,13 +430,21 @@ def t_not_in_subquery(ctx: Ctx) -> Draft | None:
     return t_in_subquery(ctx, negate=True)
 
 
-def t_above_avg(ctx: Ctx) -> Draft | None:
-    pairs = [(t, c) for t, c in _category_tables(ctx) if t.by_role("measure")]
-    pair = ctx.pick(pairs)
+def _category_and_measure(ctx: Ctx) -> tuple[Table, Column, Column] | None:
+    """A table with a category column and a measure column, and one of each (None when the
+    domain has no such table)."""
+    pair = ctx.pick([(t, c) for t, c in _category_tables(ctx) if t.by_role("measure")])
     if pair is None:
         return None
     t, c = pair
-    m = ctx.pick(t.by_role("measure"))
+    return t, c, ctx.pick(t.by_role("measure"))
+
+
+def t_above_avg(ctx: Ctx) -> Draft | None:
+    picked = _category_and_measure(ctx)
+    if picked is None:
+        return None
+    t, c, m = picked
     cond = _cond_category(ctx, t, c, c.name, c.phrase)
     if cond is None:
         return None
@@ -470,12 +476,10 @@ def t_set_op(ctx: Ctx) -> Draft | None:
 
 
 def t_top_per_group(ctx: Ctx) -> Draft | None:
-    pairs = [(t, c) for t, c in _category_tables(ctx) if t.by_role("measure")]
-    pair = ctx.pick(pairs)
-    if pair is None:
+    picked = _category_and_measure(ctx)
+    if picked is None:
         return None
-    t, c = pair
-    m = ctx.pick(t.by_role("measure"))
+    t, c, m = picked
     desc = ctx.rng.random() < 0.7
     sql = (f"WITH ranked AS (SELECT {c.name}, {t.label}, {m.name}, RANK() OVER (PARTITION BY {c.name} "
            f"ORDER BY {m.name} {'DESC' if desc else 'ASC'}) AS rnk FROM {t.name} "
@@ -488,12 +492,10 @@ def t_top_per_group(ctx: Ctx) -> Draft | None:
 
 
 def t_rank_list(ctx: Ctx) -> Draft | None:
-    pairs = [(t, c) for t, c in _category_tables(ctx) if t.by_role("measure")]
-    pair = ctx.pick(pairs)
-    if pair is None:
+    picked = _category_and_measure(ctx)
+    if picked is None:
         return None
-    t, c = pair
-    m = ctx.pick(t.by_role("measure"))
+    t, c, m = picked
     cond = _cond_category(ctx, t, c, c.name, c.phrase)
     if cond is None:
         return None
