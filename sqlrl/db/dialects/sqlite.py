@@ -85,11 +85,7 @@ class _SnapshotCache:
             if data is not None:
                 self._items.move_to_end(key)
                 return data
-        src = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-        try:
-            data = src.serialize()
-        finally:
-            src.close()
+        data = _EMPTY_DATABASE if st.st_size == 0 else _serialize(path)
         with self._lock:
             self._items[key] = data
             total = sum(len(v) for v in self._items.values())
@@ -99,6 +95,27 @@ class _SnapshotCache:
         return data
 
 
+def _serialize(path: str) -> bytes:
+    src = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        return src.serialize()
+    finally:
+        src.close()
+
+
+def _empty_database() -> bytes:
+    """The image of a database with no tables (a 0-byte file is a valid empty SQLite database, but
+    SQLite cannot serialize one that has no pages yet)."""
+    conn = sqlite3.connect(":memory:")
+    try:
+        conn.execute("CREATE TABLE t(x)")
+        conn.execute("DROP TABLE t")
+        return conn.serialize()
+    finally:
+        conn.close()
+
+
+_EMPTY_DATABASE = _empty_database()
 SNAPSHOTS = _SnapshotCache(SNAPSHOT_CACHE_BYTES)
 
 
