@@ -260,17 +260,19 @@ class DBPoolClient:
     def execute_async(self, lease: Lease, sql: str) -> Any:
         return self._invoke(self._owner(lease), "submit", ExecuteRequest(lease, sql))
 
-    def lease_many(self, dbs: Sequence[tuple[str, str | None, str]], *,
+    def lease_many(self, dbs: Sequence[tuple[Any, ...]], *,
                    preprocess_sql: tuple[str, ...] | list[str] = (),
                    limits: Limits | None = None) -> list[Lease]:
-        """Lease sessions for a batch of trajectories, ``(db, dialect, key)`` each, with one round
+        """Lease sessions for a batch of trajectories, ``(db, dialect, key)`` or ``(db, dialect,
+        key, preprocess_sql)`` each (the default ``preprocess_sql`` otherwise), with one round
         trip per shard; requests a shard refused as full or restarting are retried one by one
         (``lease``). Raises ``LeaseError`` for any other refusal, after releasing what was
         granted — all or nothing."""
         by_shard: dict[int, list[int]] = {}
         requests, shards = [], []
-        for i, (db, dialect, key) in enumerate(dbs):
-            request, shard = self._request(db, dialect, key, preprocess_sql, limits, None)
+        for i, (db, dialect, key, *rest) in enumerate(dbs):
+            request, shard = self._request(db, dialect, key, rest[0] if rest else preprocess_sql,
+                                           limits, None)
             requests.append(request)
             shards.append(shard)
             by_shard.setdefault(id(shard), []).append(i)
@@ -289,9 +291,9 @@ class DBPoolClient:
                 if isinstance(v, LeaseError):
                     if v.kind not in _RETRIED:
                         raise LeaseError(v.kind, v.message)
-                    db, dialect, key = dbs[i]
-                    out[i] = self.lease(db, dialect, key=key, preprocess_sql=preprocess_sql,
-                                        limits=limits)
+                    db, dialect, key, *rest = dbs[i]
+                    out[i] = self.lease(db, dialect, key=key, limits=limits,
+                                        preprocess_sql=rest[0] if rest else preprocess_sql)
         except LeaseError:
             self.release_many([v for v in out if isinstance(v, Lease)])
             raise

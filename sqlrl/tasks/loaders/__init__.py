@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..io import read_tasks
+from ..schema import DatabaseSchema
 from .base import TaskSet, require_dir, sqlite_catalog_entry, sqlite_db_file
 from .bird import load_bird
 from .critic import load_critic
@@ -26,7 +27,8 @@ __all__ = ["TaskSet", "LOADERS", "load", "load_spider", "load_bird", "load_criti
 
 def load_jsonl(path: str | Path, db_root: str | Path | None = None) -> TaskSet:
     """Tasks from a sqlrl JSONL file (``sqlrl.tasks.io``). With ``db_root``, SQLite tasks get
-    catalog entries from ``<db_root>/<db_id>/<db_id>.sqlite`` and are skipped (counted) without."""
+    catalog entries (and schemas, read from the files) from ``<db_root>/<db_id>/<db_id>.sqlite``
+    and are skipped (counted) without."""
     path = Path(path)
     tasks = read_tasks(path)
     if db_root is None:
@@ -42,7 +44,9 @@ def load_jsonl(path: str | Path, db_root: str | Path | None = None) -> TaskSet:
                 continue
             catalog.setdefault(task.db_id, sqlite_catalog_entry(found[task.db_id]))
         kept.append(task)
-    return TaskSet(tasks=tuple(kept), catalog=catalog, source=f"jsonl-{path.stem}", skipped=skipped)
+    schemas = {db: DatabaseSchema.from_sqlite(str(p)) for db, p in found.items() if p is not None}
+    return TaskSet(tasks=tuple(kept), catalog=catalog, schemas=schemas, source=f"jsonl-{path.stem}",
+                   skipped=skipped)
 
 
 LOADERS: dict[str, Callable[..., TaskSet]] = {

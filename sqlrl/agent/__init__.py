@@ -1,0 +1,21 @@
+"""The agent loop (Ray-free, torch-free): prompts, tool-call parsing, exact token ids, trajectories.
+
+- ``prompts``: ``build_messages(task, schema, mode, dialect)``, ``tools_for(mode)``.
+- ``parsers``: ``PARSERS`` registry (``"hermes"``); ``parse(text) -> ParsedTurn`` never raises.
+- ``chat_format``: ``ChatFormat`` Protocol, ``HFChatFormat(tokenizer)``: prompt ids and the exact
+  continuation ids after a generated turn.
+- ``trajectory``: frozen ``Trajectory`` / ``Turn`` (ids, loss mask, behaviour logprobs, timings).
+- ``loop``: ``AgentLoop(tasks, sessions, backend, chat_format, config).run()`` -- a batch of
+  rollouts as explicit state machines, one ``backend.generate`` call per round.
+"""
+
+from .chat_format import ChatFormat, ChatFormatError, HFChatFormat
+from .loop import FATAL_ERROR_KINDS, AgentLoop, LoopConfig, LoopStateError, RolloutState, State
+from .parsers import PARSERS, HermesParser, ParsedTurn, get_parser
+from .prompts import DIALECT_NAMES, MODES, build_messages, tools_for
+from .trajectory import STOP_REASONS, Trajectory, Turn
+
+__all__ = ["AgentLoop", "ChatFormat", "ChatFormatError", "DIALECT_NAMES", "FATAL_ERROR_KINDS",
+           "HFChatFormat", "HermesParser", "LoopConfig", "LoopStateError", "MODES", "PARSERS",
+           "ParsedTurn", "RolloutState", "STOP_REASONS", "State", "Trajectory", "Turn",
+           "build_messages", "get_parser", "tools_for"]

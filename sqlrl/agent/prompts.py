@@ -1,0 +1,111 @@
+"""The prompts an agent starts from: a system message and a user message per task.
+
+``build_messages(task, schema, mode, dialect)`` returns chat messages (``[{"role", "content"}]``);
+``tools_for(mode)`` returns the tool schemas to pass to the chat template as ``tools=`` (``None``
+in single-turn mode).
+
+Guarantees:
+- The system message states the role, the SQL dialect, the database schema as ``CREATE TABLE``
+  statements (``DatabaseSchema.to_create_sql`` in that dialect; a note to explore it when no
+  schema is given) and, per mode, how to answer: agentic -- the tools (names from
+  ``sqlrl.tools.TOOLS``), one call per turn in the parser's syntax, ``submit_solution`` ends the
+  episode; single -- ``<thought>…</thought><solution>…</solution>``, exactly the format
+  ``sqlrl.rewards.parse.extract_single`` accepts.
+- The user message holds what a user would give and nothing of the answer: for a
+  ``CriticTask`` the problem (``task.query``) and the issue SQL -- never ``sol_sql``, test cases
+  or ``meta`` (which may hold a bug description); for a ``Text2SQLTask`` the question and the
+  evidence -- never ``gold_sql``.
+- Deterministic: the same inputs give the same messages.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from sqlrl.rewards.parse import STYLES
+from sqlrl.tasks.schema import DatabaseSchema
+from sqlrl.tasks.types import CriticTask, Task, Text2SQLTask, norm_dialect
+from sqlrl.tools import TOOLS, tool_schemas
+
+from .parsers import get_parser
+
+MODES = ("agentic", "single")
+DIALECT_NAMES = {"sqlite": "SQLite", "postgresql": "PostgreSQL", "mysql": "MySQL",
+                 "mssql": "SQL Server (T-SQL)", "oracle": "Oracle"}
+_STYLE = STYLES["birdrl"]
+
+
+def tools_for(mode: str) -> list[dict[str, Any]] | None:
+    _check_mode(mode)
+    return tool_schemas() if mode == "agentic" else None
+
+
+def build_messages(task: Task, schema: DatabaseSchema | None, mode: str = "agentic",
+                   dialect: str | None = None, parser: str = "hermes") -> list[dict[str, Any]]:
+    _check_mode(mode)
+    dialect = norm_dialect(dialect or task.dialect)
+    user = _USER[type(task).kind](task)
+    return [{"role": "system", "content": _system(task, schema, mode, dialect, parser)},
+            {"role": "user", "content": user}]
+
+
+def _check_mode(mode: str) -> None:
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; known: {', '.join(MODES)}")
+
+
+def _system(task: Task, schema: DatabaseSchema | None, mode: str, dialect: str, parser: str) -> str:
+    name = DIALECT_NAMES[dialect]
+    job = ("fix a user's SQL so that it does what they need"
+           if isinstance(task, CriticTask) else "answer questions with SQL queries")
+    parts = [f"You are an expert {name} database engineer. Your job: {job}. "
+             f"Write SQL for {name} only."]
+    if schema is not None and schema.tables:
+        parts.append(f"The database `{schema.db_id}` has this schema:\n\n"
+                     f"{schema.to_create_sql(dialect)}")
+    else:
+        hint = ("explore it with execute_sql" if mode == "agentic"
+                else "use the names the question suggests")
+        parts.append(f"The database schema is not given; {hint}.")
+    parts.append(_HOW[mode](parser))
+    return "\n\n".join(parts)
+
+
+def _agentic_how(parser: str) -> str:
+    p = get_parser(parser)
+    run, submit = TOOLS["execute_sql"].name, TOOLS["submit_solution"].name
+    return (f"You work in your own session on a scratch copy of the database. Tools:\n"
+            f"- {run}(sql): runs SQL and shows the result or the error. Changes persist across "
+            "your calls (temporary tables, inserts, updates); the original database is never "
+            "modified.\n"
+            f"- {submit}(sql): submits your final SQL and ends the episode. It is graded on a fresh "
+            "copy of the database, so include every statement the solution needs.\n"
+            "Every turn: think briefly, then make exactly ONE tool call and stop; the result comes "
+            f"back in the next message. A call looks like:\n{p.example}\n"
+            f"Check your SQL with {run} before you submit it with {submit}.")
+
+
+def _single_how(parser: str) -> str:
+    t, a = _STYLE.think_tag, _STYLE.answer_tag
+    return (f"Answer in exactly this format and nothing else:\n<{t}>your step-by-step reasoning"
+            f"</{t}>\n<{a}>the final SQL</{a}>\nThe SQL may be several statements separated by ';'.")
+
+
+_HOW: dict[str, Callable[[str], str]] = {"agentic": _agentic_how, "single": _single_how}
+
+
+def _critic_user(task: CriticTask) -> str:
+    issue = "\n\n".join(s.strip() for s in task.issue_sql)
+    return (f"{task.query.strip()}\n\nHere is the SQL I have, which does not do what I need:\n"
+            f"```sql\n{issue}\n```\n\nGive me SQL that solves my problem.")
+
+
+def _text2sql_user(task: Text2SQLTask) -> str:
+    text = f"Question: {task.question.strip()}"
+    if task.evidence.strip():
+        text += f"\nEvidence (external knowledge): {task.evidence.strip()}"
+    return text + "\n\nWrite one SQL query that answers the question."
+
+
+_USER: dict[str, Callable[[Any], str]] = {CriticTask.kind: _critic_user,
+                                          Text2SQLTask.kind: _text2sql_user}
