@@ -716,6 +716,8 @@ def run_test_code(code: str, execute: Callable[[str], Any], *, pred_sqls: Sequen
                 return outcome("timeout", timed_out, statements)
             if not parent.poll(_POLL_S):
                 if not proc.is_alive() and not parent.poll(0):
+                    if killed.is_set():  # the watchdog fired while we were polling
+                        return outcome("timeout", timed_out, statements)
                     return outcome("error", f"test-case process died (exit code {proc.exitcode})",
                                    statements)
                 continue
