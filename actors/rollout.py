@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
+from actors.db_pool import LeasedSession
 from sqlrl.agent.chat_format import HFChatFormat
 from sqlrl.agent.loop import AgentLoop, LoopConfig
 from sqlrl.agent.trajectory import Trajectory
@@ -68,16 +69,6 @@ def error_trajectories(tasks: Sequence[Any], mode: str, message: str, version: i
                        policy_version=version, error=message) for t in tasks]
 
 
-class _Leased:
-    """A leased session as the loop sees it (``execute`` only; release is the worker's job)."""
-
-    def __init__(self, client: Any, lease: Any) -> None:
-        self.client, self.lease = client, lease
-
-    def execute(self, sql: str) -> Any:
-        return self.client.execute(self.lease, sql)
-
-
 class RolloutWorker:
     def __init__(self, index: int, config: RolloutConfig, pool_client: Any = None,
                  schemas: Mapping[str, Any] | None = None) -> None:
@@ -111,7 +102,7 @@ class RolloutWorker:
                 except Exception as exc:  # a LeaseError: the batch cannot start
                     return error_trajectories(tasks, mode, f"could not lease sessions: {exc}",
                                               self.version)
-                sessions: list[Any] | None = [_Leased(self.pool, l) for l in leases]
+                sessions: list[Any] | None = [LeasedSession(self.pool, l) for l in leases]
             else:
                 sessions = None
             try:

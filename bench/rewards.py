@@ -32,7 +32,6 @@ import json
 import os
 import platform
 import sqlite3
-import statistics
 import sys
 import time
 from pathlib import Path

@@ -21,10 +21,18 @@ Guarantees:
   ``spider_order_matters(gold)`` is its substring test for ``order by`` in the prepared gold.
 - ``spider_clean_pred(line)`` is what ``evaluation.py`` does to a prediction line before that:
   strip, cut at the first TAB, replace the substring ``value`` with ``1``.
+
+And sqlrl's own engine-neutral equality (used where no official evaluator applies: checking a
+translated task against SQLite, self-consistency votes): ``canonical_value`` (bools are ints,
+floats rounded to 9 significant digits and integral ones made ints, text spelling a canonical
+integer is that integer — the loader stores such columns as integers), ``same_result`` (bags, or
+sequences when ordered) and ``outer_order_by(sql)`` (the outermost query has ORDER BY; parsed with
+sqlglot, cached).
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections import Counter
 from functools import lru_cache
@@ -35,8 +43,8 @@ from sqlparse.engine import FilterStack
 
 Row = tuple[Any, ...]
 
-__all__ = ["bird_ex", "spider_clean_pred", "spider_ex", "spider_order_matters", "spider_prepare",
-           "unorder_row"]
+__all__ = ["bird_ex", "canonical_value", "outer_order_by", "same_result", "spider_clean_pred",
+           "spider_ex", "spider_order_matters", "spider_prepare", "unorder_row"]
 
 
 # -- BIRD ----------------------------------------------------------------------------------------
@@ -202,3 +210,43 @@ def spider_clean_pred(line: str) -> str:
     every ``value`` replaced by ``1``."""
     return line.strip().split("\t")[0].replace("value", "1")
 
+
+# -- sqlrl's engine-neutral result equality ---------------------------------------------------------
+
+_INT_TEXT = re.compile(r"-?(0|[1-9]\d{0,17})\Z")
+_SQLGLOT_READ = {"postgresql": "postgres", "mssql": "tsql"}
+
+
+def canonical_value(v: Any) -> Any:
+    if isinstance(v, bool):
+        return int(v)
+    if isinstance(v, float):
+        if math.isnan(v) or math.isinf(v):
+            return repr(v)
+        v = float(f"{v:.9g}")
+        return int(v) if v.is_integer() else v
+    if isinstance(v, str) and _INT_TEXT.match(v):
+        return int(v)
+    return v
+
+
+def canonical_rows(rows: Sequence[Row]) -> list[Row]:
+    return [tuple(canonical_value(v) for v in row) for row in rows]
+
+
+def same_result(a: Sequence[Row], b: Sequence[Row], ordered: bool) -> bool:
+    ca, cb = canonical_rows(a), canonical_rows(b)
+    return ca == cb if ordered else Counter(ca) == Counter(cb)
+
+
+@lru_cache(maxsize=65536)
+def outer_order_by(sql: str, dialect: str = "sqlite") -> bool:
+    """True when the outermost query of ``sql`` has ORDER BY (row order is part of the answer);
+    a subquery's ORDER BY does not count. Unparseable text falls back to a substring test."""
+    import sqlglot
+
+    try:
+        tree = sqlglot.parse_one(sql, read=_SQLGLOT_READ.get(dialect, dialect))
+        return tree is not None and tree.args.get("order") is not None
+    except Exception:
+        return "order by" in " ".join(sql.lower().split())

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from sqlrl.tasks.loaders.base import sqlite_db_file
 from sqlrl.tasks.types import CriticTask, TaskError
 
 from .critic import CriticVerdict, SolCache, run_critic
@@ -92,10 +93,9 @@ def resolve_url(task: CriticTask, catalog: Mapping[str, Mapping[str, str]] | Non
     if catalog and task.db_id in catalog and task.dialect in catalog[task.db_id]:
         return catalog[task.db_id][task.dialect]
     if task.dialect == "sqlite" and db_root is not None:
-        for name in (f"{task.db_id}.sqlite", f"{task.db_id}_template.sqlite"):
-            path = Path(db_root) / task.db_id / name
-            if path.is_file():
-                return f"sqlite:///{path.resolve()}"
+        path = sqlite_db_file(task.db_id, [Path(db_root)])
+        if path is not None:
+            return f"sqlite:///{path}"
     raise FileNotFoundError(f"no database for {task.db_id!r} ({task.dialect}): give a catalog "
                             f"entry or a SQLite file under db_root/{task.db_id}/")
 

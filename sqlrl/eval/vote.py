@@ -4,7 +4,8 @@ voting over their results.
 Rule (documented, tested):
 1. Candidates that fail (error, timeout, truncated result, no SQL) get no vote.
 2. The others are grouped by their result: rows compared as a multiset (as a sequence when the
-   candidate's outermost query has ORDER BY), values canonicalised so ``5`` and ``5.0`` agree.
+   candidate's outermost query has ORDER BY), values canonicalised (``compare.canonical_value``:
+   ``5`` and ``5.0`` agree).
 3. The largest group wins. **Tie-break**: the group whose best member has the highest mean token
    log-probability (when log-probs are given), then the group that appeared first in sampling
    order. Within the winning group, the earliest candidate is returned.
@@ -22,6 +23,8 @@ from typing import Any, Callable, Sequence
 
 from sqlrl.db.types import QueryResult
 
+from .compare import canonical_rows, outer_order_by
+
 
 @dataclass(frozen=True)
 class Vote:
@@ -33,25 +36,9 @@ class Vote:
     unanimous_failure: bool = False
 
 
-def _canon(value: Any) -> Any:
-    if isinstance(value, bool):
-        return int(value)
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, float):
-        return round(value, 9)
-    return value
-
-
 def result_key(result: QueryResult, ordered: bool) -> Any:
-    rows = [tuple(_canon(v) for v in r) for r in result.rows]
+    rows = canonical_rows(result.rows)
     return ("seq", tuple(rows)) if ordered else ("bag", frozenset(Counter(rows).items()))
-
-
-def _orders(sql: str) -> bool:
-    from sqlrl.rewards.judge import gold_orders
-
-    return gold_orders(sql)
 
 
 def vote(candidates: Sequence[str | None], execute: Callable[[str], QueryResult], *,
@@ -67,7 +54,7 @@ def vote(candidates: Sequence[str | None], execute: Callable[[str], QueryResult]
         if result.error is not None or result.truncated:
             failed += 1
             continue
-        groups.setdefault(result_key(result, _orders(sql)), []).append(i)
+        groups.setdefault(result_key(result, outer_order_by(sql)), []).append(i)
     if not groups:
         first = next((i for i, s in enumerate(candidates) if s and s.strip()), None)
         return Vote(None if first is None else candidates[first], first, 0, 0, failed, True)

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, ContextManager, Iterator, Mapping, Sequence
 
 from sqlrl.db import ErrorKind, Limits, QueryResult, SessionError, open_session
-from sqlrl.eval.compare import bird_ex, spider_ex
+from sqlrl.eval.compare import bird_ex, outer_order_by, spider_ex
 from sqlrl.eval.critic import CriticVerdict, SolCache, run_critic
 from sqlrl.tasks.types import CriticTask, Text2SQLTask
 
@@ -55,17 +55,6 @@ class ExecVerdict:
     gold_error: str | None = None  # the gold failed: exclude this sample
     pred_rows: int = 0
     gold_rows: int = 0
-
-
-def gold_orders(gold_sql: str, dialect: str = "sqlite") -> bool:
-    """True when the gold's outermost query has ORDER BY (row order is part of the answer)."""
-    try:
-        import sqlglot
-
-        tree = sqlglot.parse_one(gold_sql, read={"postgresql": "postgres"}.get(dialect, dialect))
-        return tree.args.get("order") is not None
-    except Exception:
-        return "order by" in " ".join(gold_sql.lower().split())
 
 
 class Judge:
@@ -110,7 +99,7 @@ class Judge:
         if gold_error is not None:
             return ExecVerdict(True, False, False, None, None, gold_error, pred.row_count,
                                gold.row_count)
-        order = gold_orders(task.gold_sql, task.dialect)
+        order = outer_order_by(task.gold_sql, task.dialect)
         return ExecVerdict(True, bird_ex(pred.rows, gold.rows),
                            spider_ex(pred.rows, gold.rows, order), None, None, None,
                            pred.row_count, gold.row_count)

@@ -31,7 +31,7 @@ Guarantees — **fail-closed**, the property every reward here is tested for:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from sqlrl.eval.critic import CriticVerdict, OutcomeKind
 from sqlrl.tasks.types import CriticTask, Text2SQLTask

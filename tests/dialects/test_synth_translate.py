@@ -8,7 +8,9 @@ import pytest
 from sqlrl.db import open_session, provision
 from sqlrl.tasks.synth.domains import build_domain_db
 from sqlrl.tasks.synth.text2sql import generate_text2sql
-from sqlrl.tasks.synth.translate import canonical_value, order_matters, same_result, translate_tasks
+from sqlrl.eval.compare import canonical_value, same_result
+from sqlrl.eval.compare import outer_order_by as order_matters
+from sqlrl.tasks.synth.translate import translate_tasks
 
 DOMAINS = ("library", "flights")
 

@@ -9,7 +9,8 @@ import pytest
 from sqlrl.db import Limits
 from sqlrl.rewards import (REWARDS, Judge, RewardConfig, SQLR1Config, batch_means, compute,
                            extract_agentic, extract_single, score)
-from sqlrl.rewards.judge import ExecVerdict, gold_orders, local_opener
+from sqlrl.eval.compare import outer_order_by
+from sqlrl.rewards.judge import ExecVerdict, local_opener
 from sqlrl.tasks.types import CriticTask, Text2SQLTask
 from sqlrl.tools import ToolCall
 
@@ -70,9 +71,9 @@ def test_agentic_extraction_takes_the_last_submission() -> None:
     assert not extract_agentic([{"name": "submit_solution", "arguments": {"sql": "  "}}]).format_ok
 
 
-def test_gold_orders_looks_at_the_outer_query_only() -> None:
-    assert gold_orders("SELECT name FROM customers ORDER BY name")
-    assert not gold_orders("SELECT * FROM (SELECT name FROM customers ORDER BY name LIMIT 3)")
+def test_gold_order_is_the_outer_querys_order_by() -> None:
+    assert outer_order_by("SELECT name FROM customers ORDER BY name")
+    assert not outer_order_by("SELECT * FROM (SELECT name FROM customers ORDER BY name LIMIT 3)")
 
 
 # -- execution-match rewards ---------------------------------------------------------------------------

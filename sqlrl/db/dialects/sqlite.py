@@ -18,6 +18,7 @@ are denied. Extension loading is also off at the connection level, and values ar
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import sqlite3
@@ -85,7 +86,7 @@ class _SnapshotCache:
             if data is not None:
                 self._items.move_to_end(key)
                 return data
-        data = _EMPTY_DATABASE if st.st_size == 0 else _serialize(path)
+        data = _empty_database() if st.st_size == 0 else _serialize(path)
         with self._lock:
             self._items[key] = data
             total = sum(len(v) for v in self._items.values())
@@ -103,6 +104,7 @@ def _serialize(path: str) -> bytes:
         src.close()
 
 
+@functools.cache
 def _empty_database() -> bytes:
     """The image of a database with no tables (a 0-byte file is a valid empty SQLite database, but
     SQLite cannot serialize one that has no pages yet)."""
@@ -115,7 +117,6 @@ def _empty_database() -> bytes:
         conn.close()
 
 
-_EMPTY_DATABASE = _empty_database()
 SNAPSHOTS = _SnapshotCache(SNAPSHOT_CACHE_BYTES)
 
 

@@ -13,8 +13,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..io import read_tasks
-from ..schema import DatabaseSchema
-from .base import TaskSet, require_dir, sqlite_catalog_entry, sqlite_db_file
+from .base import SqliteIndex, TaskSet, require_dir
 from .bird import load_bird
 from .critic import load_critic
 from .spider import SPLITS as SPIDER_SPLITS
@@ -33,20 +32,10 @@ def load_jsonl(path: str | Path, db_root: str | Path | None = None) -> TaskSet:
     tasks = read_tasks(path)
     if db_root is None:
         return TaskSet(tasks=tuple(tasks), source=f"jsonl-{path.stem}")
-    roots = [require_dir(Path(db_root), "database folder")]
-    kept, catalog, skipped, found = [], {}, {}, {}
-    for task in tasks:
-        if task.dialect == "sqlite":
-            if task.db_id not in found:
-                found[task.db_id] = sqlite_db_file(task.db_id, roots)
-            if found[task.db_id] is None:
-                skipped[task.db_id] = skipped.get(task.db_id, 0) + 1
-                continue
-            catalog.setdefault(task.db_id, sqlite_catalog_entry(found[task.db_id]))
-        kept.append(task)
-    schemas = {db: DatabaseSchema.from_sqlite(str(p)) for db, p in found.items() if p is not None}
-    return TaskSet(tasks=tuple(kept), catalog=catalog, schemas=schemas, source=f"jsonl-{path.stem}",
-                   skipped=skipped)
+    index = SqliteIndex([require_dir(Path(db_root), "database folder")], read_schemas=True)
+    kept = [t for t in tasks if t.dialect != "sqlite" or index.attach(t.db_id)]
+    return TaskSet(tasks=tuple(kept), catalog=index.catalog, schemas=index.schemas,
+                   source=f"jsonl-{path.stem}", skipped=index.skipped)
 
 
 LOADERS: dict[str, Callable[..., TaskSet]] = {

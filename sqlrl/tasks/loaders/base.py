@@ -94,6 +94,40 @@ def sqlite_catalog_entry(path: Path) -> dict[str, str]:
     return {"sqlite": sqlite_url(str(path.resolve()))}
 
 
+class SqliteIndex:
+    """What every loader does with a database folder: find each database's SQLite file once under
+    ``roots`` (``sqlite_db_file``), build the TaskSet's ``catalog`` (and ``schemas`` read from the
+    files when ``read_schemas``), and count the tasks whose file is missing in ``skipped``."""
+
+    def __init__(self, roots: Iterable[Path], *, read_schemas: bool = False) -> None:
+        self.roots = list(roots)
+        self.read_schemas = read_schemas
+        self.catalog: dict[str, dict[str, str]] = {}
+        self.schemas: dict[str, DatabaseSchema] = {}
+        self.skipped: dict[str, int] = {}
+        self._found: dict[str, Path | None] = {}
+
+    def find(self, db_id: str) -> Path | None:
+        if db_id not in self._found:
+            self._found[db_id] = sqlite_db_file(db_id, self.roots)
+        return self._found[db_id]
+
+    def skip(self, db_id: str) -> None:
+        self.skipped[db_id] = self.skipped.get(db_id, 0) + 1
+
+    def attach(self, db_id: str) -> bool:
+        """Give ``db_id`` its catalog entry; False (the task is counted as skipped) without a file."""
+        path = self.find(db_id)
+        if path is None:
+            self.skip(db_id)
+            return False
+        if db_id not in self.catalog:
+            self.catalog[db_id] = sqlite_catalog_entry(path)
+            if self.read_schemas:
+                self.schemas[db_id] = DatabaseSchema.from_sqlite(path, db_id)
+        return True
+
+
 def records_of(data: Any, path: Path) -> list[dict[str, Any]]:
     """A JSON list of objects, or ``TaskError`` naming the file and the bad index."""
     if not isinstance(data, list):

@@ -24,8 +24,8 @@ import re
 from pathlib import Path
 
 from ..types import TaskError, Text2SQLTask, norm_dialect
-from .base import (TaskSet, read_json, read_tables_json, records_of, require_dir, require_file,
-                   sqlite_catalog_entry, sqlite_db_file)
+from .base import (SqliteIndex, TaskSet, read_json, read_tables_json, records_of, require_dir,
+                   require_file)
 
 __all__ = ["load_bird"]
 
@@ -49,7 +49,7 @@ def load_bird(questions_json: str | Path, db_root: str | Path | None = None,
     records = records_of(read_json(path, "BIRD questions file"), path)
 
     source = f"bird-{path.stem}"
-    tasks, catalog, skipped, found = [], {}, {}, {}
+    tasks, index = [], SqliteIndex(roots)
     for i, record in enumerate(records):
         record = dict(record)
         record.setdefault("dialect", dialect)
@@ -61,16 +61,13 @@ def load_bird(questions_json: str | Path, db_root: str | Path | None = None,
         except TaskError as exc:
             raise TaskError(f"{path}[{i}]: {exc}") from None
         if roots:
-            if task.db_id not in found:
-                found[task.db_id] = sqlite_db_file(task.db_id, roots)
-            db_file = found[task.db_id]
-            if db_file is not None:
-                catalog.setdefault(task.db_id, sqlite_catalog_entry(db_file))
+            if index.find(task.db_id) is not None:
+                index.attach(task.db_id)
             elif task.dialect == "sqlite":
-                skipped[task.db_id] = skipped.get(task.db_id, 0) + 1
+                index.skip(task.db_id)
                 continue
         tasks.append(task)
     used = {t.db_id for t in tasks}
-    return TaskSet(tasks=tuple(tasks), catalog=catalog,
+    return TaskSet(tasks=tuple(tasks), catalog=index.catalog,
                    schemas={db: s for db, s in schemas.items() if db in used},
-                   source=source, skipped=skipped)
+                   source=source, skipped=index.skipped)

@@ -29,10 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from ..io import iter_jsonl
-from ..schema import DatabaseSchema
 from ..types import CriticTask, TaskError, norm_dialect
-from .base import (TaskSet, read_json, require_dir, require_file, sqlite_catalog_entry,
-                   sqlite_db_file)
+from .base import SqliteIndex, TaskSet, read_json, require_dir, require_file
 
 __all__ = ["load_critic", "read_critic_schemas"]
 
@@ -79,25 +77,17 @@ def load_critic(jsonl_path: str | Path, schema_jsonl: str | Path | None = None,
     roots = [require_dir(Path(db_root), "BIRD-CRITIC database folder")] if db_root is not None else []
 
     source = f"bird-critic-{path.stem}"
-    tasks, catalog, schemas, skipped, found = [], {}, {}, {}, {}
+    tasks, index = [], SqliteIndex(roots, read_schemas=True)
     for lineno, record in iter_jsonl(path):
         try:
             task = _task(record, by_instance, by_db, default_dialect, source)
         except (TaskError, TypeError) as exc:
             raise TaskError(f"{path}:{lineno}: {exc}") from None
-        if roots and task.dialect == "sqlite":
-            if task.db_id not in found:
-                found[task.db_id] = sqlite_db_file(task.db_id, roots)
-            db_file = found[task.db_id]
-            if db_file is None:
-                skipped[task.db_id] = skipped.get(task.db_id, 0) + 1
-                continue
-            if task.db_id not in catalog:
-                catalog[task.db_id] = sqlite_catalog_entry(db_file)
-                schemas[task.db_id] = DatabaseSchema.from_sqlite(db_file, task.db_id)
+        if roots and task.dialect == "sqlite" and not index.attach(task.db_id):
+            continue
         tasks.append(task)
-    return TaskSet(tasks=tuple(tasks), catalog=catalog, schemas=schemas, source=source,
-                   skipped=skipped)
+    return TaskSet(tasks=tuple(tasks), catalog=index.catalog, schemas=index.schemas, source=source,
+                   skipped=index.skipped)
 
 
 def _task(record: Any, by_instance: dict, by_db: dict, dialect: str, source: str) -> CriticTask:

@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Sequence
 
 from ..types import TaskError, Text2SQLTask
-from .base import (TaskSet, read_json, read_tables_json, records_of, require_dir, require_file,
-                   sqlite_catalog_entry, sqlite_db_file)
+from .base import (SqliteIndex, TaskSet, read_json, read_tables_json, records_of, require_dir,
+                   require_file)
 
 __all__ = ["SPLITS", "SplitSpec", "load_spider", "spider_hardness"]
 
@@ -74,7 +74,7 @@ def load_spider(root: str | Path, split: str = "dev", *, db_dirs: Sequence[str |
     records = records_of(read_json(data_file, f"Spider {split} file"), data_file)
 
     source = f"spider-{split}"
-    tasks, catalog, skipped, found = [], {}, {}, {}
+    tasks, index = [], SqliteIndex(roots)
     for i, record in enumerate(records):
         rest = {k: v for k, v in record.items() if k not in _DERIVED}
         difficulty = None
@@ -91,18 +91,12 @@ def load_spider(root: str | Path, split: str = "dev", *, db_dirs: Sequence[str |
                                 meta=rest)
         except TaskError as exc:
             raise TaskError(f"{data_file}[{i}]: {exc}") from None
-        if task.db_id not in found:
-            found[task.db_id] = sqlite_db_file(task.db_id, roots)
-        path = found[task.db_id]
-        if path is None:
-            skipped[task.db_id] = skipped.get(task.db_id, 0) + 1
-            continue
-        catalog.setdefault(task.db_id, sqlite_catalog_entry(path))
-        tasks.append(task)
+        if index.attach(task.db_id):
+            tasks.append(task)
     used = {t.db_id for t in tasks}
-    return TaskSet(tasks=tuple(tasks), catalog=catalog,
+    return TaskSet(tasks=tuple(tasks), catalog=index.catalog,
                    schemas={db: s for db, s in schemas.items() if db in used},
-                   source=source, skipped=skipped)
+                   source=source, skipped=index.skipped)
 
 
 # -- Spider's hardness rule (evaluation.py: count_component1/2, count_others, eval_hardness) ------

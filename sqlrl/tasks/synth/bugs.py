@@ -340,13 +340,7 @@ def _wrong_column(ctx: _Ctx) -> _Change | None:
     for col in _columns(ctx.expr):
         if _in_join_condition(col):
             continue
-        table = _resolve(col, ctx)
-        info = ctx.schema.column(table, col.name) if table else None
-        if info is None:
-            continue
-        cls = type_class(info.type)
-        sibs = [c.name for c in ctx.schema.columns(table)
-                if c.name.lower() != col.name.lower() and type_class(c.type) == cls]
+        table, sibs = _same_type_siblings(col, ctx)
         if sibs:
             options.append((col, table, sibs))
     choice = _pick(ctx.rng, options)
@@ -405,17 +399,22 @@ def _wrong_join_key(ctx: _Ctx) -> _Change | None:
             for side in (eq.this, eq.expression):
                 if not isinstance(side, exp.Column):
                     continue
-                table = _resolve(side, ctx)
-                info = ctx.schema.column(table, side.name) if table else None
-                if info is None:
-                    continue
-                cls = type_class(info.type)
-                sibs = [c.name for c in ctx.schema.columns(table)
-                        if c.name.lower() != side.name.lower() and type_class(c.type) == cls]
+                table, sibs = _same_type_siblings(side, ctx)
                 keys = [s for s in sibs if _key_like(s)]
                 if sibs:
                     options.append((side, table, keys or sibs))
     return _rename_one(ctx, options, "join key")
+
+
+def _same_type_siblings(col: exp.Column, ctx: _Ctx) -> tuple[str | None, list[str]]:
+    """The table ``col`` belongs to and that table's other columns of the same type class."""
+    table = _resolve(col, ctx)
+    info = ctx.schema.column(table, col.name) if table else None
+    if info is None:
+        return table, []
+    cls = type_class(info.type)
+    return table, [c.name for c in ctx.schema.columns(table)
+                   if c.name.lower() != col.name.lower() and type_class(c.type) == cls]
 
 
 def _rename_one(ctx: _Ctx, options: list, what: str) -> _Change | None:

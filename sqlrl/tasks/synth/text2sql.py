@@ -520,26 +520,24 @@ def _per_parent_cte(link: Link) -> str:
             f"WHERE {fk.column} IS NOT NULL GROUP BY {fk.column}) ")
 
 
-def t_cte_max_group(ctx: Ctx) -> Draft | None:
+def _cte_per_parent(ctx: Ctx, name: str, condition: str) -> Draft | None:
+    """Parents whose child count ``per.n`` satisfies ``condition`` (against the per-parent CTE)."""
     link = ctx.pick(ctx.links)
     if link is None:
         return None
     p = link.parent
     sql = (_per_parent_cte(link) + f"SELECT T2.{p.label}, per.n FROM per JOIN {p.name} AS T2 "
-           f"ON T2.{link.fk.ref_column} = per.k WHERE per.n = (SELECT MAX(n) FROM per)")
-    return Draft("cte_max_group", sql, question("cte_max_group", _parent_slots(link), ctx.rng),
+           f"ON T2.{link.fk.ref_column} = per.k WHERE per.n {condition}")
+    return Draft(name, sql, question(name, _parent_slots(link), ctx.rng),
                  ("cte", "group-by", "join", "subquery", "aggregate"))
+
+
+def t_cte_max_group(ctx: Ctx) -> Draft | None:
+    return _cte_per_parent(ctx, "cte_max_group", "= (SELECT MAX(n) FROM per)")
 
 
 def t_cte_above_avg(ctx: Ctx) -> Draft | None:
-    link = ctx.pick(ctx.links)
-    if link is None:
-        return None
-    p = link.parent
-    sql = (_per_parent_cte(link) + f"SELECT T2.{p.label}, per.n FROM per JOIN {p.name} AS T2 "
-           f"ON T2.{link.fk.ref_column} = per.k WHERE per.n > (SELECT AVG(n) FROM per)")
-    return Draft("cte_above_avg", sql, question("cte_above_avg", _parent_slots(link), ctx.rng),
-                 ("cte", "group-by", "join", "subquery", "aggregate"))
+    return _cte_per_parent(ctx, "cte_above_avg", "> (SELECT AVG(n) FROM per)")
 
 
 Template = Callable[[Ctx], "Draft | None"]

@@ -10,7 +10,7 @@ on the server (as the unprivileged agent role) and on SQLite.
 Guarantees:
 - A translated task is kept only when both runs succeed and their results are equal as bags of
   rows — as sequences when the gold query's outermost SELECT has ORDER BY. Values are compared
-  after ``canonical_value``: booleans become ints, floats are rounded to 9 significant digits
+  after ``sqlrl.eval.compare.canonical_value``: booleans become ints, floats are rounded to 9 significant digits
   (``AVG`` is a float on SQLite and NUMERIC on PostgreSQL/MariaDB; sqlrl's ``normalize`` already
   turns Decimal into int when integral, else float), integral floats become ints (``5.0 == 5``),
   and text spelling a canonical integer becomes that integer (the loader stores such columns as
@@ -27,7 +27,6 @@ Guarantees:
 
 from __future__ import annotations
 
-import math
 import re
 from collections import Counter
 from dataclasses import dataclass, field, replace
@@ -38,10 +37,10 @@ import sqlglot
 
 from ...db import Limits, SessionError, open_session
 from ...db.loader import load_sqlite
+from ...eval.compare import outer_order_by, same_result
 from ..types import Text2SQLTask, norm_dialect
 
 SQLGLOT_DIALECTS = {"postgresql": "postgres", "mysql": "mysql"}
-_INT_TEXT = re.compile(r"-?(0|[1-9]\d{0,17})\Z")
 
 
 @dataclass(frozen=True)
@@ -55,34 +54,6 @@ class TranslationReport:
     @property
     def reasons(self) -> dict[str, int]:
         return dict(Counter(reason for _, reason, _ in self.dropped))
-
-
-def canonical_value(v: Any) -> Any:
-    if isinstance(v, bool):
-        return int(v)
-    if isinstance(v, float):
-        if math.isnan(v) or math.isinf(v):
-            return repr(v)
-        v = float(f"{v:.9g}")
-        return int(v) if v.is_integer() else v
-    if isinstance(v, str) and _INT_TEXT.match(v):
-        return int(v)
-    return v
-
-
-def same_result(a: Iterable[tuple], b: Iterable[tuple], ordered: bool) -> bool:
-    ca = [tuple(canonical_value(v) for v in row) for row in a]
-    cb = [tuple(canonical_value(v) for v in row) for row in b]
-    return ca == cb if ordered else Counter(ca) == Counter(cb)
-
-
-def order_matters(sql: str) -> bool:
-    """True when the outermost query of ``sql`` (SQLite) has ORDER BY."""
-    try:
-        tree = sqlglot.parse_one(sql, read="sqlite")
-    except sqlglot.errors.ParseError:
-        return "order by" in sql.lower()
-    return tree.args.get("order") is not None
 
 
 def _catalog(sqlite_catalog: Mapping[str, str] | str | Path) -> Mapping[str, str] | Path:
@@ -163,7 +134,7 @@ def _translate_one(task: Text2SQLTask, dialect: str, lite: Any, server: Any) -> 
         return "server-error", str(b.error)
     if a.truncated or b.truncated:
         return "mismatch", "result larger than the comparison limit"
-    ordered = order_matters(task.gold_sql)
+    ordered = outer_order_by(task.gold_sql)
     if not same_result(a.rows, b.rows, ordered):
         rows_a, rows_b = (a.rows, b.rows) if ordered else (sorted(a.rows, key=repr), sorted(b.rows, key=repr))
         first = next(((x, y) for x, y in zip(rows_a, rows_b) if x != y), None)
@@ -173,5 +144,4 @@ def _translate_one(task: Text2SQLTask, dialect: str, lite: Any, server: Any) -> 
                    meta={**task.meta, "sqlite_sql": task.gold_sql, "sqlite_task_id": task.task_id})
 
 
-__all__ = ["SQLGLOT_DIALECTS", "TranslationReport", "canonical_value", "order_matters", "same_result",
-           "translate_tasks"]
+__all__ = ["SQLGLOT_DIALECTS", "TranslationReport", "translate_tasks"]
