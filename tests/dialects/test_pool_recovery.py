@@ -40,7 +40,11 @@ def _backends(admin_url, db_name):
 def pg_db(pg_admin_url):
     name = f"sqlrl_recovery_{uuid.uuid4().hex[:8]}"
     db_admin = provision.create_database(pg_admin_url, name, replace=True)
-    _admin_query(db_admin, "CREATE TABLE t(x int); INSERT INTO t SELECT generate_series(1, 50)")
+    # The test server runs with synchronous_commit=off, and an immediate-mode restart may drop
+    # commits still in the WAL buffer: make the fixture's data durable before anything restarts.
+    _admin_query(db_admin, "SET synchronous_commit = on; CREATE TABLE t(x int); "
+                           "INSERT INTO t SELECT generate_series(1, 50)")
+    _admin_query(pg_admin_url, "CHECKPOINT")
     provision.ensure_agent_role(pg_admin_url)
     provision.grant_database(pg_admin_url, name)
     yield name, provision.agent_url(pg_admin_url, name)
@@ -68,7 +72,9 @@ def test_pool_recovers_after_a_server_restart_without_leaking(pg_admin_url, pg_d
 
     for _ in range(8):
         with pool.session(url) as s:
-            assert s.execute("SELECT count(*) FROM t").rows == ((50,),)
+            r = s.execute("SELECT count(*) FROM t")
+            assert r.error is None, r.error
+            assert r.rows == ((50,),)
     stats = pool.stats()
     assert stats.invalidations >= 3  # the dead idle connections found by pre-ping
     assert stats.in_use == 0 and stats.idle <= 4
