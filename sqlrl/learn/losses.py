@@ -1,0 +1,177 @@
+"""Losses of one micro-batch: SFT negative log-likelihood and GRPO, with verl's ``core_algos`` math.
+
+``LOSSES`` is the registry ``name -> fn(model, batch, cfg) -> LossOutput``. Every loss is the
+*local* aggregate of its micro-batch (verl's ``agg_loss`` with no global batch info), and
+``LossOutput.weight`` is what that aggregate averages over: trained tokens for ``"token-mean"``,
+sequences with a trained token for the ``"seq-mean-*"`` modes. The engine gets the global loss by
+summing ``loss * weight / total_weight`` over micro-batches (and ranks), so the result does not
+depend on how a batch is split.
+
+Guarantees:
+- ``forward_logprobs(model, batch)`` returns ``[B, T]`` float32 log-probs where column ``t`` is
+  ``log p(input_ids[t] | input_ids[:t])`` under ``logits / temperature`` — the same numbers
+  ``HFBackend`` reports for sampled tokens at ``top_p=1`` (tested at 1e-4) — and 0 on column 0 and
+  on padding; with ``with_entropy`` also the entropy of each of those distributions (same layout).
+- ``grpo_loss`` = verl ``get_policy_loss_fn(cfg.policy_loss)`` (clipped ratio loss, given an
+  ``ActorConfig`` built from ``cfg``) ``- entropy_coef * agg_loss(entropy)``
+  ``+ kl_coef * agg_loss(kl_penalty(logprob, ref_logprob, cfg.kl_type))`` — the combination verl's
+  own ``ppo_loss`` uses; no GRPO math is re-derived here. ``kl_coef > 0`` without
+  ``batch.ref_logprobs``, or a batch without ``old_logprobs``/``advantages``, is a ``ValueError``.
+- A micro-batch with no trained token gives ``weight == 0`` and a zero loss that still depends on
+  the model (so every rank runs the same forward/backward), never NaN.
+- ``metrics`` are plain floats, local to the micro-batch: ``loss``, ``n_tokens``, ``n_sequences``
+  and, for GRPO, ``pg_loss``, ``pg_clipfrac``, ``pg_clipfrac_lower``, ``ppo_kl``, ``entropy`` and
+  (when ``ref_logprobs`` are present) ``kl``; for SFT ``nll`` (mean over tokens).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from .batch import TokenBatch
+from .config import GRPOConfig, SFTConfig
+
+
+@dataclass(frozen=True)
+class LossOutput:
+    loss: torch.Tensor  # scalar, with grad
+    weight: float  # what ``loss`` averages over (see the module doc)
+    metrics: dict[str, float]
+
+
+def loss_weight(batch: TokenBatch, loss_agg_mode: str) -> float:
+    return batch.n_tokens if loss_agg_mode == "token-mean" else batch.n_sequences
+
+
+def forward_logprobs(model: Any, batch: TokenBatch, *, temperature: float = 1.0, with_entropy: bool = False,
+                     entropy_grad: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Teacher-forced ``[B, T]`` log-probs (and entropies) of ``batch.input_ids`` under ``model``."""
+    import verl.utils.torch_functional as verl_F
+
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature!r}")
+    real = batch.attention_mask.bool()
+    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
+    if batch.input_ids.shape[1] == 1:  # nothing is predicted; keep the graph for a zero loss
+        zero = out.logits[..., 0].float() * 0.0
+        return zero, (zero if with_entropy else None)
+    logits = out.logits[:, :-1].float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    lp = verl_F.logprobs_from_logits(logits, batch.input_ids[:, 1:], inplace_backward=False)
+    lp = torch.where(real, torch.nn.functional.pad(lp, (1, 0)), 0.0)
+    entropy = None
+    if with_entropy:
+        with torch.set_grad_enabled(torch.is_grad_enabled() and entropy_grad):
+            entropy = verl_F.entropy_from_logits(logits)
+        entropy = torch.where(real, torch.nn.functional.pad(entropy, (1, 0)), 0.0)
+    return lp, entropy
+
+
+def _zero(batch: TokenBatch, *tensors: torch.Tensor | None) -> LossOutput:
+    loss = sum((t * 0.0).sum() for t in tensors if t is not None)
+    return LossOutput(loss=loss, weight=0.0, metrics={"loss": 0.0, "n_tokens": 0.0, "n_sequences": 0.0})
+
+
+def _check_cfg(cfg: Any, kind: type) -> None:
+    if not isinstance(cfg, kind):
+        raise ValueError(f"expected a {kind.__name__}, got {type(cfg).__name__}")
+
+
+def sft_loss(model: Any, batch: TokenBatch, cfg: SFTConfig) -> LossOutput:
+    """Mean negative log-likelihood of the trained tokens (aggregated by ``cfg.loss_agg_mode``)."""
+    from verl.trainer.ppo import core_algos
+
+    _check_cfg(cfg, SFTConfig)
+    lp, _ = forward_logprobs(model, batch)
+    weight = loss_weight(batch, cfg.loss_agg_mode)
+    if weight == 0:
+        return _zero(batch, lp)
+    mask = batch.loss_mask
+    loss = core_algos.agg_loss(loss_mat=-lp, loss_mask=mask, loss_agg_mode=cfg.loss_agg_mode,
+                               loss_scale_factor=cfg.loss_scale_factor)
+    nll = float((-(lp.detach() * mask).sum() / mask.sum()).item())
+    return LossOutput(loss=loss, weight=weight, metrics={"loss": float(loss.item()), "nll": nll,
+                                                         "n_tokens": batch.n_tokens,
+                                                         "n_sequences": batch.n_sequences})
+
+
+def actor_config(cfg: GRPOConfig) -> Any:
+    """The ``verl.workers.config.ActorConfig`` verl's policy-loss functions read, built from ``cfg``."""
+    from verl.workers.config import ActorConfig, PolicyLossConfig
+
+    return ActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1,
+                       clip_ratio=cfg.clip_ratio_low, clip_ratio_low=cfg.clip_ratio_low,
+                       clip_ratio_high=cfg.clip_ratio_high, clip_ratio_c=cfg.clip_ratio_c,
+                       loss_agg_mode=cfg.loss_agg_mode, loss_scale_factor=cfg.loss_scale_factor,
+                       policy_loss=PolicyLossConfig(loss_mode=cfg.policy_loss),
+                       entropy_coeff=cfg.entropy_coef, use_kl_loss=cfg.kl_coef > 0,
+                       kl_loss_coef=cfg.kl_coef, kl_loss_type=cfg.kl_type,
+                       global_batch_info={"loss_scale_factor": cfg.loss_scale_factor})
+
+
+def _float(v: Any) -> float | None:
+    if isinstance(v, torch.Tensor):
+        return float(v.detach().item()) if v.numel() == 1 else None
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return float(v)
+    return None
+
+
+def grpo_loss_from_logprobs(log_prob: torch.Tensor, entropy: torch.Tensor | None, batch: TokenBatch,
+                            cfg: GRPOConfig) -> LossOutput:
+    """The GRPO loss given the current policy's ``[B, T]`` log-probs (and entropies) for ``batch``."""
+    from verl.trainer.ppo import core_algos
+
+    _check_cfg(cfg, GRPOConfig)
+    if batch.old_logprobs is None or batch.advantages is None:
+        raise ValueError("grpo_loss needs a batch with old_logprobs and advantages (build it with rl_batch)")
+    if cfg.kl_coef > 0 and batch.ref_logprobs is None:
+        raise ValueError(f"kl_coef={cfg.kl_coef} needs reference log-probs: call batch.with_ref_logprobs(...) "
+                         "with the reference model's forward_logprobs first")
+    if cfg.entropy_coef > 0 and entropy is None:
+        raise ValueError(f"entropy_coef={cfg.entropy_coef} needs the entropies (forward_logprobs(with_entropy=True))")
+    if log_prob.shape != batch.input_ids.shape:
+        raise ValueError(f"log_prob has shape {tuple(log_prob.shape)}, the batch {tuple(batch.input_ids.shape)}")
+    weight = loss_weight(batch, cfg.loss_agg_mode)
+    if weight == 0:
+        return _zero(batch, log_prob, entropy)
+    mask = batch.loss_mask
+
+    def agg(mat: torch.Tensor) -> torch.Tensor:
+        return core_algos.agg_loss(loss_mat=mat, loss_mask=mask, loss_agg_mode=cfg.loss_agg_mode,
+                                   loss_scale_factor=cfg.loss_scale_factor)
+
+    pg_loss, pg_metrics = core_algos.get_policy_loss_fn(cfg.policy_loss)(
+        old_log_prob=batch.old_logprobs, log_prob=log_prob, advantages=batch.advantages, response_mask=mask,
+        loss_agg_mode=cfg.loss_agg_mode, config=actor_config(cfg), rollout_is_weights=None)
+    metrics = {k.removeprefix("actor/"): f for k, v in pg_metrics.items() if (f := _float(v)) is not None}
+    metrics["pg_loss"] = float(pg_loss.detach().item())
+    loss = pg_loss
+    if entropy is not None:
+        entropy_term = agg(entropy)
+        metrics["entropy"] = float(entropy_term.detach().item())
+        if cfg.entropy_coef > 0:
+            loss = loss - cfg.entropy_coef * entropy_term
+    if batch.ref_logprobs is not None:
+        kl_term = agg(core_algos.kl_penalty(logprob=log_prob, ref_logprob=batch.ref_logprobs,
+                                            kl_penalty=cfg.kl_type))
+        metrics["kl"] = float(kl_term.detach().item())
+        if cfg.kl_coef > 0:
+            loss = loss + cfg.kl_coef * kl_term
+    metrics.update(loss=float(loss.detach().item()), n_tokens=batch.n_tokens, n_sequences=batch.n_sequences)
+    return LossOutput(loss=loss, weight=weight, metrics=metrics)
+
+
+def grpo_loss(model: Any, batch: TokenBatch, cfg: GRPOConfig) -> LossOutput:
+    """``forward_logprobs`` at ``cfg.temperature``, then ``grpo_loss_from_logprobs``."""
+    _check_cfg(cfg, GRPOConfig)
+    log_prob, entropy = forward_logprobs(model, batch, temperature=cfg.temperature, with_entropy=True,
+                                         entropy_grad=cfg.entropy_coef > 0)
+    return grpo_loss_from_logprobs(log_prob, entropy, batch, cfg)
+
+
+LOSSES: dict[str, Callable[[Any, TokenBatch, Any], LossOutput]] = {"sft": sft_loss, "grpo": grpo_loss}
