@@ -1,6 +1,6 @@
-"""The README's main job on the embedded default: ``python -m jobs.main [--out runs/demo]``.
+"""A checked demonstration of the foundation: ``python -m jobs.foundation_demo [--out runs/demo]``.
 
-Until the curriculum exists this demonstrates the foundation on a generated SQLite database:
+Demonstrates the foundation on a generated SQLite database:
 an agent-style trajectory through the tools, isolation between sessions, a timeout that stops a
 runaway query, sandbox refusals, and the session pool under concurrent load. Every step is a check;
 the job prints a table and exits non-zero when any check fails. Reads top to bottom:

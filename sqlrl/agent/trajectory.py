@@ -70,6 +70,22 @@ class Trajectory:
     def n_generated(self) -> int:
         return sum(self.loss_mask)
 
+    def tool_calls(self) -> list[dict[str, Any]]:
+        """The valid tool calls, in order, as ``{"name", "arguments"}`` dicts (agentic rewards' input)."""
+        return [tc["function"] for m in self.messages if m.get("role") == "assistant"
+                for tc in m.get("tool_calls", ()) or ()]
+
+    def final_text(self) -> str:
+        """The last assistant message's text (single-turn rewards' input; "" when there is none)."""
+        for m in reversed(self.messages):
+            if m.get("role") == "assistant":
+                return str(m.get("content") or "")
+        return ""
+
+    def response(self) -> Any:
+        """What a reward of this trajectory's mode scores: tool calls (agentic) or the text (single)."""
+        return self.tool_calls() if self.mode == "agentic" else self.final_text()
+
     def render(self, chat_format: ChatFormat) -> str:
         """The whole trajectory as the model saw and wrote it (decoded ids)."""
         return chat_format.decode(self.token_ids)

@@ -47,27 +47,38 @@ def loss_weight(batch: TokenBatch, loss_agg_mode: str) -> float:
 
 
 def forward_logprobs(model: Any, batch: TokenBatch, *, temperature: float = 1.0, with_entropy: bool = False,
-                     entropy_grad: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Teacher-forced ``[B, T]`` log-probs (and entropies) of ``batch.input_ids`` under ``model``."""
+                     entropy_grad: bool = True, trained_only: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Teacher-forced ``[B, T]`` log-probs (and entropies) of ``batch.input_ids`` under ``model``.
+
+    ``trained_only``: compute the vocabulary projection only from the first column any row trains
+    on (``loss_mask``) to the end — the prompt's logits are never needed by a loss, and on long
+    prompts they are most of the LM-head and log-softmax work. Columns before that are 0; the
+    trained columns are identical to the full computation."""
     import verl.utils.torch_functional as verl_F
 
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature!r}")
     real = batch.attention_mask.bool()
-    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
-    if batch.input_ids.shape[1] == 1:  # nothing is predicted; keep the graph for a zero loss
+    width = batch.input_ids.shape[1]
+    first = 1
+    if trained_only and width > 1:
+        cols = torch.nonzero(batch.loss_mask.bool().any(dim=0)).flatten()
+        first = max(1, int(cols[0])) if len(cols) else width - 1
+    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False,
+                logits_to_keep=width - first + 1)
+    if width == 1:  # nothing is predicted; keep the graph for a zero loss
         zero = out.logits[..., 0].float() * 0.0
         return zero, (zero if with_entropy else None)
-    logits = out.logits[:, :-1].float()
+    logits = out.logits[:, :-1].float()  # predicts columns first .. width-1
     if temperature != 1.0:
         logits = logits / temperature
-    lp = verl_F.logprobs_from_logits(logits, batch.input_ids[:, 1:], inplace_backward=False)
-    lp = torch.where(real, torch.nn.functional.pad(lp, (1, 0)), 0.0)
+    lp = verl_F.logprobs_from_logits(logits, batch.input_ids[:, first:], inplace_backward=False)
+    lp = torch.where(real, torch.nn.functional.pad(lp, (first, 0)), 0.0)
     entropy = None
     if with_entropy:
         with torch.set_grad_enabled(torch.is_grad_enabled() and entropy_grad):
             entropy = verl_F.entropy_from_logits(logits)
-        entropy = torch.where(real, torch.nn.functional.pad(entropy, (1, 0)), 0.0)
+        entropy = torch.where(real, torch.nn.functional.pad(entropy, (first, 0)), 0.0)
     return lp, entropy
 
 
@@ -86,7 +97,7 @@ def sft_loss(model: Any, batch: TokenBatch, cfg: SFTConfig) -> LossOutput:
     from verl.trainer.ppo import core_algos
 
     _check_cfg(cfg, SFTConfig)
-    lp, _ = forward_logprobs(model, batch)
+    lp, _ = forward_logprobs(model, batch, trained_only=True)
     weight = loss_weight(batch, cfg.loss_agg_mode)
     if weight == 0:
         return _zero(batch, lp)
@@ -170,7 +181,7 @@ def grpo_loss(model: Any, batch: TokenBatch, cfg: GRPOConfig) -> LossOutput:
     """``forward_logprobs`` at ``cfg.temperature``, then ``grpo_loss_from_logprobs``."""
     _check_cfg(cfg, GRPOConfig)
     log_prob, entropy = forward_logprobs(model, batch, temperature=cfg.temperature, with_entropy=True,
-                                         entropy_grad=cfg.entropy_coef > 0)
+                                         entropy_grad=cfg.entropy_coef > 0, trained_only=True)
     return grpo_loss_from_logprobs(log_prob, entropy, batch, cfg)
 
 

@@ -81,6 +81,18 @@ def resolve_path(name_or_path: str | os.PathLike, cache_dir: str | os.PathLike |
     return path
 
 
+def load_tokenizer(name_or_path: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> tuple[Any, int]:
+    """The tokenizer of a model (no weights loaded) and the pad id ``load_policy`` would use."""
+    from transformers import PreTrainedTokenizerFast
+
+    path = resolve_path(name_or_path, cache_dir)
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(path, local_files_only=True)
+    if not tokenizer.chat_template:
+        raise ValueError(f"the tokenizer in {path} has no chat template (set sqlrl.policy.chat.TOOL_CHAT_TEMPLATE)")
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    return tokenizer, pad
+
+
 def load_policy(name_or_path: str | os.PathLike, *, dtype: str = "float32", device: str = "cpu",
                 cache_dir: str | os.PathLike | None = None) -> Policy:
     if dtype not in DTYPES:

@@ -9,7 +9,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_main_job_passes_every_check(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "jobs.main", "--out", str(tmp_path)], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-m", "jobs.foundation_demo", "--out", str(tmp_path)], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((tmp_path / "report.json").read_text())

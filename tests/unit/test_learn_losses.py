@@ -260,3 +260,28 @@ def test_configs_accept_every_supported_mode():
     assert GRPOConfig(kl_type="k3+").kl_type == "k3+"
     with pytest.raises(ValueError, match="SFTConfig.loss_agg_mode 'token-sum'"):
         SFTConfig(loss_agg_mode="token-sum")
+
+
+def test_trained_only_logprobs_equal_the_full_computation_on_trained_columns():
+    import torch
+
+    from sqlrl.learn.batch import TokenBatch
+    from sqlrl.learn.losses import forward_logprobs
+    from sqlrl.policy.load import load_policy
+
+    model = load_policy("tiny").model
+    torch.manual_seed(0)
+    ids = torch.randint(5, 200, (3, 12))
+    attn = torch.ones_like(ids)
+    attn[2, 9:] = 0
+    mask = torch.zeros(3, 12)
+    mask[0, 7:] = 1
+    mask[1, 5:9] = 1
+    mask[2, 6:9] = 1
+    batch = TokenBatch(input_ids=ids, attention_mask=attn, loss_mask=mask)
+    full, full_h = forward_logprobs(model, batch, with_entropy=True)
+    part, part_h = forward_logprobs(model, batch, with_entropy=True, trained_only=True)
+    trained = mask.bool()
+    assert torch.allclose(full[trained], part[trained], atol=1e-6)
+    assert torch.allclose(full_h[trained], part_h[trained], atol=1e-5)
+    assert (part[:, :5] == 0).all()  # nothing computed before the first trained column

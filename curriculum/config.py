@@ -1,0 +1,165 @@
+"""The configuration of one curriculum stage, as frozen dataclasses mirrored by ``jobs/configs/*.yaml``.
+
+``load_stage_config(path, overrides)`` reads a YAML file into ``StageConfig`` through
+``sqlrl.config`` (unknown keys and wrong types are errors). One dataclass serves every stage: a
+stage reads the sections it needs (SFT stages ``teacher`` and ``sft``; RL stages ``rl``) and the
+others keep their defaults.
+
+Guarantees:
+- ``StageConfig.stage`` is one of ``STAGES``; ``model.init == "previous"`` means the checkpoint the
+  previous stage left in ``run_dir/<previous stage>/final`` (stage 1 has none: an error).
+- ``data.mixture`` is a Zeno task mixture ``{"text2sql": w, "critic": w}`` (Talon: critic only),
+  validated by ``curriculum.mixing.MixtureConfig``.
+- Defaults are the micro-scale main job on the embedded default (SmolLM2-135M, generated data,
+  in-process); the GPU path is the same config with ``cluster`` and ``rollout.backend`` changed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, Sequence
+
+from sqlrl.config import load_config
+from sqlrl.learn.config import GRPOConfig, SFTConfig
+from sqlrl.learn.optim import OptimConfig
+
+STAGES = ("stage1", "stage2", "stage3", "stage4")
+STAGE_TITLES = {"stage1": "reasoning SFT", "stage2": "tool-use SFT", "stage3": "reasoning GRPO",
+                "stage4": "agentic GRPO"}
+STAGE_MODES = {"stage1": "single", "stage2": "agentic", "stage3": "single", "stage4": "agentic"}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    init: str = "smollm2-135m"  # a model name (tiny, smollm2-135m), a checkpoint folder, or "previous"
+    mixed_precision: Literal["fp32", "bf16"] = "fp32"
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    synth_dir: str = "runs/data/synth"  # the embedded default data (generated when missing)
+    n_per_domain: int = 60  # generation size per domain when synth_dir has no data yet
+    domains: tuple[str, ...] = ()  # () = every generated domain
+    spider: str | None = None  # a Spider folder: Spider-derived tasks instead of generated ones
+    train_split: str = "train"
+    eval_split: str = "test"  # held-out tasks (heldout_test: held-out databases too)
+    difficulties: tuple[str, ...] = ()  # () = all
+    mixture: dict[str, float] = field(default_factory=lambda: {"text2sql": 0.5, "critic": 0.5})
+    train_size: int = 32
+    eval_size: int = 16
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        from curriculum.mixing import MixtureConfig
+
+        MixtureConfig(weights=self.mixture, size=max(1, self.train_size), seed=self.seed)
+        if self.train_size < 1 or self.eval_size < 0:
+            raise ValueError("data.train_size must be >= 1 and data.eval_size >= 0")
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    ray: bool = False  # False: everything in-process; True: Ray actors (ray job submit sets address)
+    address: str | None = None  # None: RAY_ADDRESS or a local instance
+    rollout_workers: int = 1
+    learner_ranks: int = 1
+    reward_actors: int = 1
+    rollout_num_cpus: float = 1.0
+    learner_num_cpus: float = 1.0
+
+
+@dataclass(frozen=True)
+class RolloutSettings:
+    backend: str = "hf"  # "vllm" on GPU machines (unverified here)
+    max_turns: int = 4  # the programmatic teacher's trajectories take 2-4 turns
+    max_new_tokens: int = 160
+    max_total_tokens: int = 2048
+    batch: int = 16  # trajectories per rollout call
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    enabled: bool = True
+    modes: tuple[str, ...] = ()  # () = the stage's own mode
+    temperature: float = 0.0
+
+
+@dataclass(frozen=True)
+class TeacherConfig:
+    kind: Literal["programmatic", "openai"] = "programmatic"
+    seed: int = 0
+    base_url: str | None = None  # openai: an OpenAI-compatible endpoint
+    model: str | None = None
+    api_key_env: str = "OPENAI_API_KEY"  # the key is read from this environment variable
+    rate_per_s: float | None = None
+    workers: int = 8
+    cache_path: str | None = None  # default: run_dir/<stage>/teacher_cache.jsonl
+
+
+@dataclass(frozen=True)
+class SFTSettings:
+    epochs: int = 1
+    batch_size: int = 8  # examples per optimizer step
+    max_length: int = 2048
+    loss: SFTConfig = field(default_factory=SFTConfig)
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=5e-5, warmup_steps=1, total_steps=8,
+                                                                   micro_batch_size=2))
+
+
+@dataclass(frozen=True)
+class RLSettings:
+    steps: int = 4
+    tasks_per_step: int = 4
+    group_size: int = 4  # trajectories per task (the GRPO group)
+    temperature: float = 1.0
+    top_p: float = 1.0
+    reward: str | None = None  # None: hybrid_<mode> (routes each task type to its reward)
+    updates_per_batch: int = 1
+    loss: GRPOConfig = field(default_factory=GRPOConfig)
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5, warmup_steps=0, total_steps=4,
+                                                                   micro_batch_size=2))
+
+    def __post_init__(self) -> None:
+        if self.steps < 1 or self.tasks_per_step < 1 or self.group_size < 2:
+            raise ValueError("rl.steps >= 1, rl.tasks_per_step >= 1 and rl.group_size >= 2 are required "
+                             "(GRPO needs at least two samples per task)")
+
+
+@dataclass(frozen=True)
+class StageConfig:
+    stage: Literal["stage1", "stage2", "stage3", "stage4"] = "stage1"
+    run_dir: str = "runs/main"
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    rollout: RolloutSettings = field(default_factory=RolloutSettings)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    teacher: TeacherConfig = field(default_factory=TeacherConfig)
+    sft: SFTSettings = field(default_factory=SFTSettings)
+    rl: RLSettings = field(default_factory=RLSettings)
+
+    @property
+    def mode(self) -> str:
+        return STAGE_MODES[self.stage]
+
+    @property
+    def stage_dir(self) -> Path:
+        return Path(self.run_dir) / self.stage
+
+    def init_model(self) -> str:
+        """The model this stage starts from (``previous`` resolved to the previous stage's output)."""
+        if self.model.init != "previous":
+            return self.model.init
+        i = STAGES.index(self.stage)
+        if i == 0:
+            raise ValueError("stage1 has no previous stage: set model.init to a model name or folder")
+        prev = Path(self.run_dir) / STAGES[i - 1] / "final"
+        if not (prev / "config.json").is_file():
+            raise FileNotFoundError(f"model.init=previous, but {prev} holds no checkpoint: run "
+                                    f"{STAGES[i - 1]} first (same run_dir) or set model.init")
+        return str(prev)
+
+
+def load_stage_config(path: str | Path | None, overrides: Sequence[str] = ()) -> StageConfig:
+    return load_config(StageConfig, path, overrides)

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Every curriculum stage through `ray job submit` on a local cluster with the dashboard up.
+#   bash scripts/ray_stages.sh [MODEL] [extra key=value overrides for every stage]
+# MODEL defaults to tiny (plumbing in minutes); smollm2-135m runs the real micro-scale curriculum.
+# Starts a head on 127.0.0.1 (dashboard on :8265), submits stage1..stage4 one after another with
+# --working-dir . (each from the previous stage's checkpoint), fails if any job does not SUCCEED,
+# prints where the results are, and stops the cluster it started.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+MODEL=${1:-tiny}; shift || true
+RUN_DIR=${SQLRL_RUN_DIR:-$PWD/runs/ray-stages}
+export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 RAY_USAGE_STATS_ENABLED=0
+export RAY_ADDRESS=http://127.0.0.1:8265
+started=0
+if ! ray status --address 127.0.0.1:6379 >/dev/null 2>&1; then
+  ray start --head --node-ip-address=127.0.0.1 --port=6379 --num-cpus=8 --include-dashboard=true \
+    --dashboard-host=127.0.0.1 --dashboard-port=8265 --disable-usage-stats >/dev/null
+  started=1
+fi
+trap '[ "$started" = 1 ] && ray stop --force >/dev/null 2>&1 || true' EXIT
+TINY=()
+if [ "$MODEL" = tiny ]; then  # micro sizes: the plumbing, not the learning
+  TINY=(data.n_per_domain=20 data.train_size=8 data.eval_size=4 sft.epochs=1 rl.steps=1
+        rl.tasks_per_step=2 rl.group_size=2 rollout.max_new_tokens=32)
+fi
+i=0
+for job in stage1_reasoning_sft stage2_tooluse_sft stage3_reasoning_rl stage4_agentic_rl; do
+  stage=${job%%_*}
+  init=previous; [ $i = 0 ] && init=$MODEL
+  echo "== ray job submit: $job (model.init=$init)"
+  ray job submit --working-dir . -- python -m jobs.$job --config jobs/configs/$stage.yaml \
+    cluster.ray=true run_dir="$RUN_DIR" data.synth_dir="$RUN_DIR/data/synth" model.init="$init" \
+    "${TINY[@]}" "$@"
+  i=$((i + 1))
+done
+echo "== all four stages SUCCEEDED; summaries: $RUN_DIR/stage*/summary.json, metrics: $RUN_DIR/metrics.jsonl"

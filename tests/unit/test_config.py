@@ -1,0 +1,75 @@
+"""sqlrl.config: YAML + dotted overrides into frozen dataclasses, strictly."""
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import pytest
+
+from sqlrl.config import ConfigError, dump_config, load_config, to_dict
+
+
+@dataclass(frozen=True)
+class Optim:
+    lr: float = 1e-5
+    steps: int = 10
+
+    def __post_init__(self):
+        if self.steps < 1:
+            raise ValueError("steps must be >= 1")
+
+
+@dataclass(frozen=True)
+class Cfg:
+    model: str = "tiny"
+    optim: Optim = field(default_factory=Optim)
+    weights: dict[str, float] = field(default_factory=lambda: {"critic": 1.0})
+    tags: tuple[str, ...] = ()
+    mode: Literal["single", "agentic"] = "agentic"
+    limit: int | None = None
+
+
+def test_defaults_when_nothing_given():
+    assert load_config(Cfg) == Cfg()
+
+
+def test_file_then_overrides(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("model: smol\noptim:\n  lr: 1e-4\nweights: {critic: 0.5, text2sql: 0.5}\n")
+    cfg = load_config(Cfg, f, ["optim.steps=3", "tags=[a, b]", "mode=single", "limit=7"])
+    assert cfg == Cfg(model="smol", optim=Optim(lr=1e-4, steps=3), weights={"critic": 0.5, "text2sql": 0.5},
+                      tags=("a", "b"), mode="single", limit=7)
+
+
+def test_round_trip_through_dump(tmp_path):
+    cfg = load_config(Cfg, None, ["optim.lr=0.5", "tags=[x]"])
+    dump_config(cfg, tmp_path / "out.yaml")
+    assert load_config(Cfg, tmp_path / "out.yaml") == cfg
+    assert to_dict(cfg)["optim"] == {"lr": 0.5, "steps": 10}
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["optim.lrr=1"], "unknown config key(s) optim.lrr"),
+    (["nope=1"], "unknown config key(s) nope"),
+    (["optim.steps=abc"], "optim.steps: expected an integer"),
+    (["optim.steps=2.5"], "optim.steps: expected an integer"),
+    (["mode=both"], "mode: 'both' is not one of"),
+    (["weights.critic=high"], "weights.critic: expected a number"),
+    (["optim.steps=0"], "steps must be >= 1"),
+    (["model"], "not of the form dotted.key=value"),
+    (["optim=3"], "expected a mapping"),
+])
+def test_bad_overrides_are_clear_errors(overrides, message):
+    with pytest.raises(ConfigError, match=None) as info:
+        load_config(Cfg, None, overrides)
+    assert message in str(info.value)
+
+
+def test_bad_files(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(Cfg, tmp_path / "missing.yaml")
+    (tmp_path / "list.yaml").write_text("- a\n- b\n")
+    with pytest.raises(ConfigError, match="mapping at the top level"):
+        load_config(Cfg, tmp_path / "list.yaml")
+    (tmp_path / "broken.yaml").write_text("a: [\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(Cfg, tmp_path / "broken.yaml")
