@@ -52,3 +52,15 @@ def spider_dir() -> Path:
 @pytest.fixture(scope="session")
 def demo_db_path(tmp_path_factory: pytest.TempPathFactory) -> str:
     return build_demo_database(str(tmp_path_factory.mktemp("demo") / "shop.sqlite"), seed=0)
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One torch thread for a test module, as a rollout worker or learner rank gets (num_cpus=1):
+    on a 2-core machine shared with other work, two threads mostly synchronise (seen: 4-40x
+    slower for tiny-model steps). Use with ``pytestmark = pytest.mark.usefixtures("one_torch_thread")``."""
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

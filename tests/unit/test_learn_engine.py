@@ -32,14 +32,7 @@ def examples(n: int = 6) -> list[SFTExample]:
             for q, a in list(zip(QUESTIONS, ANSWERS))[:n]]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """One torch thread: on a 2-core machine shared with other jobs, tiny-model steps on 2 threads
-    spend most of their time synchronising the threads (seen: 40x slower under load)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

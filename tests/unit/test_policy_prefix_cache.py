@@ -130,13 +130,7 @@ def test_kv_bytes_per_token_and_unsupported_models():
 # ---------------------------------------------------------------------------- HFBackend
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One torch thread (as a rollout worker): two oversubscribe the shared 2-core machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
