@@ -39,7 +39,7 @@ def _stage_main(stage: str):
 
 
 def results_table(rows: list[dict], modes: list[str]) -> tuple[Table, str]:
-    table = Table(title="Success on held-out generated tasks (greedy)")
+    table = Table(title="Success on held-out generated tasks (greedy; format = well-formed answers)")
     table.add_column("model")
     for m in modes:
         table.add_column(f"{m} success", justify="right")
@@ -54,7 +54,7 @@ def results_table(rows: list[dict], modes: list[str]) -> tuple[Table, str]:
             if e is None:
                 cells += ["—", "—"]
             else:
-                cells += [f"{e['success']:.2f} ({e['scored']})",
+                cells += [f"{e['success']:.2f} (format {e.get('format_ok', 0.0):.2f}, n={e['scored']})",
                           f"{e.get('success_critic', float('nan')):.2f} / {e.get('success_text2sql', float('nan')):.2f}"]
         cells.append(f"{row['seconds']:.0f} s")
         table.add_row(row["name"], *cells)

@@ -52,7 +52,7 @@ def single(tiny, batches):
 
 @pytest.fixture(scope="module")
 def fsdp(ray_session, tiny):
-    group = LearnerGroup(tiny, OPTIM, n=2, num_cpus=1, timeout_s=120)
+    group = LearnerGroup(tiny, OPTIM, n=2, num_cpus=1, timeout_s=600)  # rank start-up is slow on loaded cores
     yield group
     group.shutdown()
 
