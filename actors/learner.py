@@ -233,7 +233,8 @@ class LearnerGroup:
     def sync_to(self, rollout_group: Any) -> tuple[int, float]:
         """Push the current weights to a ``RolloutGroup``; returns (version, seconds)."""
         t0 = time.perf_counter()
-        rollout_group.update_weights(self.state_dict(), self.version)
+        remote = bool(getattr(rollout_group, "workers", None))  # Ray workers: hand over the ref, no re-put
+        rollout_group.update_weights(self.state_dict_ref() if remote else self.state_dict(), self.version)
         return self.version, time.perf_counter() - t0
 
     def shutdown(self) -> None:

@@ -182,13 +182,19 @@ class RolloutGroup:
                 out[i] = v
         return out  # type: ignore[return-value]
 
-    def update_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
+    def update_weights(self, state_dict: Any, version: int) -> None:
+        """``state_dict``: a mapping, or an ObjectRef to one already in the object store (the
+        learner's ``state_dict_ref()``), which Ray workers then read without another copy."""
         if not self.workers:
+            if not isinstance(state_dict, Mapping):
+                import ray
+
+                state_dict = ray.get(state_dict)
             self._local.update_weights(state_dict, version)
             return
         import ray
 
-        ref = ray.put(dict(state_dict))  # one copy in the object store, read by every worker
+        ref = ray.put(dict(state_dict)) if isinstance(state_dict, Mapping) else state_dict
         ray.get([w.update_weights.remote(ref, version) for w in self.workers])
 
     def shutdown(self) -> None:

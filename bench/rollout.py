@@ -167,12 +167,6 @@ def build_workload(folder: Path, domains: Sequence[str], per_domain: int, seed: 
     return tasks, urls, schemas
 
 
-def tool_calls(traj: Any) -> list[dict]:
-    """The trajectory's valid tool calls as ``{"name", "arguments"}`` dicts, in order."""
-    return [tc["function"] for m in traj.messages if m.get("role") == "assistant"
-            for tc in m.get("tool_calls", ()) or ()]
-
-
 def run_mode(worker: RolloutWorker, timed: TimedBackend, tasks: list, batch: int,
              urls: dict[str, str]) -> dict:
     """Roll out ``tasks`` in chunks of ``batch`` (1 = one at a time), then score them."""
@@ -188,7 +182,7 @@ def run_mode(worker: RolloutWorker, timed: TimedBackend, tasks: list, batch: int
     wall = time.perf_counter() - t0
     judge = Judge({db: {"sqlite": url} for db, url in urls.items()})
     r0 = time.perf_counter()
-    rewards = [compute(REWARD, task, tool_calls(t), judge) for task, t in zip(tasks, trajs)]
+    rewards = [compute(REWARD, task, t.tool_calls(), judge) for task, t in zip(tasks, trajs)]
     reward_s = time.perf_counter() - r0
     turns = [turn for t in trajs for turn in t.turns]
     tool_s = sum(turn.tool_ms for turn in turns) / 1000.0

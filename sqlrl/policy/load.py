@@ -98,13 +98,11 @@ def load_policy(name_or_path: str | os.PathLike, *, dtype: str = "float32", devi
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; expected one of {sorted(DTYPES)}")
     import torch
-    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+    from transformers import AutoModelForCausalLM
 
     path = resolve_path(name_or_path, cache_dir)
-    tokenizer = PreTrainedTokenizerFast.from_pretrained(path, local_files_only=True)
+    tokenizer, pad = load_tokenizer(path)
     tokenizer.padding_side = "left"
-    if not tokenizer.chat_template:
-        raise ValueError(f"the tokenizer in {path} has no chat template (set sqlrl.policy.chat.TOOL_CHAT_TEMPLATE)")
     if tokenizer.eos_token_id is None:
         raise ValueError(f"the tokenizer in {path} has no EOS token")
     model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True,
@@ -112,7 +110,6 @@ def load_policy(name_or_path: str | os.PathLike, *, dtype: str = "float32", devi
     eos = {tokenizer.eos_token_id}
     configured = model.generation_config.eos_token_id
     eos.update(configured if isinstance(configured, (list, tuple)) else [] if configured is None else [configured])
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     return Policy(name=os.fspath(name_or_path), path=path, model=model, tokenizer=tokenizer,
                   eos_token_ids=tuple(sorted(eos)), pad_token_id=pad)
 
