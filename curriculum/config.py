@@ -89,6 +89,7 @@ class EvalConfig:
 class TeacherConfig:
     kind: Literal["programmatic", "openai"] = "programmatic"
     seed: int = 0
+    brief: bool = False  # programmatic: short thoughts (micro-scale models, small token budgets)
     base_url: str | None = None  # openai: an OpenAI-compatible endpoint
     model: str | None = None
     api_key_env: str = "OPENAI_API_KEY"  # the key is read from this environment variable

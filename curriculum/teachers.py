@@ -19,6 +19,9 @@ table, distinct values of a filtered column, a row count, and always a run of th
 the last check) and then submits the gold SQL. Debugging (``CriticTask``): it runs the issue SQL,
 sometimes inspects a table, names the differences between the issue and the solution (a token
 diff with sqlglot's tokenizer), tests the fix and submits ``sol_sql``: 2–3 calls.
+``brief=True`` keeps stage-1 thoughts short (text-to-SQL: where the data is and the conditions,
+grouping and ordering; debugging: only the fix) -- for micro-scale models whose generation budget
+is a few hundred tokens; the trajectories of stage 2 are the same either way.
 
 Guarantees:
 - Deterministic: the output depends only on (``seed``, the task, and for ``next_turn`` the
@@ -242,8 +245,9 @@ class ProgrammaticTeacher:
 
     name = "programmatic"
 
-    def __init__(self, seed: int = 0) -> None:
+    def __init__(self, seed: int = 0, brief: bool = False) -> None:
         self.seed = int(seed)
+        self.brief = bool(brief)  # short thoughts: what changes / where the data is, no restating
 
     def _rng(self, task: Task, what: str) -> random.Random:
         return random.Random(f"{self.seed}:{what}:{type(task).kind}:{task.task_id}")
@@ -257,6 +261,8 @@ class ProgrammaticTeacher:
 
     def _text2sql_thought(self, task: Text2SQLTask) -> str:
         facts = sql_facts(task.gold_sql, task.dialect)
+        if self.brief:
+            return "\n".join(_describe(facts, brief=True) or ["I write the query from the question."])
         lines = [f"The question asks: {task.question.strip()}"]
         if task.evidence.strip():
             lines.append(f"The evidence tells me: {task.evidence.strip()}")
@@ -266,6 +272,10 @@ class ProgrammaticTeacher:
 
     def _critic_thought(self, task: CriticTask) -> str:
         issue, sol = _join(task.issue_sql), reference_sql(task)
+        if self.brief:
+            changes = sql_diff(issue, sol, task.dialect)
+            return ("Fix: " + "; ".join(changes) + "." if changes
+                    else "The SQL has to be rewritten for what the user needs.")
         lines = [f"The user needs: {_first_sentence(task.query)}"]
         if sql_facts(issue, task.dialect) is None:
             lines.append("Their SQL does not even parse, so there is a syntax problem to fix.")

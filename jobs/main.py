@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from curriculum.config import STAGE_TITLES, STAGES
@@ -62,6 +63,15 @@ def results_table(rows: list[dict], modes: list[str]) -> tuple[Table, str]:
     return table, "\n".join(md) + "\n"
 
 
+def _progress() -> Progress:
+    """The job's overall progress (phases done, elapsed time), drawn on the stage jobs' console
+    (stderr) so their step lines scroll above it; a plain final line when stderr is not a terminal."""
+    from jobs.runtime import console as job_console
+
+    return Progress(SpinnerColumn(), TextColumn("[bold]{task.description}"), BarColumn(),
+                    MofNCompleteColumn(), TextColumn("phases"), TimeElapsedColumn(), console=job_console)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m jobs.main", description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="smollm2-135m", help="the base model (smollm2-135m, tiny, or a folder)")
@@ -93,21 +103,29 @@ def main(argv: list[str] | None = None) -> int:
     console.rule(f"sqlrl main job: {a.model}, stages {', '.join(stages)}, data {data.source}")
     console.print(f"tasks: {data.counts()}")
     rows = []
+    progress = _progress()
+    phases = progress.add_task("base model evaluation", total=1 + len(stages))
+    progress.start()
     t0 = time.perf_counter()
     with Runtime(first, data) as rt:
         base = {m: evaluate(rt, a.model, data.eval, m) for m in modes}
     rows.append({"name": f"base ({a.model})", "eval": base, "seconds": time.perf_counter() - t0})
-    console.print(results_table(rows, modes)[0])
+    progress.advance(phases)
+    progress.console.print(results_table(rows, modes)[0])
 
     # -- run: the stages, each from the previous one's checkpoint
     for i, stage in enumerate(stages):
-        console.rule(f"{stage}: {STAGE_TITLES[stage]}")
+        progress.console.rule(f"{stage}: {STAGE_TITLES[stage]}")
+        progress.update(phases, description=f"{stage}: {STAGE_TITLES[stage]}")
         init = a.model if i == 0 else "previous"
         t0 = time.perf_counter()
         summary = _stage_main(stage)(["--config", str(CONFIGS / f"{stage}.yaml"), *common, f"model.init={init}"])
         rows.append({"name": f"+ {stage} {STAGE_TITLES[stage]}", "eval": {e["mode"]: e for e in summary["eval"]},
                      "seconds": time.perf_counter() - t0})
-        console.print(results_table(rows, modes)[0])
+        progress.advance(phases)
+        progress.console.print(results_table(rows, modes)[0])
+    progress.update(phases, description="done")
+    progress.stop()
 
     # -- report
     table, md = results_table(rows, modes)

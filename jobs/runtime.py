@@ -273,13 +273,16 @@ def evaluate(rt: Runtime, model: str, tasks: Sequence[Any], mode: str) -> dict[s
         if not b.excluded:
             by_kind.setdefault(task.kind, []).append(float(b.parts.get("result", 0.0) >= 1.0))
     ok = [x for v in by_kind.values() for x in v]
-    return {"model": model, "mode": mode, "n": len(tasks), "scored": len(ok),
-            "success": sum(ok) / len(ok) if ok else 0.0,
-            **{f"success_{k}": sum(v) / len(v) for k, v in sorted(by_kind.items())},
-            "format_ok": _mean(b.parts.get("format", 0.0) for b in breakdowns if not b.excluded),
-            "mean_turns": _mean(len(t.turns) for t in trajs),
-            "stop_reasons": dict(Counter(t.stop_reason for t in trajs)),
-            "seconds": round(time.perf_counter() - t0, 1)}
+    out = {"model": model, "mode": mode, "n": len(tasks), "scored": len(ok),
+           "success": sum(ok) / len(ok) if ok else 0.0,
+           **{f"success_{k}": sum(v) / len(v) for k, v in sorted(by_kind.items())},
+           "format_ok": _mean(b.parts.get("format", 0.0) for b in breakdowns if not b.excluded),
+           "mean_turns": _mean(len(t.turns) for t in trajs),
+           "stop_reasons": dict(Counter(t.stop_reason for t in trajs)),
+           "seconds": round(time.perf_counter() - t0, 1)}
+    console.print(f"  eval ({mode}) {Path(model).name}: success {out['success']:.2f}, format "
+                  f"{out['format_ok']:.2f} on {out['scored']} tasks in {out['seconds']:.0f} s")
+    return out
 
 
 def _mean(xs: Any) -> float:
@@ -433,7 +436,7 @@ def make_teacher(cfg: StageConfig) -> Any:
     if t.kind == "programmatic":
         from curriculum.teachers import ProgrammaticTeacher
 
-        return ProgrammaticTeacher(seed=t.seed)
+        return ProgrammaticTeacher(seed=t.seed, brief=t.brief)
     from curriculum.openai_teacher import OpenAIConfig, OpenAITeacher
 
     if not t.base_url or not t.model:

@@ -11,6 +11,10 @@ MODEL=${1:-tiny}; shift || true
 RUN_DIR=${SQLRL_RUN_DIR:-$PWD/runs/ray-stages}
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 RAY_USAGE_STATS_ENABLED=0
 export RAY_ADDRESS=http://127.0.0.1:8265
+# Ray >= 2.59 turns token authentication on for local clusters: keep it on, and give the CLI the token
+# (~/.ray/auth_token, made once) by running every ray command in token mode.
+export RAY_AUTH_MODE=${RAY_AUTH_MODE:-token}
+[ "$RAY_AUTH_MODE" = token ] && ray get-auth-token --generate >/dev/null
 started=0
 if ! ray status --address 127.0.0.1:6379 >/dev/null 2>&1; then
   ray start --head --node-ip-address=127.0.0.1 --port=6379 --num-cpus=8 --include-dashboard=true \

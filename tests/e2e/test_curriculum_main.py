@@ -23,6 +23,8 @@ def test_main_job_runs_the_four_stages_and_prints_the_table(tmp_path):
                           cwd=ROOT, capture_output=True, text=True, timeout=1100)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "Success on held-out" in proc.stdout
+    assert "5/5 phases" in proc.stderr  # the progress display's final state
+    assert proc.stderr.count("eval (agentic)") == 5  # every evaluation reports as it ends
     results = json.loads((run / "results.json").read_text())
     names = [r["name"] for r in results["rows"]]
     assert names[0] == "base (tiny)" and len(names) == 5 and "stage4" in names[-1]

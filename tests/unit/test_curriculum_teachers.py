@@ -65,6 +65,29 @@ def test_critic_reasoning_names_the_difference_between_issue_and_solution():
     assert "`MIN` should be `MAX`" in ProgrammaticTeacher().reasoning(task, None)
 
 
+def test_brief_reasoning_is_short_well_formed_and_keeps_the_fix(tasks):
+    full, brief = ProgrammaticTeacher(seed=0), ProgrammaticTeacher(seed=0, brief=True)
+    for task in tasks:
+        short, long = brief.reasoning(task, None), full.reasoning(task, None)
+        got = extract_single(short)
+        assert got.format_ok, got.problem
+        assert got.sql == reference_sql(task)
+        assert len(short) < len(long)
+        question = task.question if isinstance(task, Text2SQLTask) else task.query
+        assert question.strip() not in short  # no restating of the question
+    critic = CriticTask(instance_id="c1", db_id="shop", query="I want the largest stock.",
+                        issue_sql=["SELECT MIN(stock) FROM products"],
+                        sol_sql=["SELECT MAX(stock) FROM products"])
+    assert "Fix: `MIN` should be `MAX`." in brief.reasoning(critic, None)
+    t2s = Text2SQLTask(task_id="t1", db_id="shop", question="Max stock per category?",
+                       gold_sql="SELECT category, MAX(stock) FROM products WHERE price > 3 GROUP BY category")
+    text = brief.reasoning(t2s, None)
+    for part in ("`products`", "`price > 3`", "`category`"):
+        assert part in text
+    # stage 2's trajectories do not depend on brief
+    assert brief.plan(critic) == full.plan(critic) and brief.plan(t2s) == full.plan(t2s)
+
+
 def test_every_turn_parses_to_exactly_one_call_and_ends_with_the_submission(tasks):
     teacher = ProgrammaticTeacher(seed=1)
     for task in tasks:
