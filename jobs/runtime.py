@@ -422,9 +422,6 @@ def finish_stage(rt: Runtime, learner: Any, history: list[dict], logger: Any,
                "last": history[-1] if history else {}, "eval": evals,
                "curves": [str(p) for p in curves], "config": to_dict(cfg), **(extra or {})}
     (cfg.stage_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
-    for e in evals:
-        console.print(f"[bold]{cfg.stage}[/bold] eval ({e['mode']}): success {e['success']:.2f} "
-                      f"on {e['scored']} tasks")
     return summary
 
 
