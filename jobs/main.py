@@ -39,8 +39,8 @@ def _stage_main(stage: str):
     return import_module(module).main
 
 
-def results_table(rows: list[dict], modes: list[str]) -> tuple[Table, str]:
-    table = Table(title="Success on held-out generated tasks (greedy; format = well-formed answers)")
+def results_table(rows: list[dict], modes: list[str], held_out: str) -> tuple[Table, str]:
+    table = Table(title=f"Success on held-out tasks: {held_out} (greedy; format = well-formed answers)")
     table.add_column("model")
     for m in modes:
         table.add_column(f"{m} success", justify="right")
@@ -103,37 +103,36 @@ def main(argv: list[str] | None = None) -> int:
     console.rule(f"sqlrl main job: {a.model}, stages {', '.join(stages)}, data {data.source}")
     console.print(f"tasks: {data.counts()}")
     rows = []
-    progress = _progress()
-    phases = progress.add_task("base model evaluation", total=1 + len(stages))
-    progress.start()
-    t0 = time.perf_counter()
-    with Runtime(first, data) as rt:
-        base = {m: evaluate(rt, a.model, data.eval, m) for m in modes}
-    rows.append({"name": f"base ({a.model})", "eval": base, "seconds": time.perf_counter() - t0})
-    progress.advance(phases)
-    progress.console.print(results_table(rows, modes)[0])
-
-    # -- run: the stages, each from the previous one's checkpoint
-    for i, stage in enumerate(stages):
-        progress.console.rule(f"{stage}: {STAGE_TITLES[stage]}")
-        progress.update(phases, description=f"{stage}: {STAGE_TITLES[stage]}")
-        init = a.model if i == 0 else "previous"
+    with _progress() as progress:
+        show = progress.console.print
+        phases = progress.add_task("base model evaluation", total=1 + len(stages))
         t0 = time.perf_counter()
-        summary = _stage_main(stage)(["--config", str(CONFIGS / f"{stage}.yaml"), *common, f"model.init={init}"])
-        rows.append({"name": f"+ {stage} {STAGE_TITLES[stage]}", "eval": {e["mode"]: e for e in summary["eval"]},
-                     "seconds": time.perf_counter() - t0})
+        with Runtime(first, data) as rt:
+            base = {m: evaluate(rt, a.model, data.eval, m) for m in modes}
+        rows.append({"name": f"base ({a.model})", "eval": base, "seconds": time.perf_counter() - t0})
         progress.advance(phases)
-        progress.console.print(results_table(rows, modes)[0])
-    progress.update(phases, description="done")
-    progress.stop()
+        show(results_table(rows, modes, data.source)[0])
+
+        # -- run: the stages, each from the previous one's checkpoint
+        for i, stage in enumerate(stages):
+            progress.console.rule(f"{stage}: {STAGE_TITLES[stage]}")
+            progress.update(phases, description=f"{stage}: {STAGE_TITLES[stage]}")
+            init = a.model if i == 0 else "previous"
+            t0 = time.perf_counter()
+            summary = _stage_main(stage)(["--config", str(CONFIGS / f"{stage}.yaml"), *common, f"model.init={init}"])
+            rows.append({"name": f"+ {stage} {STAGE_TITLES[stage]}", "eval": {e["mode"]: e for e in summary["eval"]},
+                         "seconds": time.perf_counter() - t0})
+            progress.advance(phases)
+            show(results_table(rows, modes, data.source)[0])
+        progress.update(phases, description="done")
 
     # -- report
-    table, md = results_table(rows, modes)
+    table, md = results_table(rows, modes, data.source)
     run_dir = Path(a.run_dir)
     total = time.perf_counter() - t_start
-    (run_dir / "results.json").write_text(json.dumps({"model": a.model, "rows": rows, "seconds": total},
-                                                     indent=2, default=str))
-    (run_dir / "results.md").write_text(md + f"\nTotal: {total / 60:.1f} min.\n")
+    report = {"model": a.model, "held_out": data.source, "rows": rows, "seconds": total}
+    (run_dir / "results.json").write_text(json.dumps(report, indent=2, default=str))
+    (run_dir / "results.md").write_text(md + f"\nHeld-out tasks: {data.source}. Total: {total / 60:.1f} min.\n")
     console.rule("result")
     console.print(table)
     console.print(f"total {total / 60:.1f} min; checkpoints in {run_dir}/<stage>/final; "

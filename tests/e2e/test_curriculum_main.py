@@ -22,7 +22,7 @@ def test_main_job_runs_the_four_stages_and_prints_the_table(tmp_path):
                            f"data.synth_dir={tmp_path / 'synth'}", *MICRO],
                           cwd=ROOT, capture_output=True, text=True, timeout=1100)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "Success on held-out" in proc.stdout
+    assert "Success on held-out tasks: generated" in proc.stdout
     assert "5/5 phases" in proc.stderr  # the progress display's final state
     assert proc.stderr.count("eval (agentic)") == 5  # every evaluation reports as it ends
     results = json.loads((run / "results.json").read_text())
