@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The README's first command: set up, then run the main job on the embedded default
-# (a generated SQLite database). Extra args go to the job.
+# The README's first command: set up (scripts/setup.sh, into .venv), then run the main job on the
+# embedded default (generated SQLite databases) with the project's environment. Extra args go to the job.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+source "$(dirname "$0")/common.sh"
+cd "$SQLRL_ROOT"
 bash scripts/setup.sh
-python3 -m jobs.main "$@"
+sqlrl_activate
+python -m jobs.main "$@"

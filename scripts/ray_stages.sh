@@ -4,12 +4,15 @@
 # MODEL defaults to tiny (plumbing in minutes); smollm2-135m runs the real micro-scale curriculum.
 # Starts a head on 127.0.0.1 (dashboard on :8265), submits stage1..stage4 one after another with
 # --working-dir . (each from the previous stage's checkpoint), fails if any job does not SUCCEED,
-# prints where the results are, and stops the cluster it started.
+# prints where the results are, and stops the cluster it started. It owns RUN_DIR: a new run replaces
+# the stage results of the last one there (overwrite=true).
+# Runs in the project's environment (.venv, made by scripts/setup.sh): ray, and the jobs' python.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+source "$(dirname "$0")/common.sh"
+cd "$SQLRL_ROOT"
+sqlrl_activate
 MODEL=${1:-tiny}; shift || true
 RUN_DIR=${SQLRL_RUN_DIR:-$PWD/runs/ray-stages}
-export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 RAY_USAGE_STATS_ENABLED=0
 export RAY_ADDRESS=http://127.0.0.1:8265
 # Ray >= 2.59 turns token authentication on for local clusters: keep it on, and give the CLI the token
 # (~/.ray/auth_token, made once) by running every ray command in token mode.
@@ -32,9 +35,20 @@ for job in stage1_reasoning_sft stage2_tooluse_sft stage3_reasoning_rl stage4_ag
   stage=${job%%_*}
   init=previous; [ $i = 0 ] && init=$MODEL
   echo "== ray job submit: $job (model.init=$init)"
-  ray job submit --working-dir . -- python -m jobs.$job --config jobs/configs/$stage.yaml \
-    cluster.ray=true run_dir="$RUN_DIR" data.synth_dir="$RUN_DIR/data/synth" model.init="$init" \
-    "${TINY[@]}" "$@"
+  log=$(mktemp)
+  for attempt in 1 2; do
+    if ray job submit --working-dir . -- python -m jobs.$job --config jobs/configs/$stage.yaml \
+         cluster.ray=true run_dir="$RUN_DIR" data.synth_dir="$RUN_DIR/data/synth" model.init="$init" overwrite=true \
+         "${TINY[@]}" "$@" 2>&1 | tee "$log"; then break; fi
+    # Ray can garbage-collect the working-dir package the previous job uploaded while the next job
+    # (same content, same package) starts (ray-project/ray#36703, #46625). Submitting again uploads
+    # it anew; any other failure stops here.
+    if [ $attempt = 1 ] && grep -q "Failed to download runtime_env file package" "$log"; then
+      echo "== $job: Ray lost the working-dir package (ray#36703); submitting again"; continue
+    fi
+    rm -f "$log"; exit 1
+  done
+  rm -f "$log"
   i=$((i + 1))
 done
 echo "== all four stages SUCCEEDED; summaries: $RUN_DIR/stage*/summary.json, metrics: $RUN_DIR/metrics.jsonl"
