@@ -8,6 +8,8 @@ others keep their defaults.
 Guarantees:
 - ``StageConfig.stage`` is one of ``STAGES``; ``model.init == "previous"`` means the checkpoint the
   previous stage left in ``run_dir/<previous stage>/final`` (stage 1 has none: an error).
+- A stage job never replaces a finished result (``run_dir/<stage>/summary.json`` or ``final/``,
+  ``existing_result()``) unless ``overwrite: true``.
 - ``data.mixture`` is a Zeno task mixture ``{"text2sql": w, "critic": w}`` (Talon: critic only),
   validated by ``curriculum.mixing.MixtureConfig``.
 - Defaults are the micro-scale main job on the embedded default (SmolLM2-135M, generated data,
@@ -131,6 +133,7 @@ class RLSettings:
 class StageConfig:
     stage: Literal["stage1", "stage2", "stage3", "stage4"] = "stage1"
     run_dir: str = "runs/main"
+    overwrite: bool = False  # replace an existing result in run_dir/<stage> (else the job refuses)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
@@ -147,6 +150,11 @@ class StageConfig:
     @property
     def stage_dir(self) -> Path:
         return Path(self.run_dir) / self.stage
+
+    def existing_result(self) -> list[str]:
+        """What a finished run of this stage left in ``stage_dir`` (``summary.json``, ``final/``):
+        a job refuses to start over it unless ``overwrite`` is true."""
+        return [name for name in ("summary.json", "final") if (self.stage_dir / name).exists()]
 
     def init_model(self) -> str:
         """The model this stage starts from (``previous`` resolved to the previous stage's output)."""

@@ -13,7 +13,9 @@ Inputs are the official evaluators' (Spider ``evaluation.py --etype exec``: gold
 the gold SQL file, the database root; BIRD-CRITIC: predictions JSONL with ``pred_sqls``).
 Writes to ``--out`` (default ``runs/eval/<kind>-<time>``): ``verdicts.jsonl`` (one line per item),
 ``report.json`` and ``report.md`` (EX overall and by difficulty; SR% by dialect for BIRD-CRITIC),
-and prints the table. Reads top to bottom: parse → evaluate → write → print.
+and prints the table (plain markdown when stdout is not a terminal). Every path option is checked
+before anything runs; all missing ones are named at once (``--gold: /x does not exist``, exit 2).
+Reads top to bottom: parse → check paths → evaluate → write → print.
 """
 
 from __future__ import annotations
@@ -27,10 +29,11 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
 
-from rich.console import Console
 from rich.table import Table
 
-console = Console(stderr=True)
+from jobs.console import Heartbeat, check_paths, make_console
+
+console = make_console(stderr=True)
 
 
 # -- evaluators (a registry: kind -> (add arguments, run)) -----------------------------------------
@@ -44,6 +47,11 @@ def _spider_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--questions", help="dev.json (its parsed 'sql' gives Spider hardness levels)")
     p.add_argument("--processes", type=int, default=min(2, os.cpu_count() or 1),
                    help="child processes, each labelling whole databases (1: in this process)")
+
+
+def _spider_paths(a: argparse.Namespace) -> list[tuple[str, str | None, str]]:
+    return [("--gold", a.gold, "file"), ("--pred", a.pred, "file"), ("--db", a.db, "dir"),
+            ("--questions", a.questions, "file")]
 
 
 def _spider_run(a: argparse.Namespace) -> tuple[list[dict], dict]:
@@ -74,6 +82,12 @@ def _bird_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--questions", help="the questions JSON (gives difficulty)")
 
 
+def _bird_paths(a: argparse.Namespace) -> list[tuple[str, str | None, str]]:
+    db_root = a.db_root if a.dialect == "sqlite" or "://" not in a.db_root else None  # an admin URL
+    return [("--pred", a.pred, "file"), ("--gold", a.gold, "file"), ("--db-root", db_root, "dir"),
+            ("--questions", a.questions, "file")]
+
+
 def _bird_run(a: argparse.Namespace) -> tuple[list[dict], dict]:
     from sqlrl.eval.bird import evaluate_bird
 
@@ -90,6 +104,11 @@ def _critic_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--catalog", help="JSON {db_id: {dialect: url}} for server databases")
     p.add_argument("--test-timeout", type=float, default=60.0,
                    help="seconds for each test case's code (the child is killed)")
+
+
+def _critic_paths(a: argparse.Namespace) -> list[tuple[str, str | None, str]]:
+    return [("--tasks", a.tasks, "file"), ("--pred", a.pred, "file"), ("--db-root", a.db_root, "dir"),
+            ("--catalog", a.catalog, "file")]
 
 
 def _critic_run(a: argparse.Namespace) -> tuple[list[dict], dict]:
@@ -110,36 +129,47 @@ def _critic_run(a: argparse.Namespace) -> tuple[list[dict], dict]:
     return [i.to_dict() for i in report.items], report.to_dict()
 
 
-EVALUATORS: dict[str, tuple[Callable, Callable]] = {
-    "spider": (_spider_args, _spider_run),
-    "bird": (_bird_args, _bird_run),
-    "critic": (_critic_args, _critic_run),
+# kind -> (add arguments, path options to check before running, run)
+EVALUATORS: dict[str, tuple[Callable, Callable, Callable]] = {
+    "spider": (_spider_args, _spider_paths, _spider_run),
+    "bird": (_bird_args, _bird_paths, _bird_run),
+    "critic": (_critic_args, _critic_paths, _critic_run),
 }
 
 
 # -- helpers ------------------------------------------------------------------------------------
 
 class _progress:
-    """A rich progress bar as a ``(done, total)`` callback."""
+    """A ``(done, total)`` callback: a rich progress bar in a terminal, otherwise a heartbeat line
+    (``jobs.console.Heartbeat``) at least every ``SQLRL_HEARTBEAT_S`` seconds."""
 
     def __init__(self, label: str) -> None:
         from rich.progress import Progress
 
-        self._bar = Progress(console=console, transient=True)
+        self._tty = console.is_terminal
+        self._bar = Progress(console=console, transient=True) if self._tty else None
+        self._beat = None if self._tty else Heartbeat(label, unit="instances")
         self._label = label
         self._task = None
 
     def __enter__(self) -> Callable[[int, int], None]:
+        if self._beat is not None:
+            return self._beat.__enter__()
+        assert self._bar is not None
         self._bar.start()
 
         def advance(done: int, total: int) -> None:
+            assert self._bar is not None
             if self._task is None:
                 self._task = self._bar.add_task(self._label, total=total)
             self._bar.update(self._task, completed=done)
         return advance
 
     def __exit__(self, *exc: object) -> None:
-        self._bar.stop()
+        if self._beat is not None:
+            self._beat.__exit__(*exc)
+        elif self._bar is not None:
+            self._bar.stop()
 
 
 def _by(rows: list[dict], key: str, excluded: Callable[[dict], bool]) -> dict[str, dict]:
@@ -177,20 +207,32 @@ def main(argv: list[str] | None = None) -> int:
     # -- parse
     ap = argparse.ArgumentParser(prog="python -m jobs.evaluate", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="kind", required=True)
-    for kind, (add_args, _) in EVALUATORS.items():
+    for kind, (add_args, _, _) in EVALUATORS.items():
         p = sub.add_parser(kind)
         add_args(p)
         p.add_argument("--out", help="output folder (default runs/eval/<kind>-<time>)")
         p.add_argument("--timeout", type=float, default=30.0, help="seconds per SQL statement")
         p.add_argument("--workers", type=int, default=None, help="parallel executions")
     a = ap.parse_args(argv)
+    _, paths, run = EVALUATORS[a.kind]
     out = Path(a.out or f"runs/eval/{a.kind}-{time.strftime('%Y%m%d-%H%M%S')}")
+
+    # -- check paths: every missing one at once, before any work
+    problems = check_paths(paths(a))
+    if problems:
+        for problem in problems:
+            console.print(f"evaluate {a.kind}: {problem}", style="red", markup=False, highlight=False)
+        return 2
 
     # -- evaluate
     try:
-        rows, summary = EVALUATORS[a.kind][1](a)
+        if a.kind == "critic":  # reports its own progress (_progress)
+            rows, summary = run(a)
+        else:
+            with Heartbeat(f"evaluate {a.kind}", note="labelling gold and predictions"):
+                rows, summary = run(a)
     except (FileNotFoundError, ValueError) as exc:
-        console.print(f"[red]evaluate: {exc}[/red]")
+        console.print(f"evaluate {a.kind}: {exc}", style="red", markup=False, highlight=False)
         return 2
 
     # -- write
@@ -203,13 +245,17 @@ def main(argv: list[str] | None = None) -> int:
     (out / "report.md").write_text(markdown)
 
     # -- print
+    stdout = make_console()
+    if not stdout.is_terminal:  # plain markdown, full width
+        print(f"{a.kind} — {out}", markdown, sep="\n", end="", flush=True)
+        return 0
     table = Table(title=f"{a.kind} — {out}")
     header, *body = [l for l in markdown.splitlines() if l.startswith("|") and "---" not in l]
     for col in header.strip("|").split("|"):
         table.add_column(col.strip())
     for line in body:
         table.add_row(*[c.strip() for c in line.strip("|").split("|")])
-    Console().print(table)
+    stdout.print(table)
     return 0
 
 

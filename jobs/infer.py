@@ -16,7 +16,10 @@ earlier sample; ``sqlrl.eval.vote``). Writes to ``--out``:
   scores them;
 - debugging: ``pred_critic.jsonl`` (BIRD-CRITIC ``pred_sqls``) and ``tasks_critic.jsonl``;
 - ``trajectories.jsonl`` (every rollout) and ``summary.json``; the evaluate commands are printed.
-Reads top to bottom: load → roll out → vote → write.
+Path options (``--tasks``, ``--db-root``, ``--spider``, ``--model`` when it is a folder) are checked
+before anything runs; all missing ones are named at once (exit 2). In a terminal a progress bar,
+otherwise a heartbeat line at least every ``SQLRL_HEARTBEAT_S`` (60) seconds.
+Reads top to bottom: check → load → roll out → vote → write.
 """
 
 from __future__ import annotations
@@ -28,9 +31,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
+from jobs.console import Heartbeat, check_paths, make_console, quiet_third_party_bars
 
-console = Console(stderr=True)
+console = make_console(stderr=True)
 
 
 def load_tasks(a: argparse.Namespace) -> Any:
@@ -41,6 +44,18 @@ def load_tasks(a: argparse.Namespace) -> Any:
     if not a.tasks:
         raise SystemExit("give --tasks FILE.jsonl (with --db-root) or --spider PATH")
     return load_jsonl(a.tasks, db_root=a.db_root)
+
+
+def path_problems(a: argparse.Namespace) -> list[str]:
+    """Every path option that does not exist (or is the wrong kind), named; ``--model`` only when it
+    is not a named model."""
+    from sqlrl.policy.load import MODELS
+
+    problems = check_paths([("--tasks", a.tasks, "file"), ("--db-root", a.db_root, "dir"),
+                            ("--spider", a.spider, "dir"),
+                            ("--model", None if a.model in MODELS else a.model, "dir")])
+    return [p + (f" (and not a named model: {', '.join(sorted(MODELS))})" if p.startswith("--model") else "")
+            for p in problems]
 
 
 def mean_logprob(t: Any) -> float | None:
@@ -70,6 +85,12 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.k < 1:
         raise SystemExit("--k must be >= 1")
+    problems = path_problems(a)
+    if problems:
+        for problem in problems:
+            console.print(f"infer: {problem}", style="red", markup=False, highlight=False)
+        return 2
+    quiet_third_party_bars()
     out = Path(a.out or f"runs/infer/{time.strftime('%Y%m%d-%H%M%S')}")
 
     # -- load
@@ -87,12 +108,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         taskset = load_tasks(a)
     except (FileNotFoundError, ValueError) as exc:
-        console.print(f"[red]infer: {exc}[/red]")
+        console.print(f"infer: {exc}", style="red", markup=False, highlight=False)
         return 2
     tasks = [t for t in taskset.tasks if t.db_id in taskset.catalog][: a.limit]
     if not tasks:
         why = "the file holds no tasks" if not taskset.tasks else "no task has a database (check --db-root)"
-        console.print(f"[red]infer: {why}[/red]")
+        console.print(f"infer: {why}", style="red", markup=False, highlight=False)
         return 2
     dialects = sorted({t.dialect for t in tasks})
     ray_mode = a.workers > 0
@@ -116,12 +137,19 @@ def main(argv: list[str] | None = None) -> int:
     repeated = [t for t in tasks for _ in range(a.k)]
     trajectories: list[Any] = []
     t0 = time.perf_counter()
+    label = f"rollouts ({a.model}, k={a.k})"
     try:
-        with Progress(console=console, transient=True) as bar:
-            job = bar.add_task(f"rollouts ({a.model}, k={a.k})", total=len(repeated))
-            for start in range(0, len(repeated), a.batch):
-                trajectories += group.rollout(repeated[start:start + a.batch])
-                bar.update(job, completed=len(trajectories))
+        if console.is_terminal:
+            with Progress(console=console, transient=True) as bar:
+                job = bar.add_task(label, total=len(repeated))
+                for start in range(0, len(repeated), a.batch):
+                    trajectories += group.rollout(repeated[start:start + a.batch])
+                    bar.update(job, completed=len(trajectories))
+        else:
+            with Heartbeat(f"infer: {label}", total=len(repeated), unit="trajectories") as beat:
+                for start in range(0, len(repeated), a.batch):
+                    trajectories += group.rollout(repeated[start:start + a.batch])
+                    beat.update(len(trajectories))
     finally:
         group.shutdown()
         pool.shutdown()
@@ -171,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
                "generated_tokens": sum(t.n_generated for t in trajectories),
                "evaluate": commands}
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    console.print(json.dumps(summary, indent=1))
+    console.print(json.dumps(summary, indent=1), markup=False, highlight=False)
     return 0
 
 

@@ -4,13 +4,20 @@
     python -m jobs.main --model tiny         # the fast variant (a random tiny model: plumbing only)
     python -m jobs.main --ray                # the same on a local Ray cluster (actors for everything)
     python -m jobs.main rl.steps=1 ...       # key=value overrides go to every stage
+    python -m jobs.main --overwrite          # run again into a run dir that holds stage results
 
 Setup: the generated data (``data.synth_dir``, built once). Run: the base model is evaluated on the
 held-out tasks, then stages 1–4 run one after another from ``jobs/configs/<stage>.yaml`` — each
 starts from the previous stage's checkpoint and is evaluated after it. Report: a table in the
 spirit of the BIRD-RL paper — success on held-out tasks (single-turn and agentic) for the base
-model and after every stage — printed and written to ``<run_dir>/results.{json,md}``. Checkpoints
-stay in ``<run_dir>/<stage>/final`` for serving.
+model and after every stage — printed once at the end and written to ``<run_dir>/results.{json,md}``
+(one summary line per phase as it ends). Checkpoints stay in ``<run_dir>/<stage>/final`` for serving.
+
+A run dir whose stages already hold results (``<run_dir>/<stage>/summary.json`` or ``final/``) is
+refused before anything runs, unless ``--overwrite`` (passed on to every stage as
+``overwrite=true``) or another ``--run-dir``. In a terminal the progress is a rich display and the
+table a rich table; otherwise (CI, ``ray job submit`` logs) plain lines, heartbeats during long
+phases (``jobs.console``), and the table as plain markdown, full width.
 """
 
 from __future__ import annotations
@@ -21,13 +28,15 @@ import sys
 import time
 from pathlib import Path
 
-from rich.console import Console
+from typing import Any
+
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from curriculum.config import STAGE_TITLES, STAGES
+from jobs.console import heading, make_console, quiet_third_party_bars
 
-console = Console()
+console = make_console()
 CONFIGS = Path(__file__).resolve().parent / "configs"
 
 
@@ -39,8 +48,12 @@ def _stage_main(stage: str):
     return import_module(module).main
 
 
+def table_title(held_out: str) -> str:
+    return f"Success on held-out tasks: {held_out} (greedy; format = well-formed answers)"
+
+
 def results_table(rows: list[dict], modes: list[str], held_out: str) -> tuple[Table, str]:
-    table = Table(title=f"Success on held-out tasks: {held_out} (greedy; format = well-formed answers)")
+    table = Table(title=table_title(held_out))
     table.add_column("model")
     for m in modes:
         table.add_column(f"{m} success", justify="right")
@@ -63,13 +76,53 @@ def results_table(rows: list[dict], modes: list[str], held_out: str) -> tuple[Ta
     return table, "\n".join(md) + "\n"
 
 
-def _progress() -> Progress:
-    """The job's overall progress (phases done, elapsed time), drawn on the stage jobs' console
-    (stderr) so their step lines scroll above it; a plain final line when stderr is not a terminal."""
-    from jobs.runtime import console as job_console
+def phase_line(row: dict, modes: list[str]) -> str:
+    """One line for a finished phase: its evaluations and its time."""
+    evals = [f"{m} {e['success']:.2f} (format {e.get('format_ok', 0.0):.2f}, n={e['scored']})"
+             for m in modes if (e := row["eval"].get(m)) is not None]
+    return f"{row['name']}: {', '.join(evals) or 'not evaluated'}; {row['seconds']:.0f} s"
 
-    return Progress(SpinnerColumn(), TextColumn("[bold]{task.description}"), BarColumn(),
-                    MofNCompleteColumn(), TextColumn("phases"), TimeElapsedColumn(), console=job_console)
+
+class Phases:
+    """The job's overall progress. In a terminal: a rich display (phases done, elapsed time) on the
+    stage jobs' console (stderr), so their step lines scroll above it. Otherwise plain lines. Either
+    way one summary line per finished phase (``main: k/n phases done: ...``)."""
+
+    def __init__(self, total: int) -> None:
+        from jobs.runtime import console as job_console
+
+        self.console, self.total, self.done = job_console, total, 0
+        self.t0 = time.perf_counter()
+        self._progress: Progress | None = None
+        self._task: Any = None
+
+    def __enter__(self) -> "Phases":
+        if self.console.is_terminal:
+            self._progress = Progress(SpinnerColumn(), TextColumn("[bold]{task.description}"), BarColumn(),
+                                      MofNCompleteColumn(), TextColumn("phases"), TimeElapsedColumn(),
+                                      console=self.console)
+            self._progress.__enter__()
+            self._task = self._progress.add_task("starting", total=self.total)
+        return self
+
+    def start(self, description: str) -> None:
+        heading(self.console, description)
+        if self._progress is not None:
+            self._progress.update(self._task, description=description)
+
+    def finished(self, line: str) -> None:
+        self.done += 1
+        elapsed = (time.perf_counter() - self.t0) / 60
+        self.console.print(f"main: {self.done}/{self.total} phases done ({elapsed:.1f} min): {line}",
+                           markup=False, highlight=False)
+        if self._progress is not None:
+            self._progress.advance(self._task)
+            if self.done == self.total:
+                self._progress.update(self._task, description="done")
+
+    def __exit__(self, *exc: object) -> None:
+        if self._progress is not None:
+            self._progress.__exit__(*exc)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -81,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="modes every stage is evaluated in: 'own' (the stage's own mode; the base model "
                          "in both) or a list such as single,agentic")
     ap.add_argument("--ray", action="store_true", help="run every stage on Ray actors (local cluster)")
+    ap.add_argument("--overwrite", action="store_true",
+                    help="replace the results of stages already run in --run-dir (else the job refuses)")
     ap.add_argument("overrides", nargs="*", help="key=value overrides for every stage")
     a = ap.parse_args(argv)
     stages = [s for s in a.stages.split(",") if s]
@@ -93,50 +148,61 @@ def main(argv: list[str] | None = None) -> int:
     if a.ray:
         common.append("cluster.ray=true")
     t_start = time.perf_counter()
+    quiet_third_party_bars()
 
-    # -- setup: data (generated once) and the base model's scores
+    # -- setup: refuse to replace finished stages, then data (generated once) and the base model's scores
     from jobs.runtime import Runtime, evaluate, prepare_data
     from curriculum.config import load_stage_config
+    from sqlrl.config import ConfigError
 
-    first = load_stage_config(CONFIGS / f"{stages[0]}.yaml", [*common, f"model.init={a.model}"])
+    try:
+        first = load_stage_config(CONFIGS / f"{stages[0]}.yaml", [*common, f"model.init={a.model}"])
+        overwrite = a.overwrite or first.overwrite  # --overwrite, or overwrite=true given as an override
+        if overwrite:
+            common.append("overwrite=true")
+        done = [s for s in stages if load_stage_config(CONFIGS / f"{s}.yaml", common).existing_result()]
+    except (ConfigError, ValueError) as exc:
+        raise SystemExit(f"main: {exc}") from None
+    run_dir = Path(first.run_dir)
+    if done and not overwrite:
+        raise SystemExit(f"main: {run_dir} already holds results of {', '.join(done)}; not replacing them: "
+                         f"pass --overwrite to replace them, or --run-dir <another folder> to keep them")
     data = prepare_data(first)
-    console.rule(f"sqlrl main job: {a.model}, stages {', '.join(stages)}, data {data.source}")
-    console.print(f"tasks: {data.counts()}")
+    heading(console, f"sqlrl main job: {a.model}, stages {', '.join(stages)}, data {data.source}, run dir {run_dir}"
+                     + (" (overwrite)" if done else ""))
+    console.print(f"tasks: {data.counts()}", markup=False)
     rows = []
-    with _progress() as progress:
-        show = progress.console.print
-        phases = progress.add_task("base model evaluation", total=1 + len(stages))
+    with Phases(1 + len(stages)) as phases:
+        phases.start("base model evaluation")
         t0 = time.perf_counter()
         with Runtime(first, data) as rt:
             base = {m: evaluate(rt, a.model, data.eval, m) for m in modes}
         rows.append({"name": f"base ({a.model})", "eval": base, "seconds": time.perf_counter() - t0})
-        progress.advance(phases)
-        show(results_table(rows, modes, data.source)[0])
+        phases.finished(phase_line(rows[-1], modes))
 
         # -- run: the stages, each from the previous one's checkpoint
         for i, stage in enumerate(stages):
-            progress.console.rule(f"{stage}: {STAGE_TITLES[stage]}")
-            progress.update(phases, description=f"{stage}: {STAGE_TITLES[stage]}")
+            phases.start(f"{stage}: {STAGE_TITLES[stage]}")
             init = a.model if i == 0 else "previous"
             t0 = time.perf_counter()
             summary = _stage_main(stage)(["--config", str(CONFIGS / f"{stage}.yaml"), *common, f"model.init={init}"])
             rows.append({"name": f"+ {stage} {STAGE_TITLES[stage]}", "eval": {e["mode"]: e for e in summary["eval"]},
                          "seconds": time.perf_counter() - t0})
-            progress.advance(phases)
-            show(results_table(rows, modes, data.source)[0])
-        progress.update(phases, description="done")
+            phases.finished(phase_line(rows[-1], modes))
 
-    # -- report
+    # -- report: the table, once
     table, md = results_table(rows, modes, data.source)
-    run_dir = Path(a.run_dir)
     total = time.perf_counter() - t_start
     report = {"model": a.model, "held_out": data.source, "rows": rows, "seconds": total}
     (run_dir / "results.json").write_text(json.dumps(report, indent=2, default=str))
     (run_dir / "results.md").write_text(md + f"\nHeld-out tasks: {data.source}. Total: {total / 60:.1f} min.\n")
-    console.rule("result")
-    console.print(table)
+    heading(console, "result")
+    if console.is_terminal:
+        console.print(table)
+    else:  # plain markdown, full width: nothing wrapped or cut in a log
+        print(table_title(data.source), md, sep="\n", end="", flush=True)
     console.print(f"total {total / 60:.1f} min; checkpoints in {run_dir}/<stage>/final; "
-                  f"curves in {run_dir}/curves; metrics in {run_dir}/metrics.jsonl")
+                  f"curves in {run_dir}/curves; metrics in {run_dir}/metrics.jsonl", markup=False)
     return 0
 
 

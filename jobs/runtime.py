@@ -3,7 +3,8 @@
 Each ``jobs/stage*.py`` reads top to bottom with these pieces:
 
 - ``parse_stage_args(stage, argv)``: ``--config FILE`` plus ``key=value`` overrides into a
-  ``curriculum.config.StageConfig`` (unknown keys are errors).
+  ``curriculum.config.StageConfig`` (unknown keys are errors); refuses to replace a finished result
+  in ``<run_dir>/<stage>`` without ``overwrite=true``, and prints what the job is about to do.
 - ``prepare_data(cfg)``: the embedded default data (generated into ``data.synth_dir`` when missing)
   or Spider-derived tasks, mixed by ``data.mixture`` (Zeno; Talon = critic only) into a train and
   a held-out eval list, with the database catalog and schemas.
@@ -14,6 +15,10 @@ Each ``jobs/stage*.py`` reads top to bottom with these pieces:
   (JSONL, TensorBoard, PNG, and Ray gauges for the dashboard when Ray is up).
 - ``evaluate``: greedy rollouts of a checkpoint on the eval tasks, scored by the same rewards:
   success rate (result part == 1) overall and per task type.
+
+Output (``jobs.console``): plain lines when stderr is not a terminal, and a heartbeat line at least
+every ``SQLRL_HEARTBEAT_S`` (60) seconds during data generation, data builds, training and
+evaluation.
 """
 
 from __future__ import annotations
@@ -29,28 +34,72 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from rich.console import Console
-
 from curriculum.config import STAGE_TITLES, StageConfig, load_stage_config
+from jobs.console import Heartbeat, make_console, quiet_third_party_bars
 
-console = Console(stderr=True)
+console = make_console(stderr=True)
 
 
 # -------------------------------------------------------------------------------------- arguments
 
 def parse_stage_args(stage: str, argv: Sequence[str] | None, doc: str) -> StageConfig:
+    """The stage's config, checked before any work: no finished result in ``<run_dir>/<stage>``
+    is replaced without ``overwrite=true``, the start checkpoint exists; then the plan is printed."""
     ap = argparse.ArgumentParser(prog=f"python -m jobs.{stage}", description=doc.split("\n")[0])
-    ap.add_argument("--config", default=None, help="a YAML file mirroring curriculum.config.StageConfig")
-    ap.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. rl.steps=2")
+    ap.add_argument("--config", default=None, help="a YAML file mirroring curriculum.config.StageConfig "
+                                                   f"(shipped: jobs/configs/{stage}.yaml; none: built-in defaults)")
+    ap.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. rl.steps=2 overwrite=true")
     a = ap.parse_args(argv)
     from sqlrl.config import ConfigError
 
+    quiet_third_party_bars()
     try:
         cfg = load_stage_config(a.config, [f"stage={stage}", *a.overrides])
-        cfg.init_model()  # fail now, not after data preparation, when the start checkpoint is missing
+        check_overwrite(cfg)
+        start = cfg.init_model()  # fail now, not after data preparation, when the start checkpoint is missing
     except (ConfigError, FileNotFoundError, ValueError) as exc:
         raise SystemExit(f"{stage}: {exc}") from None
+    console.print(describe_stage(cfg, start, a.config), markup=False, highlight=False)
     return cfg
+
+
+def check_overwrite(cfg: StageConfig) -> None:
+    """``SystemExit`` (one line, both ways out) when ``<run_dir>/<stage>`` holds a finished result
+    and ``overwrite`` is false."""
+    found = cfg.existing_result()
+    if found and not cfg.overwrite:
+        names = ", ".join(f"{n}/" if n == "final" else n for n in found)
+        raise SystemExit(f"{cfg.stage}: {cfg.stage_dir} already holds a result ({names}); not replacing it: "
+                         f"pass overwrite=true to replace it, or run_dir=<another folder> to keep it")
+
+
+def describe_stage(cfg: StageConfig, start: str, config_path: str | None) -> str:
+    """What the job is about to do: stage, run_dir, start checkpoint, data, steps, evaluation."""
+    d = cfg.data
+    source = f"Spider ({d.spider})" if d.spider else f"generated ({d.synth_dir})"
+    mixture = ", ".join(f"{k} {v:g}" for k, v in d.mixture.items())
+    if cfg.stage in ("stage1", "stage2"):
+        s = cfg.sft
+        steps = s.epochs * math.ceil(d.train_size / s.batch_size)
+        work = (f"up to {steps} SFT step(s): {s.epochs} epoch(s) over the verified examples of "
+                f"{d.train_size} tasks, batches of {s.batch_size}; teacher {cfg.teacher.kind}")
+    else:
+        r = cfg.rl
+        work = (f"{r.steps} GRPO step(s) x {r.tasks_per_step} task(s) x {r.group_size} samples "
+                f"(reward {reward_name(cfg, cfg.mode)})")
+    evals = (f"{d.eval_size} held-out tasks, {', '.join(cfg.eval.modes or (cfg.mode,))}"
+             if cfg.eval.enabled and d.eval_size else "off")
+    outputs = f"{cfg.stage_dir}" + (" (replacing its result: overwrite=true)" if cfg.existing_result() else "")
+    return "\n".join([
+        f"{cfg.stage} ({STAGE_TITLES[cfg.stage]}): about to run",
+        f"  run_dir:    {cfg.run_dir} -> outputs in {outputs}",
+        f"  start from: {start}",
+        f"  data:       {source}: {d.train_size} training tasks, mixture {mixture}",
+        f"  steps:      {work}",
+        f"  evaluation: {evals}",
+        f"  config:     {config_path or 'built-in defaults (no --config)'}; "
+        f"{'Ray actors' if cfg.cluster.ray else 'in-process'}",
+    ])
 
 
 # -------------------------------------------------------------------------------------------- data
@@ -90,7 +139,8 @@ def _generated(cfg: StageConfig) -> tuple[list, list, dict, dict, str]:
         console.print(f"[bold]data[/bold]: generating the embedded default data into {root} "
                       f"({cfg.data.n_per_domain} tasks per domain)")
         kw = {"domains": list(cfg.data.domains)} if cfg.data.domains else {}
-        build_default_dataset(root, seed=cfg.data.seed, n_per_domain=cfg.data.n_per_domain, **kw)
+        with Heartbeat("data: generating the embedded default data", note=str(root)):
+            build_default_dataset(root, seed=cfg.data.seed, n_per_domain=cfg.data.n_per_domain, **kw)
     kinds = [k for k, w in cfg.data.mixture.items() if w > 0]
     train_sets = _load_split(root, cfg.data.train_split, kinds)
     eval_sets = _load_split(root, cfg.data.eval_split, kinds)
@@ -111,7 +161,8 @@ def _spider(cfg: StageConfig) -> tuple[list, list, dict, dict, str]:
     from sqlrl.tasks.io import write_tasks
 
     spider = Path(cfg.data.spider)  # type: ignore[arg-type]
-    train_set, dev_set = load_spider(spider, "train"), load_spider(spider, "dev")
+    with Heartbeat("data: loading Spider", note=str(spider)):
+        train_set, dev_set = load_spider(spider, "train"), load_spider(spider, "dev")
     catalog = {**train_set.catalog, **dev_set.catalog}
     schemas = {**train_set.schemas, **dev_set.schemas}
     train = [t for t in train_set.tasks if t.db_id in catalog]
@@ -123,8 +174,10 @@ def _spider(cfg: StageConfig) -> tuple[list, list, dict, dict, str]:
             path = cache / f"critic_{name}.jsonl"
             if not path.is_file():
                 pool = _sample(tasks, 8 * max(cfg.data.train_size, cfg.data.eval_size), cfg.data.seed)
-                made, _report = make_critic_tasks(pool, {k: dict(v) for k, v in catalog.items()},
-                                                  seed=cfg.data.seed)
+                with Heartbeat(f"data: Spider debugging tasks ({name})",
+                               note=f"bug injection + verification over {len(pool)} source tasks"):
+                    made, _report = make_critic_tasks(pool, {k: dict(v) for k, v in catalog.items()},
+                                                      seed=cfg.data.seed)
                 write_tasks(path, made)
             extra = load_jsonl(path, db_root=None).tasks
             (train if name == "train" else held).extend(extra)
@@ -260,14 +313,19 @@ class Runtime:
 def evaluate(rt: Runtime, model: str, tasks: Sequence[Any], mode: str) -> dict[str, Any]:
     """Greedy rollouts of ``model`` on ``tasks`` in ``mode``; success = the reward's result part is 1."""
     t0 = time.perf_counter()
-    group = rt.rollout_group(model, mode, temperature=rt.cfg.eval.temperature)
-    try:
-        trajs = []
-        for start in range(0, len(tasks), rt.cfg.rollout.batch):
-            trajs += group.rollout(list(tasks[start:start + rt.cfg.rollout.batch]))
-    finally:
-        rt.release(group)
-    breakdowns = rt.score(trajs, tasks, f"hybrid_{mode}")
+    with Heartbeat(f"eval ({mode}) {Path(model).name}", total=len(tasks), unit="tasks rolled out",
+                   note="loading the model") as beat:
+        group = rt.rollout_group(model, mode, temperature=rt.cfg.eval.temperature)
+        try:
+            trajs = []
+            for start in range(0, len(tasks), rt.cfg.rollout.batch):
+                beat.update(len(trajs), note=f"rollout batch {start // rt.cfg.rollout.batch + 1}"
+                                             f"/{math.ceil(len(tasks) / rt.cfg.rollout.batch)}")
+                trajs += group.rollout(list(tasks[start:start + rt.cfg.rollout.batch]))
+        finally:
+            rt.release(group)
+        beat.update(len(trajs), note="scoring")
+        breakdowns = rt.score(trajs, tasks, f"hybrid_{mode}")
     by_kind: dict[str, list[float]] = {}
     for task, b in zip(tasks, breakdowns):
         if not b.excluded:
@@ -310,18 +368,21 @@ def train_sft(rt: Runtime, model: str, examples: Sequence[Any], logger: Any) -> 
     rng = random.Random(rt.cfg.data.seed)
     history = []
     step = 0
-    for epoch in range(s.epochs):
-        order = list(examples)
-        rng.shuffle(order)
-        for start in range(0, len(order), s.batch_size):
-            t0 = time.perf_counter()
-            batch = sft_batch(order[start:start + s.batch_size], chat, max_length=s.max_length, pad_id=pad_id)
-            m = learner.step(batch, "sft", s.loss)
-            m = {**m, "epoch": epoch, "update_s": time.perf_counter() - t0}
-            logger.log(step, m)
-            history.append(m)
-            step += 1
-            console.print(f"  {rt.cfg.stage} step {step}/{optim.total_steps}: loss {m.get('loss', float('nan')):.4f}")
+    with Heartbeat(f"{rt.cfg.stage} SFT", total=optim.total_steps, unit="steps done") as beat:
+        for epoch in range(s.epochs):
+            order = list(examples)
+            rng.shuffle(order)
+            for start in range(0, len(order), s.batch_size):
+                beat.update(step, note=f"epoch {epoch + 1}/{s.epochs}, step {step + 1} running")
+                t0 = time.perf_counter()
+                batch = sft_batch(order[start:start + s.batch_size], chat, max_length=s.max_length, pad_id=pad_id)
+                m = learner.step(batch, "sft", s.loss)
+                m = {**m, "epoch": epoch, "update_s": time.perf_counter() - t0}
+                logger.log(step, m)
+                history.append(m)
+                step += 1
+                console.print(f"  {rt.cfg.stage} step {step}/{optim.total_steps}: "
+                              f"loss {m.get('loss', float('nan')):.4f}")
     return learner, history
 
 
@@ -341,34 +402,40 @@ def train_grpo(rt: Runtime, model: str, tasks: Sequence[Any], logger: Any) -> tu
     _, pad_id = load_tokenizer(model)
     history = []
     cursor = 0
-    for step in range(r.steps):
-        chosen = [tasks[(cursor + i) % len(tasks)] for i in range(r.tasks_per_step)]
-        cursor += r.tasks_per_step
-        group_tasks = [t for t in chosen for _ in range(r.group_size)]
-        t0 = time.perf_counter()
-        trajs = []
-        for start in range(0, len(group_tasks), rt.cfg.rollout.batch):
-            trajs += rollout.rollout(group_tasks[start:start + rt.cfg.rollout.batch])
-        t1 = time.perf_counter()
-        breakdowns = rt.score(trajs, group_tasks, reward)
-        t2 = time.perf_counter()
-        keep = _trainable(trajs, breakdowns, group_tasks)
-        metrics: dict[str, Any] = _rollout_metrics(trajs, breakdowns, keep)
-        if keep:
-            batch = rl_batch([trajs[i] for i in keep], [breakdowns[i].score for i in keep],
-                             [f"{step}/{group_tasks[i].task_id}" for i in keep], r.loss,
-                             pad_id=pad_id, max_length=rt.cfg.rollout.max_total_tokens)
-            for _ in range(r.updates_per_batch):
-                metrics.update(learner.step(batch, "grpo", r.loss))
-        t3 = time.perf_counter()
-        version, sync_s = learner.sync_to(rollout)
-        metrics.update({"policy_version": version, "time_rollout_s": t1 - t0, "time_reward_s": t2 - t1,
-                        "time_update_s": t3 - t2, "time_sync_s": sync_s,
-                        "time_tool_s": sum(t.tool_ms for tr in trajs for t in tr.turns) / 1000.0})
-        logger.log(step, metrics)
-        history.append(metrics)
-        console.print(f"  {rt.cfg.stage} step {step + 1}/{r.steps}: reward {metrics['reward_mean']:.3f}, "
-                      f"pass {metrics['pass_rate']:.2f}, rollout {t1 - t0:.0f}s, update {t3 - t2:.0f}s")
+    with Heartbeat(f"{rt.cfg.stage} GRPO", total=r.steps, unit="steps done") as beat:
+        for step in range(r.steps):
+            chosen = [tasks[(cursor + i) % len(tasks)] for i in range(r.tasks_per_step)]
+            cursor += r.tasks_per_step
+            group_tasks = [t for t in chosen for _ in range(r.group_size)]
+            t0 = time.perf_counter()
+            trajs = []
+            for start in range(0, len(group_tasks), rt.cfg.rollout.batch):
+                beat.update(step, note=f"step {step + 1}: rollout, {len(trajs)}/{len(group_tasks)} trajectories")
+                trajs += rollout.rollout(group_tasks[start:start + rt.cfg.rollout.batch])
+            t1 = time.perf_counter()
+            beat.update(step, note=f"step {step + 1}: reward")
+            breakdowns = rt.score(trajs, group_tasks, reward)
+            t2 = time.perf_counter()
+            keep = _trainable(trajs, breakdowns, group_tasks)
+            metrics: dict[str, Any] = _rollout_metrics(trajs, breakdowns, keep)
+            if keep:
+                beat.update(step, note=f"step {step + 1}: update")
+                batch = rl_batch([trajs[i] for i in keep], [breakdowns[i].score for i in keep],
+                                 [f"{step}/{group_tasks[i].task_id}" for i in keep], r.loss,
+                                 pad_id=pad_id, max_length=rt.cfg.rollout.max_total_tokens)
+                for _ in range(r.updates_per_batch):
+                    metrics.update(learner.step(batch, "grpo", r.loss))
+            t3 = time.perf_counter()
+            beat.update(step, note=f"step {step + 1}: weight sync")
+            version, sync_s = learner.sync_to(rollout)
+            metrics.update({"policy_version": version, "time_rollout_s": t1 - t0, "time_reward_s": t2 - t1,
+                            "time_update_s": t3 - t2, "time_sync_s": sync_s,
+                            "time_tool_s": sum(t.tool_ms for tr in trajs for t in tr.turns) / 1000.0})
+            logger.log(step, metrics)
+            history.append(metrics)
+            beat.update(step + 1, note="")
+            console.print(f"  {rt.cfg.stage} step {step + 1}/{r.steps}: reward {metrics['reward_mean']:.3f}, "
+                          f"pass {metrics['pass_rate']:.2f}, rollout {t1 - t0:.0f}s, update {t3 - t2:.0f}s")
     rt.release(rollout)
     return learner, history
 
@@ -410,7 +477,8 @@ def finish_stage(rt: Runtime, learner: Any, history: list[dict], logger: Any,
 
     cfg = rt.cfg
     final = cfg.stage_dir / "final"
-    learner.save(final, overwrite=True)
+    with Heartbeat(f"{cfg.stage}: saving the checkpoint", note=str(final)):
+        learner.save(final, overwrite=True)
     rt.release(learner)
     curves = logger.close()
     evals = []
@@ -451,7 +519,17 @@ def stage_logger(rt: Runtime) -> Any:
 
 
 def save_config(cfg: StageConfig) -> None:
+    """Write the resolved config to ``<stage_dir>/config.yaml``. With ``overwrite=true`` the old
+    ``summary.json`` goes first, so a run that fails half-way leaves no stale summary behind (the old
+    ``final/`` is replaced when the new checkpoint is saved)."""
     from sqlrl.config import dump_config
 
     cfg.stage_dir.mkdir(parents=True, exist_ok=True)
+    if cfg.overwrite:
+        (cfg.stage_dir / "summary.json").unlink(missing_ok=True)
     dump_config(cfg, cfg.stage_dir / "config.yaml")
+
+
+def build_phase(cfg: StageConfig, what: str, n: int) -> Heartbeat:
+    """The heartbeat of a stage's data build (teacher / verification of ``n`` tasks)."""
+    return Heartbeat(f"{cfg.stage} data: {what}", total=None, unit="", note=f"{n} tasks")

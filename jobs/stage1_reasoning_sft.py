@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import sys
 
-from jobs.runtime import (Runtime, console, finish_stage, make_teacher, parse_stage_args, prepare_data,
-                          save_config, stage_logger, train_sft)
+from jobs.runtime import (Runtime, build_phase, console, finish_stage, make_teacher, parse_stage_args,
+                          prepare_data, save_config, stage_logger, train_sft)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -29,8 +29,10 @@ def main(argv: list[str] | None = None) -> dict:
         from curriculum.builders import build_stage1
         from sqlrl.learn.batch import SFTExample
 
-        rows, report = build_stage1(data.train, teacher, cfg.stage_dir / "sft_data.jsonl",
-                                    catalog=data.catalog, schemas=data.schemas, progress=True)
+        with build_phase(cfg, "teacher answers + verification", len(data.train)):
+            rows, report = build_stage1(data.train, teacher, cfg.stage_dir / "sft_data.jsonl",
+                                        catalog=data.catalog, schemas=data.schemas,
+                                        progress=console.is_terminal)
         console.print(f"[bold]stage1[/bold] data: {report.summary()}")
         if not rows:
             raise SystemExit("stage1: the teacher produced no verified example; see "

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import sys
 
-from jobs.runtime import (Runtime, console, finish_stage, make_teacher, parse_stage_args, prepare_data,
-                          save_config, stage_logger, train_sft)
+from jobs.runtime import (Runtime, build_phase, console, finish_stage, make_teacher, parse_stage_args,
+                          prepare_data, save_config, stage_logger, train_sft)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -30,10 +30,12 @@ def main(argv: list[str] | None = None) -> dict:
         from curriculum.builders import build_stage2, pool_opener
         from sqlrl.learn.batch import SFTExample
 
-        rows, report = build_stage2(data.train, teacher, cfg.stage_dir / "sft_data.jsonl",
-                                    catalog=data.catalog, schemas=data.schemas, progress=True,
-                                    max_turns=cfg.rollout.max_turns,
-                                    opener=pool_opener(rt.pool.client(role="reward")))
+        with build_phase(cfg, "teacher trajectories on real sessions + verification", len(data.train)):
+            rows, report = build_stage2(data.train, teacher, cfg.stage_dir / "sft_data.jsonl",
+                                        catalog=data.catalog, schemas=data.schemas,
+                                        progress=console.is_terminal,
+                                        max_turns=cfg.rollout.max_turns,
+                                        opener=pool_opener(rt.pool.client(role="reward")))
         console.print(f"[bold]stage2[/bold] data: {report.summary()}")
         if not rows:
             raise SystemExit("stage2: the teacher produced no verified example; see "

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import sys
 
-from jobs.runtime import (Runtime, console, finish_stage, parse_stage_args, prepare_data, save_config,
-                          stage_logger, train_grpo)
+from jobs.runtime import (Runtime, build_phase, console, finish_stage, parse_stage_args, prepare_data,
+                          save_config, stage_logger, train_grpo)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -27,8 +27,9 @@ def main(argv: list[str] | None = None) -> dict:
         from curriculum.builders import build_stage3
         from sqlrl.rewards import Judge
 
-        tasks, report = build_stage3(data.train, cfg.stage_dir, schemas=data.schemas,
-                                     judge=Judge(data.catalog))
+        with build_phase(cfg, "checking reference solutions", len(data.train)):
+            tasks, report = build_stage3(data.train, cfg.stage_dir, schemas=data.schemas,
+                                         judge=Judge(data.catalog))
         console.print(f"[bold]stage3[/bold] data: {report.summary()}")
         if not tasks:
             raise SystemExit("stage3: no training task has a working reference solution")

@@ -93,3 +93,44 @@ def test_bad_inputs_fail_with_a_clear_message(tmp_path, capsys, demo_db_path) ->
     (tmp_path / "pr.jsonl").write_text("")
     assert main(["critic", "--tasks", str(tmp_path / "t.jsonl"), "--pred", str(tmp_path / "pr.jsonl")]) == 2
     assert "t.jsonl:1" in capsys.readouterr().err.replace("\n", "")
+
+
+def test_every_missing_path_option_is_named_before_anything_runs(tmp_path, capsys) -> None:
+    (tmp_path / "pred.sql").write_text("SELECT 1\n")
+    assert main(["spider", "--gold", "/nonexistent", "--pred", str(tmp_path / "pred.sql"),
+                 "--db", str(tmp_path / "pred.sql"), "--questions", str(tmp_path / "q.json"),
+                 "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "evaluate spider: --gold: /nonexistent does not exist" in err
+    assert f"evaluate spider: --db: {tmp_path / 'pred.sql'} is not a folder" in err
+    assert f"evaluate spider: --questions: {tmp_path / 'q.json'} does not exist" in err
+    assert "--pred:" not in err and "Errno" not in err and not (tmp_path / "out").exists()
+
+    assert main(["bird", "--pred", str(tmp_path / "p.json"), "--gold", str(tmp_path / "g.sql"),
+                 "--db-root", str(tmp_path / "dbs")]) == 2
+    err = capsys.readouterr().err
+    assert all(f"evaluate bird: {opt}: {tmp_path / name} does not exist" in err
+               for opt, name in (("--pred", "p.json"), ("--gold", "g.sql"), ("--db-root", "dbs")))
+    assert main(["bird", "--pred", str(tmp_path / "p.json"), "--gold", str(tmp_path / "pred.sql"),
+                 "--dialect", "postgresql", "--db-root", "postgresql://admin@127.0.0.1:1/x"]) == 2
+    err = capsys.readouterr().err
+    assert "--pred:" in err and "--db-root" not in err  # an admin URL is not a path
+
+    assert main(["critic", "--tasks", str(tmp_path / "t.jsonl"), "--pred", str(tmp_path / "pr.jsonl"),
+                 "--db-root", str(tmp_path / "nodbs"), "--catalog", str(tmp_path / "c.json")]) == 2
+    err = capsys.readouterr().err
+    assert [line.split(":")[1].strip() for line in err.strip().splitlines()] == \
+        ["--tasks", "--pred", "--db-root", "--catalog"]
+
+
+def test_a_missing_path_exits_non_zero_without_a_traceback(tmp_path) -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    proc = subprocess.run([sys.executable, "-m", "jobs.evaluate", "spider", "--gold", "/nonexistent",
+                           "--pred", "/nonexistent-pred", "--db", str(tmp_path)],
+                          cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.splitlines() == ["evaluate spider: --gold: /nonexistent does not exist",
+                                        "evaluate spider: --pred: /nonexistent-pred does not exist"]

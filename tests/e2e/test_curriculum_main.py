@@ -1,8 +1,11 @@
 """The main job runs the whole curriculum end to end (the tiny model, micro sizes): base
 evaluation, stages 1-4 each from the previous checkpoint, the results table, checkpoints a
-later step can load, metrics in every sink."""
+later step can load, metrics in every sink. Its output through pipes (as in CI or a Ray job log)
+is plain: no progress bars, heartbeat lines, the table once in full. Running again into the same
+run dir is refused, by the main job and by a stage job, with the ways out named."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,14 +20,19 @@ MICRO = ["data.n_per_domain=20", "data.train_size=6", "data.eval_size=4", "sft.e
 @pytest.mark.timeout(1200)
 def test_main_job_runs_the_four_stages_and_prints_the_table(tmp_path):
     run = tmp_path / "run"
+    env = {**os.environ, "SQLRL_HEARTBEAT_S": "0.05"}  # heartbeats at least every 0.05 s in long phases
     proc = subprocess.run([sys.executable, "-m", "jobs.main", "--model", "tiny", "--run-dir", str(run),
                            "--eval-modes", "single,agentic",
                            f"data.synth_dir={tmp_path / 'synth'}", *MICRO],
-                          cwd=ROOT, capture_output=True, text=True, timeout=1100)
+                          cwd=ROOT, capture_output=True, text=True, timeout=1100, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "Success on held-out tasks: generated" in proc.stdout
-    assert "5/5 phases" in proc.stderr  # the progress display's final state
-    assert proc.stderr.count("eval (agentic)") == 5  # every evaluation reports as it ends
+    assert proc.stdout.count("Success on held-out tasks: generated") == 1  # the table, once, at the end
+    assert "Success on held-out tasks" not in proc.stderr
+    assert "main: 5/5 phases done" in proc.stderr  # one line per finished phase
+    assert proc.stderr.count("eval (agentic)") - proc.stderr.count("[heartbeat] eval (agentic)") == 5
+    # not a terminal: plain lines, no progress bars (transformers' "Loading weights", tqdm)
+    assert "\r" not in proc.stdout + proc.stderr and "Loading weights" not in proc.stderr
+    assert "[heartbeat] " in proc.stderr and " s elapsed" in proc.stderr
     results = json.loads((run / "results.json").read_text())
     names = [r["name"] for r in results["rows"]]
     assert names[0] == "base (tiny)" and len(names) == 5 and "stage4" in names[-1]
@@ -33,6 +41,7 @@ def test_main_job_runs_the_four_stages_and_prints_the_table(tmp_path):
         assert all(e["n"] == 4 for e in row["eval"].values())
     md = (run / "results.md").read_text()
     assert md.startswith("| model |") and "(format " in md
+    assert md.split("\nHeld-out")[0].strip() in proc.stdout  # printed plainly: no row wrapped or cut
 
     from transformers import AutoModelForCausalLM
 
@@ -49,6 +58,18 @@ def test_main_job_runs_the_four_stages_and_prints_the_table(tmp_path):
     assert rl and all({"reward_mean", "pass_rate", "time_rollout_s", "time_update_s", "time_sync_s",
                        "policy_version"} <= set(r) for r in rl)
     assert any("loss" in r for r in rows if r["stage"] == "stage1")
+
+    # the same run dir again: refused before any work, by the main job and by a stage job
+    before = (run / "stage4" / "summary.json").read_text()
+    again = subprocess.run([sys.executable, "-m", "jobs.main", "--model", "tiny", "--run-dir", str(run)],
+                           cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert again.returncode != 0 and "already holds results of stage1, stage2, stage3, stage4" in again.stderr
+    assert "--overwrite" in again.stderr and "--run-dir" in again.stderr and "Traceback" not in again.stderr
+    stage4 = subprocess.run([sys.executable, "-m", "jobs.stage4_agentic_rl", "--config", "jobs/configs/stage4.yaml",
+                             f"run_dir={run}"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert stage4.returncode != 0 and "already holds a result" in stage4.stderr
+    assert "overwrite=true" in stage4.stderr and "run_dir=" in stage4.stderr
+    assert (run / "stage4" / "summary.json").read_text() == before
 
 
 def test_a_bad_override_is_a_clear_error(tmp_path):

@@ -43,3 +43,70 @@ def test_teacher_settings_reach_the_teacher():
     assert isinstance(shipped, ProgrammaticTeacher) and shipped.brief  # micro scale: short thoughts
     verbose = make_teacher(load_stage_config(CONFIGS / "stage1.yaml", ["teacher.brief=false", "teacher.seed=3"]))
     assert not verbose.brief and verbose.seed == 3
+
+
+# -- a stage job never replaces a finished result without overwrite=true --------------------------
+
+def _finished(run_dir: Path, stage: str, what: str = "summary.json") -> None:
+    (run_dir / stage / "final").mkdir(parents=True, exist_ok=True)
+    (run_dir / stage / "final" / "config.json").write_text("{}")
+    if what == "summary.json":
+        (run_dir / stage / "summary.json").write_text("{}")
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_overwrite_is_a_config_key_false_by_default(stage):
+    assert load_stage_config(None, [f"stage={stage}"]).overwrite is False
+    assert load_stage_config(CONFIGS / f"{stage}.yaml").overwrite is False
+    assert "\noverwrite: false" in (CONFIGS / f"{stage}.yaml").read_text()  # the YAML mirrors the dataclass
+    assert load_stage_config(CONFIGS / f"{stage}.yaml", ["overwrite=true"]).overwrite is True
+
+
+@pytest.mark.parametrize("what", ["summary.json", "final"])
+def test_a_stage_job_refuses_to_replace_a_finished_result(tmp_path, capsys, what):
+    from jobs.runtime import parse_stage_args
+
+    _finished(tmp_path, "stage3")
+    _finished(tmp_path, "stage4", what)
+    before = {p: p.stat().st_mtime_ns for p in (tmp_path / "stage4").rglob("*")}
+    with pytest.raises(SystemExit) as exc:
+        parse_stage_args("stage4", [f"run_dir={tmp_path}"], "doc")
+    message = str(exc.value)
+    assert "\n" not in message and message.startswith(f"stage4: {tmp_path / 'stage4'} already holds a result")
+    assert "overwrite=true" in message and "run_dir=" in message  # both ways out
+    assert {p: p.stat().st_mtime_ns for p in (tmp_path / "stage4").rglob("*")} == before  # nothing touched
+    assert "about to run" not in capsys.readouterr().err  # refused before announcing anything
+
+
+def test_overwrite_or_a_new_run_dir_lets_the_job_start_and_it_says_what_it_will_do(tmp_path, capsys):
+    from jobs.runtime import parse_stage_args, save_config
+
+    _finished(tmp_path / "old", "stage3")
+    _finished(tmp_path / "old", "stage4")
+    cfg = parse_stage_args("stage4", [f"run_dir={tmp_path / 'old'}", "overwrite=true", "rl.steps=3"], "doc")
+    err = capsys.readouterr().err
+    assert cfg.overwrite and "stage4 (agentic GRPO): about to run" in err
+    assert f"run_dir:    {tmp_path / 'old'}" in err and "replacing its result: overwrite=true" in err
+    assert "start from: smollm2-135m" in err  # the built-in default, not the previous stage: say so
+    assert "data:       generated (runs/data/synth)" in err and "3 GRPO step(s)" in err
+    assert "built-in defaults (no --config)" in err
+    save_config(cfg)  # the stale summary goes before the run starts
+    assert not (tmp_path / "old" / "stage4" / "summary.json").exists()
+
+    _finished(tmp_path / "new", "stage3")
+    (tmp_path / "new" / "stage4").mkdir()
+    (tmp_path / "new" / "stage4" / "config.yaml").write_text("")  # an unfinished run is not a result
+    cfg = parse_stage_args("stage4", ["--config", str(CONFIGS / "stage4.yaml"), f"run_dir={tmp_path / 'new'}"], "doc")
+    err = capsys.readouterr().err
+    assert not cfg.overwrite and f"outputs in {tmp_path / 'new' / 'stage4'}\n" in err
+    assert f"start from: {tmp_path / 'new' / 'stage3' / 'final'}" in err
+    assert f"config:     {CONFIGS / 'stage4.yaml'}; in-process" in err
+
+
+def test_the_plan_of_an_sft_stage_names_its_steps(tmp_path, capsys):
+    from jobs.runtime import parse_stage_args
+
+    parse_stage_args("stage1", ["--config", str(CONFIGS / "stage1.yaml"), f"run_dir={tmp_path}", "model.init=tiny",
+                                "data.train_size=10", "sft.batch_size=4", "sft.epochs=2"], "doc")
+    err = capsys.readouterr().err
+    assert "start from: tiny" in err and "up to 6 SFT step(s): 2 epoch(s)" in err and "10 training tasks" in err
