@@ -15,7 +15,8 @@ Ray-free core (``sqlrl/db/{lease,shard,partition}.py``; docs/pool.md). This modu
   ``ray.ObjectRef`` (a completed ``concurrent.futures.Future`` in-process), ``resolve`` for either,
   and ``session()`` as a context manager that always releases.
 - **In-process mode** (``DBPoolConfig(in_process=True)``, the "n=0" of the other groups): the same
-  shards as plain ``ShardCore`` objects in the caller's process, the same client, no cluster.
+  shards as plain ``ShardCore`` objects in the caller's process (each with its TTL reaper thread,
+  stopped by ``shutdown``), the same client, no cluster.
 - **Metrics** (``ray.util.metrics``, tagged by shard): ``sqlrl_db_<counter>`` counters,
   ``sqlrl_db_active_sessions`` gauge, ``sqlrl_db_execute_ms`` histogram; on the dashboard's
   Prometheus endpoint with Ray's ``ray_`` prefix.
@@ -168,9 +169,11 @@ class DBPoolGroup:
 
     def _start(self, specs: tuple[ShardSpec, ...]) -> None:
         cfg = self.config
-        if cfg.in_process:
+        if cfg.in_process:  # the same reaper as a shard actor's, on a thread of this process
             for spec in specs:
-                self.shards[spec.id] = ShardCore(spec.id, cfg.shard)
+                core = ShardCore(spec.id, cfg.shard)
+                core.start_reaper(cfg.reaper_interval_s)
+                self.shards[spec.id] = core
             return
         actor_cls = ray.remote(_ShardActor).options(
             num_cpus=cfg.num_cpus_per_shard, resources=dict(cfg.resources) or None,

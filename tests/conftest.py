@@ -31,6 +31,20 @@ def _server_url(var: str, what: str) -> str:
     pytest.skip(message)
 
 
+def agent_database(admin_url: str, name: str):
+    """An empty database `name` on the server (replaced if it exists) that the unprivileged agent
+    role may use: yields the agent URL, drops the database afterwards. For module fixtures."""
+    from sqlrl.db import provision
+
+    provision.ensure_agent_role(admin_url)
+    provision.create_database(admin_url, name, replace=True)
+    provision.grant_database(admin_url, name)
+    try:
+        yield provision.agent_url(admin_url, name)
+    finally:
+        provision.drop_database(admin_url, name)
+
+
 @pytest.fixture(scope="session")
 def pg_admin_url() -> str:
     return _server_url("SQLRL_PG_ADMIN_URL", "PostgreSQL server")

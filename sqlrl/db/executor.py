@@ -3,10 +3,22 @@
 Guarantees:
 - Never raises for anything the SQL text or the database does: the outcome is a ``QueryResult``
   (errors typed by ``ErrorKind``).
-- Applies, in this order: the text-size cap, statement splitting (``statements.py``), the statement
-  count cap, the sandbox (common rules, then the engine's), execution by the engine adapter, and a
-  row cap and byte cap on what is fetched (``truncated=True``).
+- Applies, in this order: the text-size cap, statement splitting, the statement count cap, the
+  sandbox (common rules, then the engine's), execution by the engine adapter, and a row cap and
+  byte cap on what is fetched (``truncated=True``).
+- Splitting and the sandbox read the text by the engine's own lexical rules: an adapter with a
+  lexer of its own (``lex(conn, sql)``: PostgreSQL via pglast, MariaDB/MySQL, SQLite) splits the
+  call into ``Statement``s and its ``denied`` judges each lexed statement; other adapters get
+  sqlglot's split and judge the statement text.
 - Execution of a multi-statement call stops at the first error; earlier statements' effects stay.
+- ``Limits.timeout_s`` bounds the whole call (every statement and every fetch): one deadline is
+  set when the call starts and passed to every ``adapter.run``; the fetch loop checks it between
+  batches; an adapter with ``canceller(conn)`` has the call armed on the process's watchdog
+  (``sqlrl.db.watchdog``), which stops the statement from outside the session if the deadline
+  passes. A call stopped by the deadline is always ``ErrorKind.TIMEOUT``.
+- Fetching is byte-bounded: batches start at ``FIRST_BATCH_ROWS`` and are then sized from the
+  observed row width so one batch is about ``max_bytes / 4``; when the row or byte cap is reached
+  the rest is abandoned (``adapter.abandon`` stops the server's work where that is needed).
 - Values are normalised (``normalize.py``) so results are JSON-serialisable and hashable.
 """
 
@@ -18,10 +30,17 @@ from typing import Any
 
 from .dialects.base import DialectAdapter, common_denial, error_message
 from .normalize import normalize_rows
-from .statements import split_statements
+from .statements import Statement, split
 from .types import ErrorKind, Limits, QueryResult
+from .watchdog import WATCHDOG
 
-_FETCH_CHUNK = 256
+FIRST_BATCH_ROWS = 16  # rows of a result's first batch (its width is not known yet)
+MAX_BATCH_ROWS = 65_536
+_DEADLINE_MESSAGE = "the call ran past its time limit ({:g} s for all its statements and fetches)"
+
+
+class DeadlineExceeded(Exception):
+    """Raised by the fetch loop when the call's deadline passed between two batches."""
 
 
 def run_call(adapter: DialectAdapter, conn: Any, state: Any, sql: str, limits: Limits) -> QueryResult:
@@ -36,7 +55,9 @@ def run_call(adapter: DialectAdapter, conn: Any, state: Any, sql: str, limits: L
     if len(sql) > limits.max_sql_chars:
         return failed(ErrorKind.PERMISSION,
                       f"SQL text is {len(sql)} characters; the limit is {limits.max_sql_chars}")
-    statements = split_statements(sql, adapter.sqlglot_dialect)
+    lex = getattr(adapter, "lex", None)
+    statements: list[Statement] = (lex(conn, sql) if lex is not None
+                                   else split(sql, adapter.sqlglot_dialect))
     n = len(statements)
     if n == 0:
         return failed(ErrorKind.SYNTAX, "no SQL statement to execute (empty text or only comments)", n=0)
@@ -44,51 +65,97 @@ def run_call(adapter: DialectAdapter, conn: Any, state: Any, sql: str, limits: L
         return failed(ErrorKind.PERMISSION,
                       f"{n} statements in one call; the limit is {limits.max_statements}", n=n)
 
+    deadline = time.monotonic() + limits.timeout_s
+    canceller = getattr(adapter, "canceller", None)
+    cancel = canceller(conn) if canceller is not None else None
+    armed = WATCHDOG.arm(deadline, cancel) if cancel is not None else None
     columns: tuple[str, ...] = ()
     rows: list[tuple[Any, ...]] = []
     truncated = False
     affected: int | None = None
-    for index, statement in enumerate(statements):
-        reason = common_denial(statement) or adapter.denied(statement)
-        if reason:
-            return failed(ErrorKind.PERMISSION, reason, index, n)
-        cursor = None
-        try:
-            cursor = adapter.run(conn, state, statement, time.monotonic() + limits.timeout_s)
-            columns, rows, truncated, affected = _fetch(cursor, limits)
-        except Exception as exc:  # every driver error becomes a typed result
-            return failed(adapter.classify(exc), error_message(exc), index, n)
-        finally:
-            if cursor is not None:
-                try:
-                    cursor.close()
-                except Exception:
-                    pass
+    index = 0
+    error: tuple[ErrorKind, str] | None = None
+    try:
+        for index, statement in enumerate(statements):
+            reason = common_denial(statement) or adapter.denied(
+                statement if lex is not None else statement.text)
+            if reason:
+                error = (ErrorKind.PERMISSION, reason)
+                break
+            cursor = None
+            try:
+                if index and time.monotonic() >= deadline:
+                    raise DeadlineExceeded()
+                cursor = adapter.run(conn, state, statement.text, deadline)
+                columns, rows, truncated, affected = _fetch(cursor, limits, deadline)
+                if truncated:
+                    _abandon(adapter, conn, cursor)
+            except DeadlineExceeded:
+                if cursor is not None:
+                    _abandon(adapter, conn, cursor)
+                error = (ErrorKind.TIMEOUT, _DEADLINE_MESSAGE.format(limits.timeout_s))
+            except Exception as exc:  # every driver error becomes a typed result
+                error = (adapter.classify(exc), error_message(exc))
+            finally:
+                if cursor is not None:
+                    try:
+                        cursor.close()
+                    except Exception:
+                        pass
+            if error is not None:
+                break
+    finally:
+        if WATCHDOG.disarm(armed):  # stopped from outside: a timeout whatever the driver said
+            if error is None or error[0] is not ErrorKind.SESSION_LOST:
+                error = (ErrorKind.TIMEOUT, _DEADLINE_MESSAGE.format(limits.timeout_s))
+            timed_out = getattr(adapter, "timed_out", None)
+            if timed_out is not None:
+                timed_out(conn, state)
+    if error is not None:
+        return failed(error[0], error[1], index, n)
     return QueryResult(columns=columns, rows=tuple(rows), row_count=len(rows), truncated=truncated,
                        elapsed_ms=(time.perf_counter() - t0) * 1e3, affected_rows=affected,
                        statements=n)
 
 
-def _fetch(cursor: Any, limits: Limits) -> tuple[tuple[str, ...], list[tuple[Any, ...]], bool, int | None]:
+def _abandon(adapter: DialectAdapter, conn: Any, cursor: Any) -> None:
+    """The rest of a result is not wanted: let the adapter stop the server's work on it."""
+    abandon = getattr(adapter, "abandon", None)
+    if abandon is not None:
+        try:
+            abandon(conn, cursor)
+        except Exception:
+            pass
+
+
+def _fetch(cursor: Any, limits: Limits, deadline: float
+           ) -> tuple[tuple[str, ...], list[tuple[Any, ...]], bool, int | None]:
     if cursor.description is None:  # DDL/DML: no result set
         count = getattr(cursor, "rowcount", -1)
         return (), [], False, (count if isinstance(count, int) and count >= 0 else None)
     columns = tuple(str(d[0]) for d in cursor.description)
     rows: list[tuple[Any, ...]] = []
     size = 0
+    want = min(FIRST_BATCH_ROWS, limits.max_rows + 1)
+    target = max(1, limits.max_bytes // 4)
     while True:
-        want = min(_FETCH_CHUNK, limits.max_rows + 1 - len(rows))
         chunk = normalize_rows(cursor.fetchmany(want))
         room = limits.max_rows - len(rows)
-        chunk_size = len(marshal.dumps(chunk))  # C-speed size estimate (plain values only)
+        # C-speed size estimate (plain values only), one row at a time: no copy of the batch
+        sizes = list(map(len, map(marshal.dumps, chunk)))
+        chunk_size = sum(sizes)
         if len(chunk) <= room and size + chunk_size <= limits.max_bytes:
             rows.extend(chunk)
             size += chunk_size
             if len(chunk) < want:  # the driver had no more rows
                 return columns, rows, False, None
+            if time.monotonic() >= deadline:
+                raise DeadlineExceeded()
+            width = max(1, chunk_size // max(1, len(chunk)))
+            want = max(1, min(MAX_BATCH_ROWS, target // width, limits.max_rows + 1 - len(rows)))
             continue
-        for row in chunk[:room]:  # the cap falls inside this chunk: go row by row
-            size += len(marshal.dumps(row))
+        for row, row_size in zip(chunk[:room], sizes):  # the cap falls inside this chunk
+            size += row_size
             if size > limits.max_bytes:
                 break
             rows.append(row)

@@ -261,6 +261,8 @@ class ShardCore:
             self._closed = True
             ids = list(self._held)
         ended = self._end(ids, "closed")
+        if self._reaper is not None and self._reaper is not threading.current_thread():
+            self._reaper.join(timeout=5.0)  # it wakes on _stop at once (unless mid-reclaim)
         self._pool.close()
         if self._batch_pool is not None:
             self._batch_pool.shutdown(wait=False)

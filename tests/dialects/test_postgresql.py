@@ -205,14 +205,15 @@ def test_runaway_recursive_cte_times_out_and_the_session_survives(db):
         t0 = time.monotonic()
         r = s.execute("WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r) "
                       "SELECT count(*) FROM r")
-        assert r.error.kind is ErrorKind.TIMEOUT
-        assert time.monotonic() - t0 < 2.0
+        assert r.error.kind is ErrorKind.TIMEOUT  # it never ends by itself
+        assert time.monotonic() - t0 < 30  # only a guard against hanging
         assert s.execute("SELECT x FROM kept").rows == ((7,),)
-        # a DO block that lifts statement_timeout with dynamic SQL does not carry over
+        # a DO block that lifts statement_timeout with dynamic SQL does not carry over: the 1 s
+        # timeout stops a 60 s sleep (the bound tells 1 s from 60 s, whatever the machine load)
         ok(s.execute("DO $$BEGIN EXECUTE 'SET statement' || '_timeout = 0'; END$$"))
         t0 = time.monotonic()
-        assert s.execute("SELECT pg_sleep(5)").error.kind is ErrorKind.TIMEOUT
-        assert time.monotonic() - t0 < 2.0
+        assert s.execute("SELECT pg_sleep(60)").error.kind is ErrorKind.TIMEOUT
+        assert time.monotonic() - t0 < 30
 
 
 def test_row_and_byte_caps_truncate_and_stop_the_query(db):
@@ -221,7 +222,8 @@ def test_row_and_byte_caps_truncate_and_stop_the_query(db):
         assert r.rows == tuple((i,) for i in range(1, 6)) and r.truncated
         t0 = time.monotonic()  # a billion-row cross join stops at the cap (server-side cursor)
         r = ok(s.execute("SELECT a.g FROM generate_series(1, 100000) a(g), generate_series(1, 100000) b(g)"))
-        assert r.row_count == 5 and r.truncated and time.monotonic() - t0 < 1.0
+        # ok(): the whole join would have run into the 5 s statement timeout (an error)
+        assert r.row_count == 5 and r.truncated and time.monotonic() - t0 < 30
         assert ok(s.execute("SELECT 1")).rows == ((1,),)
     with open_session(db.url, limits=Limits(max_bytes=2000)) as s:
         r = ok(s.execute("SELECT repeat('x', 100) FROM generate_series(1, 100)"))
@@ -340,8 +342,8 @@ def test_locks_held_by_one_session_make_another_time_out_not_hang(db):
         ok(a.execute("UPDATE customers SET name = 'locked' WHERE id = 1"))
         t0 = time.monotonic()  # a row lock
         assert b.execute("UPDATE customers SET name = 'me too' WHERE id = 1").error.kind \
-            is ErrorKind.TIMEOUT
-        assert time.monotonic() - t0 < 2.0
+            is ErrorKind.TIMEOUT  # without lock_timeout it would wait forever
+        assert time.monotonic() - t0 < 30  # only a guard against hanging
         assert ok(b.execute("SELECT name FROM customers WHERE id = 1")).rows == (("customer 1",),)
         # DDL needs the table to itself: b read customers, so a's ALTER waits for b to end
         assert a.execute("ALTER TABLE customers ADD COLUMN c int").error.kind is ErrorKind.TIMEOUT
@@ -422,7 +424,9 @@ def test_the_lexer_guard_refuses_hidden_statements():
     assert denial("SELECT 1; COMMIT")  # a ';' the splitter did not split on
     assert denial("SELECT a$b$; COMMIT --$b$")  # a$b$ is an identifier, not a dollar quote
     assert denial("SELECT '\\'; COMMIT; --'")  # standard strings have no backslash escapes
-    assert denial("SELECT 1E'x'; COMMIT")
+    # PostgreSQL's scanner rejects "1E" (trailing junk), so the server runs none of this text: it
+    # is sent whole and fails as a syntax error (tests/dialects/test_filter_attacks.py)
+    assert denial("SELECT 1E'x'; COMMIT") is None
     assert denial("SELECT 1 /* /* */ */; COMMIT")
     for fine in ("SELECT ';'", "SELECT E'\\';'", "SELECT $$;$$", "SELECT $t$ ; $t$",
                  'SELECT 1 AS ";"', "SELECT 1 -- ;", "SELECT 1 /* /* ; */ ; */",
@@ -455,7 +459,7 @@ def test_failing_preprocess_sql_raises_and_leaves_nothing(db):
         open_session(db.url, preprocess_sql=["DELETE FROM orders", "CREATE TABLE x(a int)",
                                              "SELECT nosuch FROM customers"])
     assert checksum(db.admin) == before
-    deadline = time.monotonic() + 2
+    deadline = time.monotonic() + 30  # a closed connection's backend exits asynchronously
     while _sqlrl_backends(db) and time.monotonic() < deadline:
         time.sleep(0.02)
     assert _sqlrl_backends(db) == 0
@@ -468,7 +472,10 @@ def test_killed_backend_gives_session_lost_then_and_later(db):
     ok(s.execute("CREATE TEMP TABLE t AS SELECT 1 AS x"))
     pid = s.execute("SELECT pg_backend_pid()").rows[0][0]
     assert admin_query(db.admin, "SELECT pg_terminate_backend(%s)", (pid,)) == [(True,)]
-    time.sleep(0.05)
+    deadline = time.monotonic() + 30  # the backend exits asynchronously: wait until it is gone
+    while admin_query(db.admin, "SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,)):
+        assert time.monotonic() < deadline, "the terminated backend is still there"
+        time.sleep(0.02)
     assert s.execute("SELECT 1").error.kind is ErrorKind.SESSION_LOST
     assert s.execute("SELECT 2").error.kind is ErrorKind.SESSION_LOST
     assert s.lost

@@ -20,7 +20,7 @@ from typing import Any, Callable, Protocol, runtime_checkable
 
 from sqlalchemy.engine import URL
 
-from ..statements import leading_keywords
+from ..statements import Statement, as_statement
 from ..types import ErrorKind, Limits, SessionError
 
 
@@ -48,7 +48,9 @@ class DialectAdapter(Protocol):
     def classify(self, exc: BaseException) -> ErrorKind: ...
 
     def denied(self, statement: str) -> str | None:
-        """The reason this engine's sandbox rejects ``statement``, or None."""
+        """The reason this engine's sandbox rejects ``statement``, or None. An adapter that also
+        defines ``lex(conn, sql) -> list[Statement]`` (its own exact lexer: PostgreSQL, MariaDB,
+        SQLite) has the call split by it and receives each lexed ``Statement`` here."""
 
     def close(self, conn: Any) -> None: ...
 
@@ -98,16 +100,18 @@ _LIMIT_SETTINGS = re.compile(
     r"|max_statement_time|max_execution_time|autocommit)\b", re.I)
 
 
-def common_denial(statement: str) -> str | None:
-    """Rules every engine applies before a statement reaches the database."""
-    words = leading_keywords(statement, 2)
-    if not words:
-        return None
-    if words[0] in _TRANSACTION_CONTROL or words[:2] in {("START", "TRANSACTION"), ("SET", "TRANSACTION")}:
+def common_denial(statement: Statement | str) -> str | None:
+    """Rules every engine applies before a statement reaches the database. ``statement`` is read
+    by its engine's lexer (``sqlrl.db.statements``); a plain text is read by SQLite's rules."""
+    s = as_statement(statement)
+    words = s.words[:2]
+    if s.kind == "TransactionStmt" or (words and words[0] in _TRANSACTION_CONTROL) or words in {
+            ("START", "TRANSACTION"), ("SET", "TRANSACTION")}:
         return ("transaction control is not allowed: the session manages its own transaction "
                 "(every statement's effects already persist until the session ends)")
-    lowered = statement.lower()
-    if ("time" in lowered or "autocommit" in lowered) and _LIMIT_SETTINGS.search(statement):
+    code = s.code or s.text
+    lowered = code.lower()
+    if ("time" in lowered or "autocommit" in lowered) and _LIMIT_SETTINGS.search(code):
         return "changing the session's limits (timeouts, autocommit) is not allowed"
     return None
 

@@ -15,14 +15,19 @@ Timeout: MariaDB ``max_statement_time`` (seconds) or MySQL ``max_execution_time`
 only), ``lock_wait_timeout`` and ``innodb_lock_wait_timeout``; pymysql's ``read_timeout`` is a
 backstop ``READ_TIMEOUT_MARGIN_S`` above the limit (it drops the connection: ``session-lost``).
 Recursion limits (MariaDB ``max_recursive_iterations``, MySQL ``cte_max_recursion_depth``) are
-lifted so that, as on the other engines, only the timeout stops a runaway recursive CTE. sql_mode
-is MySQL 8's default (incl. ONLY_FULL_GROUP_BY) on both engines.
+lifted so that, as on the other engines, only the timeout stops a runaway recursive CTE. A
+statement the timer stopped is always a ``timeout`` error: MariaDB ends ``DO SLEEP(n)`` and
+``BENCHMARK(…)`` stopped that way as a success, so a statement that ran to its deadline is checked
+against the session's ``Max_statement_time_exceeded`` status counter (one extra round trip, only
+then). sql_mode is MySQL 8's default (incl. ONLY_FULL_GROUP_BY) on both engines.
 
 Results are read unbuffered (``SSCursor``), so the row cap also bounds client memory.
 
 Sandbox: no TLS on loopback; the client never enables multi-statements or LOCAL INFILE. Sessions
 refuse accounts with global privileges, role grants, GRANT OPTION, or write privileges outside the
-scratch pattern (unless ``?allow_superuser=1``, unsafe). ``denied`` refuses USE, PREPARE/EXECUTE/
+scratch pattern (unless ``?allow_superuser=1``, unsafe). Statements are split and read by
+``mysql_lex`` (the server's lexer rules: ``--`` + control character, ``#``, executable comments
+as code, backslash escapes), whose ``denial`` refuses USE, PREPARE/EXECUTE/
 DEALLOCATE, LOAD DATA/XML, INTO OUTFILE/DUMPFILE, LOAD_FILE, any text naming the ``sqlrl_s_``
 prefix, SET GLOBAL/PERSIST/PASSWORD/ROLE/STATEMENT/NAMES, sql_mode changes, KILL, FLUSH, LOCK/UNLOCK,
 SHUTDOWN, GRANT/REVOKE, user/role/database/routine/trigger/event DDL, HANDLER, plugins, XA,
@@ -42,10 +47,14 @@ import pymysql
 import pymysql.cursors
 from sqlalchemy.engine import URL
 
+from ..statements import Statement
 from ..types import ErrorKind, Limits, SessionError
 from .base import error_message, register_dialect, url_flag
+from .mysql_fetch import Result as _Result, abandon_unbuffered, kill_query
+from .mysql_fetch import stopped_by_timeout as _stopped_by_timeout
+from .mysql_lex import DEFAULT, SCRATCH_PREFIX, Flavor, denial, server_flavor, split
 
-SCRATCH_PREFIX = "sqlrl_s_"
+__all__ = ["MySQLDialect", "SCRATCH_PREFIX", "denial", "privilege_problem", "connect_kwargs"]
 READ_TIMEOUT_MARGIN_S = 5.0
 CLONE_TIMEOUT_S = 300.0  # statement limit while begin() clones the base
 CONNECT_TIMEOUT_S = 10
@@ -68,9 +77,12 @@ class _Connection(pymysql.connections.Connection):
     """A pymysql connection that knows its server flavour, account and session settings."""
 
     mariadb: bool = True
+    flavor: Flavor = DEFAULT  # what the statement lexer needs to know about the server
     account_tag: str = ""
+    connect_kw: dict = {}  # how it was opened (the watchdog's KILL QUERY connection uses it)
     limits_sql: str = ""  # SET SESSION … applied at connect and after every reset
     fresh: bool = True  # no session has begun on it yet
+    timeouts_seen: int = 0  # the session's Max_statement_time_exceeded when last read
 
     def reset_session(self) -> None:
         """COM_RESET_CONNECTION: TEMPORARY tables, user variables, prepared statements, named
@@ -102,24 +114,6 @@ class StatementError(Exception):
         return f"ERROR {code}: {message}" if code else message
 
 
-class _Result:
-    """The statement's unbuffered cursor, with driver errors raised while fetching cleaned too."""
-
-    def __init__(self, cur: Any, clean: Any) -> None:
-        self._cur, self._clean = cur, clean
-        self.description = cur.description
-        self.rowcount = cur.rowcount
-
-    def fetchmany(self, size: int) -> Any:
-        try:
-            return self._cur.fetchmany(size)
-        except pymysql.Error as exc:
-            raise self._clean(exc) from exc
-
-    def close(self) -> None:
-        self._cur.close()
-
-
 def connect_kwargs(url: URL, database: str | None) -> dict[str, Any]:
     """pymysql.connect keywords for ``url`` (shared with sqlrl.db.provision)."""
     kw: dict[str, Any] = {
@@ -138,105 +132,6 @@ def connect_kwargs(url: URL, database: str | None) -> dict[str, Any]:
 
 def _q(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
-
-
-# --- the sandbox -----------------------------------------------------------------------------------
-
-_CODE_TOKENS = re.compile(
-    r"(?P<keep>'(?:[^'\\]|\\.|'')*(?:'|$)|\"(?:[^\"\\]|\\.|\"\")*(?:\"|$)|`(?:[^`]|``)*(?:`|$))"
-    r"|(?P<exec>/\*(?:M?!\d*|\+))"
-    r"|(?P<comment>/\*.*?(?:\*/|$)|(?:--(?=\s|$)|\#)[^\n]*)"
-    r"|(?P<close>\*/)", re.S)
-
-
-def code_view(sql: str) -> str:
-    """``sql`` with comments blanked out; executable comments (/*! … */, /*M! … */, hints) keep
-    their contents, since the server runs them."""
-    out: list[str] = []
-    pos = 0
-    in_exec = False
-    for m in _CODE_TOKENS.finditer(sql):
-        out.append(sql[pos:m.start()])
-        kind = m.lastgroup
-        if kind == "keep":
-            out.append(m.group())
-        elif kind == "exec":
-            in_exec = True
-            out.append(" ")
-        elif kind == "comment":
-            out.append(" ")
-        else:  # */
-            out.append(" " if in_exec else m.group())
-            in_exec = False
-        pos = m.end()
-    out.append(sql[pos:])
-    return "".join(out)
-
-
-_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_$]*")
-_LABEL = re.compile(r"\s*[A-Za-z0-9_$]+\s*:(?!=)")
-_DENIED_FIRST = {
-    "USE": "USE (the session works in its own database)",
-    "PREPARE": "dynamic SQL (PREPARE/EXECUTE)", "EXECUTE": "dynamic SQL (PREPARE/EXECUTE)",
-    "DEALLOCATE": "dynamic SQL (PREPARE/EXECUTE)", "LOAD": "LOAD DATA/XML/INDEX",
-    "HANDLER": "HANDLER", "KILL": "KILL", "FLUSH": "FLUSH", "LOCK": "LOCK TABLES",
-    "UNLOCK": "UNLOCK TABLES", "SHUTDOWN": "SHUTDOWN", "RESTART": "RESTART",
-    "GRANT": "GRANT", "REVOKE": "REVOKE", "INSTALL": "plugins", "UNINSTALL": "plugins",
-    "XA": "XA transactions", "BINLOG": "replication commands", "PURGE": "replication commands",
-    "RESET": "RESET", "CHANGE": "replication commands", "START": "replication commands",
-    "STOP": "replication commands", "CACHE": "CACHE INDEX", "BACKUP": "BACKUP",
-    **{w: "compound statements" for w in (
-        "IF", "WHILE", "LOOP", "REPEAT", "CASE", "DECLARE", "SIGNAL", "RESIGNAL", "LEAVE",
-        "ITERATE", "RETURN", "FOR")},
-}
-_DDL_VERBS = {"CREATE", "ALTER", "DROP", "RENAME"}
-_DENIED_OBJECTS = {"USER", "ROLE", "DATABASE", "SCHEMA", "SERVER", "TABLESPACE", "LOGFILE",
-                   "PROCEDURE", "FUNCTION", "TRIGGER", "EVENT", "PACKAGE", "PREPARE", "AGGREGATE"}
-_ALLOWED_OBJECTS = {"TABLE", "TABLES", "VIEW", "INDEX", "SEQUENCE", "TEMPORARY", "UNIQUE",
-                    "FULLTEXT", "SPATIAL"}
-_DENIED_ANYWHERE = [
-    (re.compile(r"\bINTO\s+(OUTFILE|DUMPFILE)\b", re.I), "SELECT … INTO OUTFILE/DUMPFILE"),
-    (re.compile(r"\bLOAD_FILE\b", re.I), "LOAD_FILE"),
-    (re.compile(r"\bLOAD\s+(DATA|XML)\b", re.I), "LOAD DATA/XML"),
-    (re.compile(r"\bPROCESSLIST\b", re.I), "the process list"),
-    (re.compile(r"\bEXECUTE\s+IMMEDIATE\b", re.I), "dynamic SQL (EXECUTE IMMEDIATE)"),
-    (re.compile(r"\bDEFINER\s*=", re.I), "DEFINER= clauses"),
-]
-# SET NAMES / CHARACTER SET would make the server decode the text differently from how the client
-# encodes it (a GBK trail byte can swallow a backslash), so the sandbox's reading would drift.
-_SET_DENIED = re.compile(r"@@GLOBAL\b|\bGLOBAL\b|\bPERSIST(_ONLY)?\b|^\s*SET\s+(PASSWORD|ROLE|DEFAULT"
-                         r"|STATEMENT)\b|\b(NAMES|CHARACTER\s+SET|CHARSET|character_set_\w+"
-                         r"|collation_connection)\b", re.I)
-
-
-def denial(statement: str) -> str | None:
-    if SCRATCH_PREFIX in statement.lower():
-        return (f"naming a session scratch database ({SCRATCH_PREFIX}…) is not allowed: "
-                "use unqualified table names")
-    if re.search(r"\bsql_mode\b", statement, re.I):
-        return "changing sql_mode is not allowed in a session"
-    code = code_view(statement)
-    if _LABEL.match(code):
-        return "compound statements are not allowed in a session"
-    words = [w.upper() for w in _WORD.findall(code[:600], )[:8]]
-    if not words:
-        return None
-    first = words[0]
-    if first in _DENIED_FIRST:
-        return f"{_DENIED_FIRST[first]} is not allowed in a session"
-    if first in _DDL_VERBS:
-        for word in words[1:7]:
-            if word in _DENIED_OBJECTS:
-                return f"{first} {word} is not allowed in a session"
-            if word in _ALLOWED_OBJECTS:
-                break
-    if first == "SET" and _SET_DENIED.search(code):
-        return ("SET GLOBAL/PERSIST/PASSWORD/ROLE/STATEMENT and character set changes are not "
-                "allowed in a session")
-    for pattern, what in _DENIED_ANYWHERE:
-        if pattern.search(code):
-            return f"{what} is not allowed in a session"
-    return None
 
 
 # --- privileges ----------------------------------------------------------------------------------
@@ -283,11 +178,13 @@ class MySQLDialect:
         kw["read_timeout"] = kw["write_timeout"] = limits.timeout_s + READ_TIMEOUT_MARGIN_S
         try:
             conn = _Connection(**kw)
+            conn.connect_kw = kw
         except pymysql.Error as exc:
             raise SessionError(f"cannot connect to MariaDB/MySQL at {kw['host']}:{kw['port']}: "
                                f"{error_message(exc)}") from exc
         try:
             conn.mariadb = "mariadb" in conn.get_server_info().lower()
+            conn.flavor = server_flavor(conn.get_server_info())
             with conn.cursor() as cur:
                 cur.execute("SHOW GRANTS")
                 lines = [row[0] for row in cur.fetchall()]
@@ -450,12 +347,22 @@ class MySQLDialect:
                     prefix = "SET STATEMENT max_statement_time=0 FOR " if conn.mariadb else ""
                     cur.execute(f"{prefix}DROP DATABASE IF EXISTS {_q(state.name)}")
                 conn.reset_session()
+                conn.timeouts_seen = 0  # session status counters start again
                 cur.execute(conn.limits_sql)
             return True
         except pymysql.Error:
             return False
 
     # -- statements ----------------------------------------------------------------------------
+
+    def canceller(self, conn: Any) -> Any:
+        """What the watchdog calls to stop this connection's statement: ``KILL QUERY``."""
+        return lambda: kill_query(conn)
+
+    def abandon(self, conn: Any, cursor: Any) -> None:
+        """The executor wants no more rows (a cap or the deadline): stop the statement instead of
+        draining the unbuffered rest (a query with its own huge LIMIT)."""
+        abandon_unbuffered(conn, getattr(cursor, "_cur", cursor))
 
     def run(self, conn: Any, state: Any, statement: str, deadline: float) -> Any:
         cur = conn.cursor(pymysql.cursors.SSCursor)
@@ -467,15 +374,24 @@ class MySQLDialect:
                 message = re.sub(re.escape(state.name), state.base, message, flags=re.I)
             return StatementError(code, message or type(exc).__name__, self.classify(exc))
 
+        def finished() -> None:
+            if _stopped_by_timeout(conn, deadline):
+                raise StatementError(1969, "Query execution was interrupted (the statement "
+                                     "exceeded the session's time limit)", ErrorKind.TIMEOUT)
+
         try:
             cur.execute(statement)
-        except pymysql.Error as exc:
+            if cur.description is None:  # nothing to fetch: the statement has ended
+                finished()
+        except (pymysql.Error, StatementError) as exc:
+            if isinstance(exc, pymysql.Error):
+                _stopped_by_timeout(conn, deadline)  # keep the timeout counter in step
             try:
                 cur.close()
             except Exception:
                 pass
-            raise clean(exc) from exc
-        return _Result(cur, clean)
+            raise (exc if isinstance(exc, StatementError) else clean(exc)) from exc
+        return _Result(cur, clean, finished)
 
     def classify(self, exc: BaseException) -> ErrorKind:
         kind = getattr(exc, "kind", None)
@@ -494,10 +410,12 @@ class MySQLDialect:
             return ErrorKind.PERMISSION
         return ErrorKind.RUNTIME
 
-    def denied(self, statement: str) -> str | None:
+    def lex(self, conn: Any, sql: str) -> list[Statement]:
+        """``sql``'s statements as this connection's server reads them (``mysql_lex``)."""
+        return split(sql, getattr(conn, "flavor", DEFAULT))
+
+    def denied(self, statement: Statement | str) -> str | None:
         return denial(statement)
-
-
 
 
 def _close(conn: Any) -> None:

@@ -28,12 +28,12 @@ checked against the statement's deadline.
 
 Sandbox: sessions refuse superusers and roles that can escalate (CREATEROLE, members of
 pg_read/write_server_files, pg_execute_server_program, pg_signal_backend) unless the URL says
-``?allow_superuser=1`` (unsafe: only for trusted SQL). ``denied`` refuses role switching, COPY,
-ALTER SYSTEM, LISTEN/NOTIFY, extensions, role/database/tablespace DDL, PREPARE TRANSACTION,
-DISCARD, CLOSE ALL, file/signal/admin functions and the session's own savepoint/cursor names.
-A statement holding a ``;`` outside strings/comments by PostgreSQL's own lexing rules (which the
-splitter did not split on) is refused, so one ``execute`` can never smuggle a ``COMMIT``; the
-transaction status is checked after every statement as a last line of defence.
+``?allow_superuser=1`` (unsafe: only for trusted SQL). Statements are split and classified by
+their parse node with pglast (PostgreSQL's own parser: ``postgresql_lex``), whose ``denial``
+refuses role switching, COPY, ALTER SYSTEM, LISTEN/NOTIFY, extensions, role/database/tablespace
+DDL, transaction control (incl. two-phase commit), DISCARD, CLOSE ALL, file/signal/admin functions
+and the session's own savepoint/cursor names; the transaction status is checked after every
+statement as a last line of defence.
 ``sqlrl.db.provision`` creates the unprivileged role and revokes file/signal functions per database.
 """
 
@@ -48,12 +48,17 @@ import psycopg2
 import psycopg2.extensions as _ext
 from sqlalchemy.engine import URL
 
+from ..statements import Statement
 from ..types import ErrorKind, Limits, SessionError
 from .base import error_message, register_dialect
+from .postgresql_lex import denial, split, streamable
+
+__all__ = ["PostgreSQLDialect", "StatementError", "connect_kwargs", "denial"]
 
 IDLE_IN_TRANSACTION_TIMEOUT_S = 600  # an abandoned session dies server-side after this
-FETCH_BATCH_ROWS = 1000  # rows per FETCH of a streamed result
+FIRST_BATCH_ROWS = 16  # rows fetched with DECLARE (later FETCHes are sized by the executor)
 CONNECT_TIMEOUT_S = 10
+_FULL_BUDGET_MARGIN_MS = 50  # a statement starting this close to the call's start gets no SET
 _SAVEPOINT = "sqlrl_sp"
 _CURSOR = "sqlrl_c"
 _LOOPBACK = {"127.0.0.1", "::1", "localhost"}
@@ -74,7 +79,7 @@ class _Connection(_ext.connection):
     """A psycopg2 connection carrying the settings it was opened with."""
 
     limits: Limits
-    batch_rows: int = FETCH_BATCH_ROWS
+    batch_rows: int = FIRST_BATCH_ROWS
 
 
 @dataclass
@@ -119,129 +124,12 @@ def _flag(url: URL, key: str) -> bool:
     return str(value).lower() in ("1", "true", "yes", "on")
 
 
-# --- PostgreSQL's lexical rules: top-level ';' and a comment-free view ---------------------------
-
-_IDENT_CHAR = r"[\w$\x80-\U0010ffff]"
-_SCAN = re.compile(
-    r"(?P<semi>;)|(?P<line>--)|(?P<block>/\*)"
-    rf"|(?P<estr>(?<!{_IDENT_CHAR})[eE]')|(?P<str>')|(?P<ident>\")"
-    rf"|(?P<dollar>(?<!{_IDENT_CHAR})\$(?:[A-Za-z_\x80-\U0010ffff][\w\x80-\U0010ffff]*)?\$)")
-_ESTR_BODY = re.compile(r"(?:[^'\\]|\\.|'')*'", re.S)
-_BLOCK_TOKEN = re.compile(r"/\*|\*/")
-
-
-def scan(sql: str) -> tuple[str, bool]:
-    """(``sql`` with comments blanked out, whether it holds a ``;`` outside strings and comments),
-    following PostgreSQL's lexer with ``standard_conforming_strings = on``: '' strings without
-    backslash escapes, E'' strings with them, "" identifiers, $tag$ bodies (not after an identifier
-    character), -- comments and nested /* */ comments. Unterminated text makes the server reject
-    the whole statement, so it counts as having no top-level ';'."""
-    out: list[str] = []
-    pos = 0
-    n = len(sql)
-    while pos < n:
-        m = _SCAN.search(sql, pos)
-        if m is None:
-            out.append(sql[pos:])
-            break
-        kind = m.lastgroup
-        if kind == "semi":
-            return "".join(out) + sql[pos:], True
-        out.append(sql[pos:m.start()])
-        if kind == "line":
-            end = sql.find("\n", m.end())
-            end = n if end < 0 else end
-            out.append(" ")
-        elif kind == "block":
-            depth, end = 1, m.end()
-            while depth:
-                t = _BLOCK_TOKEN.search(sql, end)
-                if t is None:
-                    return "".join(out), False
-                depth += 1 if t.group() == "/*" else -1
-                end = t.end()
-            out.append(" ")
-        else:
-            if kind == "estr":
-                body = _ESTR_BODY.match(sql, m.end())
-                end = body.end() if body else -1
-            elif kind in ("str", "ident"):
-                quote = m.group()[-1]
-                end = m.end()
-                while True:
-                    end = sql.find(quote, end)
-                    if end < 0 or not sql.startswith(quote, end + 1):
-                        break
-                    end += 2
-                end = end + 1 if end >= 0 else -1
-            else:  # dollar
-                close = sql.find(m.group(), m.end())
-                end = close + len(m.group()) if close >= 0 else -1
-            if end < 0:
-                return "".join(out) + sql[m.start():], False
-            out.append(sql[m.start():end])
-        pos = end
-    return "".join(out), False
-
-
-# --- the sandbox -----------------------------------------------------------------------------------
-
-_DENIED_HEADS = [
-    (re.compile(r"SET\s+(SESSION\s+|LOCAL\s+)?(ROLE|SESSION\s+AUTHORIZATION)\b"), "switching roles"),
-    (re.compile(r"RESET\s+(ROLE|SESSION\s+AUTHORIZATION)\b"), "switching roles"),
-    (re.compile(r"COPY\b"), "COPY (server files, programs and the COPY protocol)"),
-    (re.compile(r"ALTER\s+SYSTEM\b"), "ALTER SYSTEM"),
-    (re.compile(r"(LISTEN|UNLISTEN|NOTIFY)\b"), "LISTEN/NOTIFY"),
-    (re.compile(r"LOAD\b"), "LOAD (shared libraries)"),
-    (re.compile(r"(CREATE|ALTER|DROP)\s+EXTENSION\b"), "managing extensions"),
-    (re.compile(r"(CREATE|ALTER|DROP)\s+(ROLE|USER|GROUP)\b"), "managing roles"),
-    (re.compile(r"(CREATE|ALTER|DROP)\s+(DATABASE|TABLESPACE|SUBSCRIPTION|PUBLICATION|SERVER"
-                r"|FOREIGN\s+DATA\s+WRAPPER|USER\s+MAPPING|EVENT\s+TRIGGER)\b"),
-     "managing databases, tablespaces, replication and foreign servers"),
-    (re.compile(r"(REASSIGN|DROP)\s+OWNED\b"), "REASSIGN/DROP OWNED"),
-    (re.compile(r"PREPARE\s+TRANSACTION\b"), "two-phase commit"),
-    (re.compile(r"(COMMIT|ROLLBACK)\s+PREPARED\b"), "two-phase commit"),
-    (re.compile(r"(DISCARD|CHECKPOINT|VACUUM|SECURITY\s+LABEL)\b"),
-     "DISCARD, CHECKPOINT, VACUUM and SECURITY LABEL"),
-    (re.compile(r"CLOSE\s+ALL\b"), "CLOSE ALL (close cursors by name)"),
-]
-_DENIED_ANYWHERE = re.compile(
-    r"\b(pg_read_file|pg_read_binary_file|pg_ls_\w*dir|pg_stat_file|pg_file_\w+|lo_import|lo_export"
-    r"|pg_terminate_backend|pg_cancel_backend|pg_signal_backend|pg_reload_conf|pg_rotate_logfile"
-    r"|pg_promote|set_config|dblink\w*|standard_conforming_strings|sqlrl_sp|sqlrl_c)\b", re.I)
-_HEAD_SKIP = re.compile(r"[\s(]+")
-
-
-def denial(statement: str) -> str | None:
-    code, top_level_semicolon = scan(statement)
-    if top_level_semicolon:
-        return ("the statement holds a ';' that PostgreSQL would read as a second statement; "
-                "send statements separated by plain ';'")
-    head = _HEAD_SKIP.sub(" ", code[:400]).strip().upper()
-    for pattern, what in _DENIED_HEADS:
-        if pattern.match(head):
-            return f"{what} is not allowed in a session"
-    m = _DENIED_ANYWHERE.search(code)
-    if m:
-        return f"{m.group(1)} is not allowed in a session"
-    return None
-
-
-_STREAMABLE = re.compile(r"(SELECT|VALUES|TABLE|WITH)\b")
-_NOT_STREAMABLE = re.compile(r"\b(INSERT|UPDATE|DELETE|MERGE|INTO)\b", re.I)
-
-
-def _streamable(code: str) -> bool:
-    """A plain query that DECLARE … CURSOR FOR accepts (no data-modifying WITH, no SELECT INTO,
-    no FOR UPDATE): its rows are streamed."""
-    head = code.lstrip(" \t\r\n(").upper()
-    return bool(_STREAMABLE.match(head)) and not _NOT_STREAMABLE.search(code)
-
-
 # --- results ---------------------------------------------------------------------------------------
 
 class _StreamedCursor:
-    """The rows of a server-side cursor, fetched in batches on demand (DB-API subset)."""
+    """The rows of a server-side cursor, fetched on demand as many as the executor asks for
+    (it sizes batches by bytes). Every FETCH carries ``SET statement_timeout`` = the time left
+    to the call, so a slow cursor cannot take a full timeout per FETCH."""
 
     rowcount = -1
 
@@ -257,17 +145,22 @@ class _StreamedCursor:
     def fetchmany(self, size: int) -> list[tuple[Any, ...]]:
         out = self._rows[self._pos:self._pos + size]
         self._pos += len(out)
+        if self._pos >= len(self._rows):
+            self._rows, self._pos = [], 0  # free the batch already handed out
         while len(out) < size and not self._done:
-            if time.monotonic() > self._deadline:
+            left_ms = int((self._deadline - time.monotonic()) * 1000)
+            if left_ms < 1:
                 self._state.failed = True
                 raise StatementError("canceling statement due to statement timeout "
                                      "(while fetching rows)", "57014")
+            want = size - len(out)
+            self._cur.close()  # drop the previous batch's result before the next arrives
+            self._cur = self._conn.cursor()
             self._adapter._execute(self._conn, self._state, self._cur,
-                                   f"FETCH FORWARD {self._conn.batch_rows} FROM {_CURSOR}", 0)
-            self._rows, self._pos = self._cur.fetchall(), 0
-            self._done = len(self._rows) < self._conn.batch_rows
-            more = self._rows[:size - len(out)]
-            self._pos = len(more)
+                                   f"SET statement_timeout = {left_ms}; "
+                                   f"FETCH FORWARD {want} FROM {_CURSOR}", 0)
+            more = self._cur.fetchall()
+            self._done = len(more) < want
             out.extend(more)
         return out
 
@@ -277,7 +170,8 @@ class _StreamedCursor:
 
 _OPEN = (_ext.TRANSACTION_STATUS_INTRANS, _ext.TRANSACTION_STATUS_INERROR)
 _LINE_RE = re.compile(r"\bLINE (\d+):")
-_OWN_TEXT = re.compile(rf"DECLARE {_CURSOR} NO SCROLL CURSOR FOR|\s*;FETCH FORWARD \d+ FROM {_CURSOR}")
+_OWN_TEXT = re.compile(rf"DECLARE {_CURSOR} NO SCROLL CURSOR FOR|\s*;FETCH FORWARD \d+ FROM {_CURSOR}"
+                       rf"|SET statement_timeout = \d+; (FETCH FORWARD \d+ FROM {_CURSOR})?")
 
 
 @register_dialect("postgresql")
@@ -303,7 +197,7 @@ class PostgreSQLDialect:
                                f"{error_message(exc)}") from exc
         conn.autocommit = True  # sqlrl sends BEGIN/ROLLBACK itself
         conn.limits = limits
-        conn.batch_rows = min(limits.max_rows + 1, FETCH_BATCH_ROWS)
+        conn.batch_rows = min(limits.max_rows + 1, FIRST_BATCH_ROWS)
         try:
             if not _flag(url, "allow_superuser"):
                 self._refuse_privileged(conn, url)
@@ -373,12 +267,28 @@ class PostgreSQLDialect:
 
     # -- statements ----------------------------------------------------------------------------
 
+    def canceller(self, conn: Any) -> Any:
+        """What the watchdog calls to stop this connection's statement from outside: libpq's
+        cancel request (the backend gets SIGINT, as from ``pg_cancel_backend``)."""
+        return conn.cancel
+
+    def timed_out(self, conn: Any, state: Any) -> None:
+        """The watchdog stopped the call: undo its last statement at the next call."""
+        if state is not None and state.began:
+            state.failed = True
+
     def run(self, conn: Any, state: Any, statement: str, deadline: float) -> Any:
         cur = conn.cursor()
         try:
             prefix = self._prelude(conn, state, cur)
-            code, _ = scan(statement)
-            if _streamable(code):
+            left_ms = int((deadline - time.monotonic()) * 1000)
+            if left_ms < 1:
+                raise StatementError("canceling statement due to statement timeout (the call's "
+                                     "time limit was used up)", "57014")
+            if left_ms < conn.limits.timeout_s * 1000 - _FULL_BUDGET_MARGIN_MS:
+                # a later statement of the call: the server's timers get only the time left
+                prefix += f"SET statement_timeout = {left_ms}; SET lock_timeout = {left_ms};"
+            if streamable(statement):
                 text = (f"{prefix}DECLARE {_CURSOR} NO SCROLL CURSOR FOR\n{statement}\n"
                         f";FETCH FORWARD {conn.batch_rows} FROM {_CURSOR}")
                 self._execute(conn, state, cur, text, 1, statement_ran=True)
@@ -459,5 +369,9 @@ class PostgreSQLDialect:
             return ErrorKind.SESSION_LOST
         return ErrorKind.RUNTIME
 
-    def denied(self, statement: str) -> str | None:
+    def lex(self, conn: Any, sql: str) -> list[Statement]:
+        """``sql``'s statements as PostgreSQL reads them (``postgresql_lex``: pglast)."""
+        return split(sql)
+
+    def denied(self, statement: Statement | str) -> str | None:
         return denial(statement)

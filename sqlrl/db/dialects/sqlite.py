@@ -10,10 +10,10 @@ file, so memory stays bounded for multi-GB BIRD databases.
 Timeout: a progress handler checks the statement's deadline every few thousand VM instructions and
 aborts the C-level work (``interrupted`` -> ``ErrorKind.TIMEOUT``); nothing runs in a helper thread.
 
-Sandbox (authorizer + keyword rules): ATTACH/DETACH, PRAGMAs other than a read-only allowlist,
-transaction control and savepoints, ``load_extension``, and VACUUM (incl. ``VACUUM INTO 'file'``)
-are denied. Extension loading is also off at the connection level, and values are capped at
-``MAX_VALUE_BYTES`` so a query cannot build gigabyte strings.
+Sandbox (authorizer + keyword rules on statements read by ``sqlite_lex``): ATTACH/DETACH, PRAGMAs
+other than a read-only allowlist, transaction control and savepoints, ``load_extension``, and
+VACUUM (incl. ``VACUUM INTO 'file'``) are denied. Extension loading is also off at the connection
+level, and values are capped at ``MAX_VALUE_BYTES`` so a query cannot build gigabyte strings.
 """
 
 from __future__ import annotations
@@ -32,9 +32,10 @@ from typing import Any
 
 from sqlalchemy.engine import URL
 
-from ..statements import leading_keywords
+from ..statements import Statement
 from ..types import ErrorKind, Limits, SessionError
 from .base import register_dialect
+from .sqlite_lex import lex, split
 
 COPY_THRESHOLD_BYTES = 512 * 1024 * 1024
 MAX_VALUE_BYTES = 64 * 1024 * 1024
@@ -236,8 +237,12 @@ class SQLiteDialect:
             return ErrorKind.SYNTAX
         return ErrorKind.RUNTIME
 
-    def denied(self, statement: str) -> str | None:
-        words = leading_keywords(statement, 1)
+    def lex(self, conn: Any, sql: str) -> list[Statement]:
+        """``sql``'s statements as SQLite's tokenizer reads them (``sqlite_lex``)."""
+        return split(sql)
+
+    def denied(self, statement: Statement | str) -> str | None:
+        words = (statement if isinstance(statement, Statement) else lex(statement)).words
         if words and words[0] in ("VACUUM", "ATTACH", "DETACH"):
             return f"{words[0]} is not allowed in a session"
         return None

@@ -1,0 +1,215 @@
+"""Per-call deadlines and byte-bounded fetching on the real servers (issue 13, part B).
+
+``Limits.timeout_s`` bounds the whole ``execute`` call — every statement and every fetch — and is
+enforced by the server's own timers (set to the time left of the call) and by the process's
+watchdog, which stops the statement from outside the session (PostgreSQL cancel request, MariaDB
+``KILL QUERY``) whatever the session SET. Each case asserts the call ends within the timeout plus
+``SLACK_S``, that it is a ``timeout`` error (or a truncated result for the caps), and that the
+session is usable afterwards."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from tests.conftest import agent_database
+
+from sqlrl.db import ErrorKind, Limits, open_session
+from sqlrl.db import executor
+from sqlrl.db.dialects import base as dialect_base
+from sqlrl.db.dialects import mysql as my_adapter
+from sqlrl.db.dialects import postgresql as pg_adapter
+
+TIMEOUT_S = 1.5
+SLACK_S = 1.5  # the guarantee is timeout + 1 s; the rest is for a loaded 2-core machine
+NAME = f"sqlrl_deadline_{os.getpid()}"
+
+
+@pytest.fixture(scope="module")
+def pg_url(pg_admin_url):
+    yield from agent_database(pg_admin_url, NAME)
+
+
+@pytest.fixture(scope="module")
+def my_url(mysql_admin_url):
+    yield from agent_database(mysql_admin_url, NAME)
+
+
+@pytest.fixture(params=["postgresql", "mysql"])
+def engine(request):
+    if request.param == "postgresql":
+        request.applymarker(pytest.mark.postgres)
+        return "postgresql", request.getfixturevalue("pg_url")
+    request.applymarker(pytest.mark.mysql)
+    return "mysql", request.getfixturevalue("my_url")
+
+
+def _timed(session, sql):
+    t0 = time.monotonic()
+    result = session.execute(sql)
+    return result, time.monotonic() - t0
+
+
+def _assert_timeout(session, sql, timeout_s=TIMEOUT_S):
+    result, elapsed = _timed(session, sql)
+    assert result.error is not None and result.error.kind is ErrorKind.TIMEOUT, (sql, result)
+    assert result.rows == ()
+    assert elapsed < timeout_s + SLACK_S, (sql, elapsed)
+    _assert_usable(session)
+    return elapsed
+
+
+def _assert_usable(session):
+    ok = session.execute("SELECT 1")
+    assert ok.error is None and ok.rows == ((1,),), ok
+
+
+SLOW_ROWS = {
+    "postgresql": "SELECT g, CASE WHEN g > 100 THEN pg_sleep(0.05) END FROM generate_series(1, 1000) g",
+    "mysql": "SELECT seq, IF(seq > 100, SLEEP(0.05), 0) FROM seq_1_to_1000",
+}
+HUGE_LIMIT = {
+    "postgresql": "SELECT a FROM generate_series(1, 100000) a, generate_series(1, 100000) b "
+                  "LIMIT 1000000000",
+    "mysql": "SELECT seq FROM seq_1_to_1000000000 LIMIT 1000000000",
+}
+SLOW_HUGE_LIMIT = {
+    "postgresql": "SELECT g, pg_sleep(0.01) FROM generate_series(1, 100000) g LIMIT 1000000000",
+    "mysql": "SELECT seq, SLEEP(0.01) FROM seq_1_to_100000 LIMIT 1000000000",
+}
+SLEEP = {"postgresql": "SELECT pg_sleep(30)", "mysql": "SELECT SLEEP(30)"}
+WIDE = {
+    "postgresql": "SELECT repeat('x', 1000000) FROM generate_series(1, 600)",
+    "mysql": "SELECT REPEAT('x', 1000000) FROM seq_1_to_600",
+}
+
+
+def test_slow_rows_after_a_fast_first_batch_are_one_deadline(engine):
+    dialect, url = engine
+    with open_session(url, limits=Limits(timeout_s=TIMEOUT_S)) as s:
+        _assert_timeout(s, SLOW_ROWS[dialect])
+
+
+def test_later_statements_of_a_call_share_its_deadline(engine):
+    dialect, url = engine
+    half = {"postgresql": "SELECT pg_sleep(1.0)", "mysql": "SELECT SLEEP(1.0)"}[dialect]
+    with open_session(url, limits=Limits(timeout_s=TIMEOUT_S)) as s:
+        result, elapsed = _timed(s, f"{half}; {half}; {half}")
+        assert result.error is not None and result.error.kind is ErrorKind.TIMEOUT, result
+        assert result.error.statement_index == 1
+        assert elapsed < TIMEOUT_S + SLACK_S
+        _assert_usable(s)
+
+
+def test_huge_own_limit_is_truncated_at_the_row_cap_promptly(engine):
+    dialect, url = engine
+    with open_session(url, limits=Limits(timeout_s=2.0, max_rows=100)) as s:
+        result, elapsed = _timed(s, HUGE_LIMIT[dialect])
+        assert result.error is None and result.truncated and result.row_count == 100, result
+        # no error: the 2 s timeout never fired, so the rows were not drained (it took 4.5-5 s)
+        assert elapsed < 2.0 + SLACK_S, elapsed
+        _assert_usable(s)
+
+
+def test_slow_huge_own_limit_ends_at_the_deadline(engine):
+    dialect, url = engine
+    with open_session(url, limits=Limits(timeout_s=TIMEOUT_S)) as s:
+        _assert_timeout(s, SLOW_HUGE_LIMIT[dialect])
+
+
+def test_wide_rows_stop_at_the_byte_cap(engine):
+    dialect, url = engine
+    with open_session(url, limits=Limits(timeout_s=10.0, max_bytes=4 * 1024 * 1024)) as s:
+        result, elapsed = _timed(s, WIDE[dialect])
+        assert result.error is None and result.truncated and 1 <= result.row_count <= 4, result
+        assert elapsed < 10.0, elapsed  # no error: ended before its timeout
+        _assert_usable(s)
+
+
+_MEMORY_PROBE = textwrap.dedent("""
+    import json, resource, sys, time
+    from sqlrl.db import Limits, open_session
+    url, sql = sys.argv[1], sys.argv[2]
+    with open_session(url, limits=Limits(timeout_s=10.0, max_bytes=4 * 1024 * 1024)) as s:
+        s.execute("SELECT 1")
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        t0 = time.monotonic()
+        r = s.execute(sql)
+        elapsed = time.monotonic() - t0
+        after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(json.dumps({"growth_kib": after - before, "elapsed": elapsed, "rows": r.row_count,
+                      "truncated": r.truncated, "error": str(r.error) if r.error else None}))
+""")
+
+
+def test_wide_rows_keep_client_memory_within_a_small_multiple_of_max_bytes(engine):
+    dialect, url = engine
+    out = subprocess.run([sys.executable, "-c", _MEMORY_PROBE, url, WIDE[dialect]],
+                         capture_output=True, text=True, timeout=120, check=True)
+    probe = json.loads(out.stdout.strip().splitlines()[-1])
+    assert probe["error"] is None and probe["truncated"], probe
+    assert probe["growth_kib"] < 64 * 1024, probe  # 16 x max_bytes; 1,000 rows were ~1.4 GB
+    assert probe["elapsed"] < 3.0, probe
+
+
+SET_FROM_INSIDE = {
+    "postgresql": ["DO $$BEGIN PERFORM set_config('statement' || '_timeout', '0', false); END$$; "
+                   "SELECT pg_sleep(30)",
+                   "SELECT set_config('statement' || '_timeout', '0', false); SELECT pg_sleep(30)"],
+    "mysql": ["SET max_statement_time = 0; SELECT SLEEP(30)",
+              "SET @@max_statement_time = 0; DO SLEEP(30)"],
+}
+
+
+def test_setting_the_timeout_from_inside_does_not_lift_it(engine):
+    dialect, url = engine
+    with open_session(url, limits=Limits(timeout_s=TIMEOUT_S)) as s:
+        for sql in SET_FROM_INSIDE[dialect]:
+            result, elapsed = _timed(s, sql)
+            assert result.error is not None, (sql, result)
+            assert result.error.kind in (ErrorKind.TIMEOUT, ErrorKind.PERMISSION), (sql, result)
+            assert elapsed < TIMEOUT_S + SLACK_S
+            _assert_usable(s)
+            _assert_timeout(s, SLEEP[dialect])  # and a later call is bounded too
+
+
+@pytest.fixture
+def filter_off(monkeypatch):
+    """The keyword sandbox switched off: only the server and the watchdog bound the call."""
+    monkeypatch.setattr(executor, "common_denial", lambda statement: None)
+    monkeypatch.setattr(pg_adapter.PostgreSQLDialect, "denied", lambda self, statement: None)
+    monkeypatch.setattr(my_adapter.MySQLDialect, "denied", lambda self, statement: None)
+
+
+def test_the_watchdog_stops_a_statement_whatever_the_session_set(engine, filter_off, monkeypatch):
+    """With the filter off and sqlrl's own re-arming of the server timers switched off too, a
+    session that turned its server timeout off is still stopped at the deadline: by the
+    watchdog alone, and reported as a timeout."""
+    dialect, url = engine
+    monkeypatch.setattr(pg_adapter, "_RESET_LIMITS", "")
+    monkeypatch.setattr(pg_adapter, "_FULL_BUDGET_MARGIN_MS", 10 ** 9)
+    off = {"postgresql": "SET statement_timeout = 0; SET lock_timeout = 0",
+           "mysql": "SET max_statement_time = 0"}[dialect]
+    with open_session(url, limits=Limits(timeout_s=TIMEOUT_S)) as s:
+        r = s.execute(off)
+        assert r.error is None, r
+        for sql in (SLEEP[dialect], SLOW_ROWS[dialect]) + (
+                ("DO SLEEP(30)",) if dialect == "mysql" else ()):
+            elapsed = _assert_timeout(s, sql)
+            assert elapsed >= TIMEOUT_S - 0.05
+            s.execute(off)  # (the usability check's own call may have re-armed nothing; again)
+
+
+def test_filter_off_set_and_sleep_in_one_call(engine, filter_off):
+    dialect, url = engine
+    sql = {"postgresql": "SET statement_timeout = 0; SELECT pg_sleep(30)",
+           "mysql": "SET max_statement_time = 0; SELECT SLEEP(30)"}[dialect]
+    with open_session(url, limits=Limits(timeout_s=TIMEOUT_S)) as s:
+        _assert_timeout(s, sql)
+        _assert_timeout(s, SLEEP[dialect])

@@ -1,0 +1,131 @@
+"""The executor's byte-sized fetching and per-call deadline, and the watchdog, with a fake engine
+(no server): batch sizes follow the observed row width, the rest of a capped result is abandoned,
+and a call the watchdog stopped is a timeout whatever the driver returned."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from sqlrl.db import ErrorKind, Limits
+from sqlrl.db import executor
+from sqlrl.db.statements import Statement, split
+from sqlrl.db.watchdog import GRACE_S, Watchdog
+
+
+class _Cursor:
+    def __init__(self, width: int, total: int, delay_s: float = 0.0, log=None) -> None:
+        self.description = (("v",),)
+        self.width, self.left, self.delay_s = width, total, delay_s
+        self.sizes = [] if log is None else log
+        self.closed = False
+
+    def fetchmany(self, size: int):
+        self.sizes.append(size)
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        n = min(size, self.left)
+        self.left -= n
+        return [("x" * self.width,)] * n
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class _Adapter:
+    name = "fake"
+    sqlglot_dialect = "sqlite"
+
+    def __init__(self, cursor_factory, cancel=None) -> None:
+        self.cursor_factory, self.cancel = cursor_factory, cancel
+        self.abandoned = 0
+        self.deadlines: list[float] = []
+
+    def lex(self, conn, sql) -> list[Statement]:
+        return split(sql, "sqlite")
+
+    def denied(self, statement):
+        return None
+
+    def run(self, conn, state, statement, deadline):
+        self.deadlines.append(deadline)
+        return self.cursor_factory()
+
+    def classify(self, exc):
+        return ErrorKind.RUNTIME
+
+    def abandon(self, conn, cursor):
+        self.abandoned += 1
+
+    def canceller(self, conn):
+        return self.cancel
+
+
+def test_batches_are_sized_by_bytes_and_the_rest_is_abandoned():
+    log: list[int] = []
+    adapter = _Adapter(lambda: _Cursor(1000, 10_000, log=log))
+    r = executor.run_call(adapter, None, None, "SELECT v FROM t", Limits(max_bytes=400_000))
+    assert r.ok and r.truncated and 300 <= r.row_count <= 400
+    assert log[0] == executor.FIRST_BATCH_ROWS
+    assert all(size <= 110 for size in log[1:]), log  # ~max_bytes/4 of ~1 KB rows
+    assert adapter.abandoned == 1
+
+
+def test_narrow_rows_take_few_batches_and_are_not_abandoned():
+    log: list[int] = []
+    adapter = _Adapter(lambda: _Cursor(5, 5000, log=log))
+    r = executor.run_call(adapter, None, None, "SELECT v FROM t", Limits())
+    assert r.ok and not r.truncated and r.row_count == 5000
+    assert len(log) == 2 and adapter.abandoned == 0
+
+
+def test_the_row_cap_reads_one_row_more_at_most():
+    log: list[int] = []
+    adapter = _Adapter(lambda: _Cursor(5, 10**9, log=log))
+    r = executor.run_call(adapter, None, None, "SELECT v FROM t", Limits(max_rows=100))
+    assert r.truncated and r.row_count == 100 and sum(log) <= 101
+
+
+def test_one_deadline_for_all_statements_and_fetches():
+    adapter = _Adapter(lambda: _Cursor(5, 10**9, delay_s=0.05))
+    t0 = time.monotonic()
+    r = executor.run_call(adapter, None, None, "SELECT 1; SELECT 2",
+                          Limits(timeout_s=0.3, max_rows=10**6, max_bytes=10**9))
+    assert r.error is not None and r.error.kind is ErrorKind.TIMEOUT
+    assert time.monotonic() - t0 < 0.6
+    adapter2 = _Adapter(lambda: _Cursor(5, 1))
+    executor.run_call(adapter2, None, None, "SELECT 1; SELECT 2; SELECT 3", Limits(timeout_s=5))
+    assert len(set(adapter2.deadlines)) == 1  # the same deadline for every statement
+
+
+def test_a_call_the_watchdog_stopped_is_a_timeout_even_if_the_driver_returned_rows():
+    cancelled = threading.Event()
+
+    def slow_cursor():
+        time.sleep(0.3 + GRACE_S + 0.2)  # the "server" ignores its own timeout
+        return _Cursor(5, 1)
+
+    adapter = _Adapter(slow_cursor, cancel=cancelled.set)
+    r = executor.run_call(adapter, None, None, "SELECT 1", Limits(timeout_s=0.3))
+    assert cancelled.is_set()
+    assert r.error is not None and r.error.kind is ErrorKind.TIMEOUT and r.rows == ()
+
+
+def test_the_watchdog_does_not_fire_for_calls_that_ended():
+    dog = Watchdog()
+    fired = []
+    entries = [dog.arm(time.monotonic() + 0.05, lambda: fired.append(1)) for _ in range(100)]
+    assert not any(dog.disarm(e) for e in entries)
+    late = dog.arm(time.monotonic() + 0.05, lambda: fired.append(2))
+    time.sleep(0.05 + GRACE_S + 0.2)
+    assert dog.disarm(late) and fired == [2]
+
+
+def test_an_earlier_deadline_wakes_the_watchdog():
+    dog = Watchdog()
+    fired = threading.Event()
+    far = dog.arm(time.monotonic() + 60, lambda: None)
+    t0 = time.monotonic()
+    near = dog.arm(time.monotonic() + 0.05, fired.set)
+    assert fired.wait(2.0) and time.monotonic() - t0 < 0.05 + GRACE_S + 0.3
+    assert dog.disarm(near) and not dog.disarm(far)
