@@ -10,9 +10,17 @@ themselves are ``sqlrl.rewards``).
   per query or test case, released at once), else from a local ``open_session``.
 - **Timeouts never hang the group**: SQL is stopped by the database (``Limits.timeout_s``) and
   test-case code by killing its child, and the group waits at most ``batch_timeout_s`` for an
-  actor. Items of an actor that did not answer in time, or died, come back as
-  ``excluded=True`` breakdowns with reason ``reward-timeout`` / ``reward-unavailable`` — a reward
-  infrastructure failure is neither rewarded nor penalised — and a hung actor is restarted.
+  actor's share (counted from when the share is sent to a live actor). Items of an actor that did
+  not answer in time, or died, come back as ``excluded=True`` breakdowns with reason
+  ``reward-timeout`` / ``reward-unavailable`` — a reward infrastructure failure is neither
+  rewarded nor penalised — and a hung actor is killed and restarted.
+- **A hung actor never scores again**: every actor process has an incarnation id (made in
+  ``__init__``, so a restart gets a new one). Before a share goes to an actor that was killed,
+  died or has not answered yet, the group waits (at most ``start_timeout_s``) until the actor
+  answers with an incarnation id that was never killed — ``ray.kill`` is asynchronous, and a
+  call made right after it can still reach the old process. So a batch after a timeout is never
+  sent to (or answered by) the hung process, and actor start-up or restart time is never charged
+  to a batch's ``batch_timeout_s``.
 - ``RewardGroupConfig(n_actors=0)`` scores in-process with the same code (no Ray).
 """
 
@@ -20,10 +28,12 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import os
 import time
+import uuid
 import zlib
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from sqlrl.db import Limits
 from sqlrl.rewards import Judge, RewardBreakdown, RewardConfig, compute, get_reward, local_opener
@@ -47,6 +57,7 @@ class RewardGroupConfig:
     limits: Limits = field(default_factory=lambda: Limits(timeout_s=10.0, max_rows=10_000))
     critic_test_timeout_s: float = 30.0
     batch_timeout_s: float = 300.0  # the longest the group waits for one actor's share
+    start_timeout_s: float = 300.0  # the longest the group waits for an actor to (re)start
     gold_cache_size: int = 4096
     reward: RewardConfig = field(default_factory=RewardConfig)
 
@@ -62,6 +73,11 @@ class RewardScorer:
                            gold_cache_size=config.gold_cache_size,
                            critic_test_timeout_s=config.critic_test_timeout_s)
         self._threads = concurrent.futures.ThreadPoolExecutor(max(1, config.threads))
+        # new for every process: a restarted actor answers with a different id
+        self.incarnation = f"{os.getpid()}-{uuid.uuid4().hex}"
+
+    def incarnation_id(self) -> str:
+        return self.incarnation
 
     def score(self, requests: Sequence[RewardRequest]) -> list[RewardBreakdown]:
         return list(self._threads.map(self._one, requests))
@@ -93,7 +109,12 @@ def _pool_opener(client: Any):
 
 
 class RewardGroup:
-    """``n_actors`` reward actors (or one in-process scorer) behind ``score(batch)``."""
+    """``n_actors`` reward actors (or one in-process scorer) behind ``score(batch)``.
+
+    Guarantee: a share is sent only to an actor process that has answered from an incarnation
+    that was never killed, so after a timeout the hung process never scores (or answers) another
+    batch; ``incarnations()`` says which process each actor is now, ``wait_ready()`` waits for
+    all of them."""
 
     def __init__(self, catalog: Mapping[str, Mapping[str, str]],
                  config: RewardGroupConfig = RewardGroupConfig(), pool_client: Any = None) -> None:
@@ -108,13 +129,22 @@ class RewardGroup:
 
             remote = ray.remote(RewardScorer).options(
                 num_cpus=config.num_cpus_per_actor, max_restarts=-1, max_task_retries=0,
-                max_concurrency=2)  # a stats() call must get through while score() runs
+                max_concurrency=2)  # stats() / incarnation_id() get through while score() runs
             self.actors = [remote.remote(self._catalog, config, pool_client)
                            for _ in range(config.n_actors)]
+        self._incarnation: list[str | None] = [None] * len(self.actors)  # last answered with
+        self._killed: list[set[str]] = [set() for _ in self.actors]  # hung, killed: never again
 
-    def score(self, requests: Sequence[RewardRequest]) -> list[RewardBreakdown]:
+    def score(self, requests: Sequence[RewardRequest],
+              timeout_s: float | None = None) -> list[RewardBreakdown]:
         """Breakdowns in request order. Raises only for configuration errors (unknown reward,
-        a task whose database is not in the catalog, a reward for another task type)."""
+        a task whose database is not in the catalog, a reward for another task type).
+
+        ``timeout_s`` (default ``batch_timeout_s``) bounds each actor's share from when it is
+        sent to a live actor. A share not answered in time comes back excluded
+        (``reward-timeout``) and its actor is killed and restarted; the next share for that
+        actor waits for the restarted incarnation (never the hung one). A share whose actor died
+        is resubmitted once, after the actor is back (scoring is idempotent)."""
         for r in requests:
             get_reward(r.reward)
         if not self.actors:
@@ -122,19 +152,40 @@ class RewardGroup:
         import ray
         from ray.exceptions import RayActorError, RayTaskError
 
+        timeout = self.config.batch_timeout_s if timeout_s is None else timeout_s
         shares: dict[int, list[int]] = {}
         for i, r in enumerate(requests):
             shares.setdefault(self.actor_for(r.task), []).append(i)
-        deadline = time.monotonic() + self.config.batch_timeout_s
-        submit = lambda a, idx: self.actors[a].score.remote([requests[i] for i in idx])  # noqa: E731
-        refs = {submit(a, idx): (a, idx, 0) for a, idx in shares.items()}
         out: list[RewardBreakdown | None] = [None] * len(requests)
-        while refs:
-            ready, _ = ray.wait(list(refs), num_returns=1,
-                                timeout=max(0.0, deadline - time.monotonic()))
+
+        def fail(idx: list[int], reason: str) -> None:
+            for i in idx:
+                out[i] = failed(requests[i].reward, reason)
+
+        # ObjectRef -> (actor, item indices, attempt, deadline)
+        pending: dict[Any, tuple[int, list[int], int, float]] = {}
+
+        def send(a: int, idx: list[int], attempt: int) -> None:
+            ref = self.actors[a].score.remote([requests[i] for i in idx])
+            pending[ref] = (a, idx, attempt, time.monotonic() + timeout)
+
+        not_back = self._await_live(list(shares))
+        for a, idx in shares.items():
+            if a in not_back:
+                fail(idx, not_back[a])
+            else:
+                send(a, idx, 0)
+        while pending:
+            wait_s = min(d for _, _, _, d in pending.values()) - time.monotonic()
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=max(0.0, wait_s))
             if not ready:
-                break
-            a, idx, attempt = refs.pop(ready[0])
+                now = time.monotonic()
+                late = [ref for ref, (_, _, _, d) in pending.items() if d <= now]
+                self._restart_hung([pending[ref][0] for ref in late])
+                for ref in late:  # no answer in time: the actor is restarted, its items excluded
+                    fail(pending.pop(ref)[1], f"reward-timeout: no answer within {timeout} s")
+                continue
+            a, idx, attempt, _ = pending.pop(ready[0])
             try:
                 values = ray.get(ready[0])
             except RayTaskError as exc:
@@ -143,32 +194,113 @@ class RewardGroup:
                     raise cause from None
                 values = [failed(requests[i].reward, f"reward-unavailable: {exc}") for i in idx]
             except RayActorError as exc:
-                if attempt == 0:  # died or restarting: scoring is idempotent, resubmit once
-                    refs[submit(a, idx)] = (a, idx, 1)
-                    continue
-                values = [failed(requests[i].reward, f"reward-unavailable: the reward actor died "
-                                                     f"({type(exc).__name__})") for i in idx]
+                self._incarnation[a] = None  # died, restarting or unreachable: wait for an answer
+                if attempt > 0:
+                    fail(idx, f"reward-unavailable: the reward actor died ({type(exc).__name__})")
+                elif a in (not_back := self._await_live([a])):
+                    fail(idx, not_back[a])
+                else:  # scoring is idempotent: resubmit once, to the actor that is back
+                    send(a, idx, 1)
+                continue
             for i, v in zip(idx, values):
                 out[i] = v
-        for a, idx, _ in refs.values():  # no answer in time: restart the actor, exclude its items
-            ray.kill(self.actors[a], no_restart=False)
-            for i in idx:
-                out[i] = failed(requests[i].reward, f"reward-timeout: no answer within "
-                                                    f"{self.config.batch_timeout_s} s")
         return out  # type: ignore[return-value]
+
+    def incarnations(self) -> list[str | None]:
+        """The incarnation id each actor last answered with; ``None`` for an actor that has not
+        answered yet or was killed / died and whose replacement has not answered yet."""
+        if not self.actors:
+            return [self._local.incarnation]
+        return list(self._incarnation)
+
+    def wait_ready(self) -> list[str | None]:
+        """Wait (at most ``start_timeout_s``) until every actor answers from a live incarnation
+        (one that was never killed); return ``incarnations()`` (``None``: not back in time)."""
+        if self.actors:
+            self._await_live(range(len(self.actors)))
+        return self.incarnations()
+
+    def _await_live(self, actors: Iterable[int]) -> dict[int, str]:
+        """Wait, bounded by ``start_timeout_s``, until each of ``actors`` whose incarnation is
+        not known answers ``incarnation_id()`` with an id that was never killed. Waits on the
+        answers (a call to a restarting actor is queued until it is back); an answer from a
+        killed incarnation (the kill has not landed yet) or an actor error is asked again after
+        a short pause. Returns the actors that are not back, with the ``reward-unavailable``
+        reason (an actor whose constructor failed is not waited for: Ray does not restart it)."""
+        import ray
+        from ray.exceptions import RayActorError, RayError
+
+        deadline = time.monotonic() + self.config.start_timeout_s
+        ask = lambda a: self.actors[a].incarnation_id.remote()  # noqa: E731
+        asks = {ask(a): a for a in set(actors) if self._incarnation[a] is None}
+        failed_init: dict[int, str] = {}
+        pause = 0.02
+        while asks:
+            ready, _ = ray.wait(list(asks), num_returns=1,
+                                timeout=max(0.0, deadline - time.monotonic()))
+            if not ready:
+                break
+            a = asks.pop(ready[0])
+            try:
+                incarnation = ray.get(ready[0])
+            except RayActorError as exc:  # dying, restarting or unreachable
+                if exc.actor_init_failed:
+                    cause = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
+                    failed_init[a] = f"reward-unavailable: the reward actor cannot start: {cause}"
+                    continue
+                incarnation = None
+            except RayError:
+                incarnation = None
+            if incarnation is not None and incarnation not in self._killed[a]:
+                self._incarnation[a] = incarnation
+                continue
+            if time.monotonic() >= deadline:
+                asks[ready[0]] = a  # keep it counted as not back
+                break
+            time.sleep(pause)  # the old process still answers, or the actor is in between
+            pause = min(0.5, pause * 2)
+            asks[ask(a)] = a
+        late = (f"reward-unavailable: the reward actor did not (re)start within "
+                f"{self.config.start_timeout_s} s")
+        return {**{a: late for a in asks.values()}, **failed_init}
+
+    def _restart_hung(self, actors: Sequence[int]) -> None:
+        """Kill (Ray restarts them) actors that did not answer in time, after noting which
+        incarnation hung so that it is never used again. The hung process still answers
+        ``incarnation_id()`` (a second concurrency slot); if it cannot within a few seconds, the
+        last id it answered with is used."""
+        import ray
+
+        if not actors:
+            return
+        asks = {self.actors[a].incarnation_id.remote(): a for a in actors}
+        ready, _ = ray.wait(list(asks), num_returns=len(asks),
+                            timeout=min(10.0, self.config.start_timeout_s))
+        for ref in ready:
+            with contextlib.suppress(Exception):
+                self._incarnation[asks[ref]] = ray.get(ref)
+        for a in actors:
+            if self._incarnation[a] is not None:
+                self._killed[a].add(self._incarnation[a])
+            self._incarnation[a] = None
+            ray.kill(self.actors[a], no_restart=False)
 
     def actor_for(self, task: Any) -> int:
         return zlib.crc32(str(task.task_id).encode()) % max(1, len(self.actors))
 
-    def stats(self) -> list[dict[str, int] | None]:
+    def stats(self, timeout_s: float = 10.0) -> list[dict[str, int] | None]:
+        """Each actor's judge counters; ``None`` for an actor that did not answer within
+        ``timeout_s`` (all actors are asked at once)."""
         if not self.actors:
             return [self._local.stats()]
         import ray
 
-        out = []
-        for actor in self.actors:
+        refs = [actor.stats.remote() for actor in self.actors]
+        deadline = time.monotonic() + timeout_s
+        out: list[dict[str, int] | None] = []
+        for ref in refs:
             try:
-                out.append(ray.get(actor.stats.remote(), timeout=10))
+                out.append(ray.get(ref, timeout=max(0.0, deadline - time.monotonic())))
             except Exception:
                 out.append(None)
         return out
@@ -180,3 +312,4 @@ class RewardGroup:
             for actor in self.actors:
                 ray.kill(actor, no_restart=True)
             self.actors = []
+            self._incarnation, self._killed = [], []

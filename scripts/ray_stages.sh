@@ -36,15 +36,18 @@ for job in stage1_reasoning_sft stage2_tooluse_sft stage3_reasoning_rl stage4_ag
   init=previous; [ $i = 0 ] && init=$MODEL
   echo "== ray job submit: $job (model.init=$init)"
   log=$(mktemp)
-  for attempt in 1 2; do
+  lost=0
+  for attempt in $(seq 1 60); do
     if ray job submit --working-dir . -- python -m jobs.$job --config jobs/configs/$stage.yaml \
          cluster.ray=true run_dir="$RUN_DIR" data.synth_dir="$RUN_DIR/data/synth" model.init="$init" overwrite=true \
          "${TINY[@]}" "$@" 2>&1 | tee "$log"; then break; fi
+    # A head that has just started may not have its job agent up yet: Ray asks to try again later.
+    if grep -q "No available agent to submit job" "$log" && [ "$attempt" -lt 60 ]; then sleep 2; continue; fi
     # Ray can garbage-collect the working-dir package the previous job uploaded while the next job
     # (same content, same package) starts (ray-project/ray#36703, #46625). Submitting again uploads
     # it anew; any other failure stops here.
-    if [ $attempt = 1 ] && grep -q "Failed to download runtime_env file package" "$log"; then
-      echo "== $job: Ray lost the working-dir package (ray#36703); submitting again"; continue
+    if [ $lost = 0 ] && grep -q "Failed to download runtime_env file package" "$log"; then
+      echo "== $job: Ray lost the working-dir package (ray#36703); submitting again"; lost=1; continue
     fi
     rm -f "$log"; exit 1
   done

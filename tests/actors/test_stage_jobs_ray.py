@@ -23,9 +23,29 @@ MICRO = ["data.n_per_domain=20", "data.train_size=4", "data.eval_size=2", "sft.e
 
 
 def _submit(client, entrypoint: str, timeout_s: float = 600) -> tuple[str, str]:
+    """Submit and wait for the end. Once more when Ray lost the working-dir package: the previous
+    job's upload (same content, same package) can be garbage-collected while the next job starts
+    (ray-project/ray#36703, #46625); scripts/ray_stages.sh submits again for the same reason."""
+    status, logs = _submit_once(client, entrypoint, timeout_s)
+    if status == "FAILED" and "Failed to download runtime_env file package" in logs:
+        status, logs = _submit_once(client, entrypoint, timeout_s)
+    return status, logs
+
+
+def _submit_once(client, entrypoint: str, timeout_s: float) -> tuple[str, str]:
     from ray.job_submission import JobStatus
 
-    job = client.submit_job(entrypoint=entrypoint, runtime_env={"working_dir": str(ROOT)})
+    # A dashboard whose job agent is not up yet (a loaded machine) answers "No available agent to
+    # submit job, please try again later": wait for it to accept the job (bounded), then go on.
+    accept_by = time.monotonic() + 180
+    while True:
+        try:
+            job = client.submit_job(entrypoint=entrypoint, runtime_env={"working_dir": str(ROOT)})
+            break
+        except RuntimeError as exc:
+            if "No available agent" not in str(exc) or time.monotonic() > accept_by:
+                raise
+            time.sleep(1)
     deadline = time.monotonic() + timeout_s
     status = client.get_job_status(job)
     while status not in {JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED} and time.monotonic() < deadline:

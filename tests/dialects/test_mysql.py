@@ -214,8 +214,8 @@ def test_runaway_recursive_cte_times_out_and_the_session_survives(db):
         t0 = time.monotonic()
         r = s.execute("WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r) "
                       "SELECT count(*) FROM r")
-        assert r.error.kind is ErrorKind.TIMEOUT
-        assert time.monotonic() - t0 < 2.0
+        assert r.error.kind is ErrorKind.TIMEOUT  # it never ends by itself
+        assert time.monotonic() - t0 < 30  # only a guard against hanging
         assert s.execute("SELECT x FROM kept").rows == ((7,),)
         # recursion deeper than MariaDB's default 1000 iterations is not silently cut off
         r = ok(s.execute("WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r "
@@ -224,12 +224,14 @@ def test_runaway_recursive_cte_times_out_and_the_session_survives(db):
 
 
 def test_row_and_byte_caps_truncate(db):
-    with open_session(db.url, limits=Limits(max_rows=5, timeout_s=2)) as s:
+    # a long timeout: without the server-side cap the unbuffered rest would be drained until it,
+    # so the bound below tells "stopped at the cap" from "ran 60 s", whatever the machine load
+    with open_session(db.url, limits=Limits(max_rows=5, timeout_s=60)) as s:
         r = ok(s.execute("SELECT id FROM orders ORDER BY id"))
         assert r.rows == tuple((i,) for i in range(1, 6)) and r.truncated
         t0 = time.monotonic()  # the server stops one row past the cap (sql_select_limit)
         r = ok(s.execute("SELECT a.id FROM orders a, orders b, orders c, orders d, orders e"))
-        assert r.row_count == 5 and r.truncated and time.monotonic() - t0 < 1.0
+        assert r.row_count == 5 and r.truncated and time.monotonic() - t0 < 30
         ok(s.execute("INSERT INTO customers SELECT id + 100, name, city FROM customers"))
         assert ok(s.execute("SELECT count(*) FROM customers")).rows == ((40,),)
     with open_session(db.url, limits=Limits(max_bytes=2000)) as s:
@@ -453,7 +455,11 @@ def test_killed_connection_gives_session_lost_and_its_scratch_is_collected(db):
     cid = s.execute("SELECT CONNECTION_ID()").rows[0][0]
     orphan = s.execute("SELECT DATABASE()").rows[0][0]
     admin_query(db.server, f"KILL {int(cid)}")
-    time.sleep(0.05)
+    deadline = time.monotonic() + 30  # KILL only flags the connection: wait until it is gone
+    while admin_query(db.server, "SELECT 1 FROM information_schema.PROCESSLIST WHERE ID = %s",
+                      (int(cid),)):
+        assert time.monotonic() < deadline, "the killed connection is still there"
+        time.sleep(0.02)
     assert s.execute("SELECT 1").error.kind is ErrorKind.SESSION_LOST
     assert s.execute("SELECT 2").error.kind is ErrorKind.SESSION_LOST
     assert s.lost

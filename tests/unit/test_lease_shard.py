@@ -11,9 +11,8 @@ import pytest
 
 from sqlrl.db import open_session
 from sqlrl.db.lease import Catalog, Lease, LeaseError, LeaseErrorKind, LeaseRequest
-from sqlrl.db.pool import PoolConfig
 from sqlrl.db.shard import ShardConfig, ShardCore
-from sqlrl.db.types import ErrorKind, Limits
+from sqlrl.db.types import ErrorKind
 
 
 @pytest.fixture()
@@ -26,6 +25,44 @@ def shard(catalog: Catalog):
     core = ShardCore("test/0", ShardConfig(catalog=catalog, lease_ttl_s=30, max_leases=4))
     yield core
     core.close()
+
+
+class ShardClock:
+    """ShardCore's clock (TTL deadlines, ``expires_at``), moved only by the test: TTL tests assert
+    what the protocol does at a given time, never how fast this machine is."""
+
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def time(self) -> float:
+        return self.now
+
+    @staticmethod
+    def perf_counter() -> float:
+        return time.perf_counter()
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture()
+def clock(monkeypatch) -> ShardClock:
+    import sqlrl.db.shard as shard_module
+
+    fake = ShardClock()
+    monkeypatch.setattr(shard_module, "time", fake)
+    return fake
+
+
+def wait_for(predicate, what: str, timeout_s: float = 60) -> None:
+    """Wait for an event (e.g. the reaper thread's pass); the bound only stops a hang."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
 
 
 def req(db: str = "shop", **kw) -> LeaseRequest:
@@ -116,20 +153,21 @@ def test_an_idle_lease_expires_lazily_and_by_the_reaper(catalog) -> None:
         core.close()
 
 
-def test_use_and_renew_keep_a_lease_alive_past_its_ttl(catalog) -> None:
+def test_use_and_renew_keep_a_lease_alive_past_its_ttl(catalog, clock) -> None:
     core = ShardCore("t", ShardConfig(catalog=catalog, lease_ttl_s=0.4))
-    core.start_reaper(0.05)
+    core.start_reaper(0.01)  # a real thread, on the test's clock
     try:
         used, renewed = core.lease(req()), core.lease(req())
-        for _ in range(6):  # 0.9 s in total, more than twice the TTL
-            time.sleep(0.15)
+        for _ in range(6):  # 0.9 s of shard time in total, more than twice the TTL
+            clock.advance(0.15)
             assert core.execute(used, "SELECT 1").ok
             renewed = core.renew(renewed)
-        assert renewed.expires_at > time.time() + 0.2
+        assert renewed.expires_at == pytest.approx(clock.time() + 0.4)
         assert core.execute(renewed, "SELECT 1").ok
         assert core.stats().reclaimed == 0
-        time.sleep(0.7)
-        assert core.stats().active_leases == 0  # the reaper took both once they went idle
+        clock.advance(0.7)
+        wait_for(lambda: core.stats().active_leases == 0, "the reaper to take both idle leases")
+        assert core.stats().reclaimed == 2
         with pytest.raises(LeaseError) as e:
             core.renew(used)
         assert e.value.kind is LeaseErrorKind.CLOSED
@@ -137,22 +175,35 @@ def test_use_and_renew_keep_a_lease_alive_past_its_ttl(catalog) -> None:
         core.close()
 
 
-def test_a_lease_is_not_reclaimed_while_a_call_runs_on_it(catalog) -> None:
-    core = ShardCore("t", ShardConfig(catalog=catalog, lease_ttl_s=0.2,
-                                      pool=PoolConfig(limits=Limits(timeout_s=60))))
+def test_a_lease_is_not_reclaimed_while_a_call_runs_on_it(catalog, clock) -> None:
+    core = ShardCore("t", ShardConfig(catalog=catalog, lease_ttl_s=0.2))
     try:
         lease = core.lease(req())
-        slow = "WITH RECURSIVE c(n) AS (SELECT 1 UNION ALL SELECT n+1 FROM c WHERE n < 5000000) " \
-               "SELECT COUNT(*) FROM c"
+        # a call that runs until the test lets it finish (events, not a query's speed)
+        session = core._held[lease.id].session
+        running, finish = threading.Event(), threading.Event()
+        real_execute = session.execute
+
+        def held_open(sql):
+            running.set()
+            assert finish.wait(60)
+            return real_execute(sql)
+
+        session.execute = held_open
         out = {}
-        t = threading.Thread(target=lambda: out.setdefault("r", core.execute(lease, slow)))
+        t = threading.Thread(
+            target=lambda: out.setdefault("r", core.execute(lease, "SELECT 42")))
         t.start()
-        time.sleep(0.4)  # past the TTL, but the call is running
-        assert t.is_alive(), "the slow query must outlast the TTL for this test to mean anything"
+        assert running.wait(60), "the call never started"
+        clock.advance(0.4)  # past the TTL, but the call is running
         assert core.reclaim_expired() == 0
-        t.join()
-        assert out["r"].ok and out["r"].rows == ((5000000,),)
+        finish.set()
+        t.join(60)
+        assert out["r"].ok and out["r"].rows == ((42,),)
+        del session.execute
         assert core.execute(lease, "SELECT 1").ok  # the call's end renewed it
+        clock.advance(0.4)  # idle past the TTL now: reclaimed
+        assert core.reclaim_expired() == 1
     finally:
         core.close()
 
@@ -162,7 +213,8 @@ def test_capacity_is_refused_at_once_and_frees_on_release(shard) -> None:
     t0 = time.monotonic()
     with pytest.raises(LeaseError) as e:
         shard.lease(req())
-    assert e.value.kind is LeaseErrorKind.CAPACITY and time.monotonic() - t0 < 1
+    # refused at once, not after the pool's 30 s checkout wait (the bound only tells them apart)
+    assert e.value.kind is LeaseErrorKind.CAPACITY and time.monotonic() - t0 < 15
     assert "maximum of 4" in e.value.message
     shard.release(leases[0])
     assert shard.lease(req()).shard == "test/0"

@@ -617,7 +617,7 @@ class SteppingClock:
     timeout derived from a statement's deadline is checked exactly, whatever the machine load."""
 
     def __init__(self) -> None:
-        self.now = 1000.0
+        self.now = time.monotonic()  # never behind the real clock (the watchdog reads that one)
 
     def monotonic(self) -> float:
         self.now += 0.01
