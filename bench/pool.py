@@ -447,7 +447,7 @@ def main() -> None:
                 urls = {}
                 for db, p in paths.items():
                     loaded.append((admin, f"bench_pool_{db}"))
-                    urls[db] = load_sqlite(str(p), admin, f"bench_pool_{db}", replace=True).agent_url
+                    urls[db] = load_sqlite(str(p), admin, f"bench_pool_{db}", replace=True).session_url
             queries = workload(spider, dialect, urls)
             workloads[dialect] = {db: len(q) for db, q in queries.items()}
             c, s = bench_dialect(dialect, {db: urls[db] for db in queries}, queries, args)

@@ -3,7 +3,14 @@
     python bench/sessions.py [--spider ../shared/data/spider] [--dialects sqlite,postgresql,mysql]
 
 Per dialect, on a small and on the largest available Spider database:
-- session open+close (median; new connection, and through a SessionPool), and for SQLite BIRD-RL's reset (copy the file, reopen) side by side;
+- session open+close (median). On the servers every session gets its own clone and role
+  (``sqlrl.db.scratch``): "lease" is open+close when a prepared clone is ready (the hot path),
+  "cold" when none is (the clone is made on the spot), "clone" the median preparation time
+  (clone + connect, off the hot path), and a steady-state run of 8 threads opening, querying and
+  closing sessions reports sessions/s, the share served from ready clones and the lease p50.
+- SQLite: open+close against BIRD-RL's reset (copy the file, reopen it), with the copy both on
+  disk (``--disk-dir``, default: the repository's filesystem) and on tmpfs (``/dev/shm``): the
+  copy's cost depends on the filesystem, so both are shown with the filesystem type.
 - per-query time of ``session.execute`` vs the raw driver call on the *same connection* for the
   database's Spider gold queries (each query timed alternately both ways; medians), and the
   overhead ratio.
@@ -30,7 +37,9 @@ import sqlglot
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sqlrl.db import SessionPool, open_session  # noqa: E402
+from sqlrl.db import open_session  # noqa: E402
+from sqlrl.db.scratch import SCRATCH  # noqa: E402
+from sqlrl.db.url import parse_url  # noqa: E402
 
 DATABASES = {"small": "concert_singer", "largest": "sakila_1"}
 SQLGLOT = {"sqlite": "sqlite", "postgresql": "postgres", "mysql": "mysql"}
@@ -109,9 +118,9 @@ def query_overheads(dialect: str, url: str, queries: list[str], reps: int) -> di
     }
 
 
-def bird_rl_reset(path: str) -> float:
+def bird_rl_reset(path: str, directory: str) -> float:
     """BIRD-RL's per-trajectory reset: copy the database file, reopen it."""
-    tmpdir = tempfile.mkdtemp(prefix="birdrl-")
+    tmpdir = tempfile.mkdtemp(prefix="birdrl-", dir=directory)
     target = os.path.join(tmpdir, "db.sqlite")
 
     def once():
@@ -126,15 +135,86 @@ def bird_rl_reset(path: str) -> float:
         shutil.rmtree(tmpdir, ignore_errors=True)
 
 
-def server_url(dialect: str, sqlite_path: str, db_id: str) -> str | None:
-    admin = os.environ.get(ADMIN_ENV[dialect])
-    if not admin:
-        return None
-    from sqlrl.db.loader import load_sqlite
-    return load_sqlite(sqlite_path, admin, f"bench_{db_id}".lower(), replace=True).agent_url
+def fs_type(directory: str) -> str:
+    import subprocess
+    out = subprocess.run(["stat", "-f", "-c", "%T", directory], capture_output=True, text=True)
+    return out.stdout.strip() or "?"
 
 
-def run(spider: Path, dialects: list[str], reps: int) -> list[dict]:
+def pct(samples: list[float], q: float) -> float:
+    return sorted(samples)[min(len(samples) - 1, int(q * len(samples)))]
+
+
+def server_leases(url: str, n: int) -> dict:
+    """Lease (a ready clone) and cold open (none ready) open+close times, and the clone time."""
+    lease, cold = [], []
+    SCRATCH.settle()
+    prepared_before = SCRATCH.stats().prepared
+    SCRATCH.configure(prefill=1)
+    for _ in range(2):
+        open_session(url).close()  # a base taken twice gets clones ahead
+    for _ in range(n):
+        SCRATCH.settle()
+        t0 = time.perf_counter()
+        open_session(url).close()
+        lease.append((time.perf_counter() - t0) * 1e3)
+    SCRATCH.configure(prefill=0)
+    SCRATCH.settle()
+    for _ in range(max(5, n // 4)):
+        SCRATCH.forget(url, parse_url(url).database)  # nothing ready
+        t0 = time.perf_counter()
+        open_session(url).close()
+        cold.append((time.perf_counter() - t0) * 1e3)
+    SCRATCH.settle()
+    made = SCRATCH.stats().prepared - prepared_before
+    clone = list(SCRATCH.stats().prepare_ms)[-min(made, 256):]  # this base's clones only
+    return {"lease_p50_ms": statistics.median(lease), "lease_p90_ms": pct(lease, 0.9),
+            "cold_open_ms": statistics.median(cold), "clone_ms": statistics.median(clone)}
+
+
+def steady_state(url: str, threads: int = 8, per_thread: int = 10, hold_s: float = 0.3) -> dict:
+    """``threads`` rollouts, each repeatedly opening a session, running 3 queries over ``hold_s``
+    seconds (the policy generating between turns) and closing it; with ``hold_s=0`` the rollouts
+    open and close as fast as they can, which measures the clone capacity instead."""
+    import threading
+    SCRATCH.configure(prefill=threads, max_ready=2 * threads)
+    open_session(url).close()
+    open_session(url).close()
+    SCRATCH.settle()
+    before = SCRATCH.stats()
+    leases: list[float] = []
+    lock = threading.Lock()
+
+    def rollout():
+        for _ in range(per_thread):
+            t0 = time.perf_counter()
+            s = open_session(url)
+            dt = (time.perf_counter() - t0) * 1e3
+            for _ in range(3):
+                s.execute("SELECT 1")
+                time.sleep(hold_s / 3)
+            s.close()
+            with lock:
+                leases.append(dt)
+
+    t0 = time.perf_counter()
+    workers = [threading.Thread(target=rollout) for _ in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    wall = time.perf_counter() - t0
+    after = SCRATCH.stats()
+    hits = after.ready_hits - before.ready_hits
+    total = hits + after.misses - before.misses
+    SCRATCH.configure(prefill=2, max_ready=16)
+    SCRATCH.settle()
+    key = "steady" if hold_s else "capacity"
+    return {f"{key}_sessions_per_s": len(leases) / wall, f"{key}_ready_share": hits / max(1, total),
+            f"{key}_lease_p50_ms": statistics.median(leases), f"{key}_lease_p90_ms": pct(leases, 0.9)}
+
+
+def run(spider: Path, dialects: list[str], reps: int, disk_dir: str) -> list[dict]:
     rows = []
     for dialect in dialects:
         for size, db_id in DATABASES.items():
@@ -147,23 +227,29 @@ def run(spider: Path, dialects: list[str], reps: int) -> list[dict]:
                 rows.append({"dialect": dialect, "db": db_id, "skipped": f"{ADMIN_ENV[dialect]} unset"})
                 continue
             open_session(url).close()  # warm caches (SQLite snapshot, server buffers)
-            n_open = {"sqlite": 300, "postgresql": 100, "mysql": 20}[dialect]
-            row = {"dialect": dialect, "db": db_id, "size": size, "bytes": path.stat().st_size,
-                   "open_close_ms": median_ms(lambda: open_session(url).close(), n_open)}
-            with SessionPool() as pool:  # what rollouts use: warm connections, reset on return
-                pool.session(url).close()
-                row["pooled_open_close_ms"] = median_ms(lambda: pool.session(url).close(), n_open)
+            row = {"dialect": dialect, "db": db_id, "size": size, "bytes": path.stat().st_size}
             if dialect == "sqlite":
-                row["bird_rl_copy_reopen_ms"] = bird_rl_reset(str(path))
-                row["open_speedup_vs_bird_rl"] = row["bird_rl_copy_reopen_ms"] / row["open_close_ms"]
+                row["open_close_ms"] = median_ms(lambda: open_session(url).close(), 300)
+                for where, directory in (("disk", disk_dir), ("tmpfs", "/dev/shm")):
+                    if not os.path.isdir(directory):
+                        continue
+                    row[f"copy_reopen_{where}_ms"] = bird_rl_reset(str(path), directory)
+                    row[f"copy_reopen_{where}_fs"] = fs_type(directory)
+                    row[f"speedup_vs_{where}"] = row[f"copy_reopen_{where}_ms"] / row["open_close_ms"]
+            else:
+                row.update(server_leases(url, 40))
+                if size == "small":
+                    row.update(steady_state(url))
+                    row.update(steady_state(url, hold_s=0.0))
             row.update(query_overheads(dialect, url, gold_queries(spider, db_id), reps))
             rows.append(row)
     return rows
 
 
 def print_table(rows: list[dict]) -> None:
-    head = ("dialect", "db", "open+close ms", "pooled ms", "BIRD-RL copy+reopen ms", "speed-up", "queries",
-            "raw ms", "session ms", "ratio (median)", "added µs")
+    head = ("dialect", "db", "open+close / lease p50 ms", "lease p90", "cold open", "clone",
+            "copy+reopen disk (fs)", "copy+reopen tmpfs", "queries", "raw ms", "session ms",
+            "ratio (median)", "added µs")
     print(" | ".join(head))
     print(" | ".join("---" for _ in head))
     for r in rows:
@@ -173,11 +259,22 @@ def print_table(rows: list[dict]) -> None:
 
         def f(key, fmt="{:.3f}"):
             return fmt.format(r[key]) if key in r else "–"
-        print(" | ".join([r["dialect"], r["db"], f("open_close_ms"), f("pooled_open_close_ms"),
-                          f("bird_rl_copy_reopen_ms"),
-                          f("open_speedup_vs_bird_rl", "{:.1f}×"), str(r.get("queries", 0)),
+        disk = (f"{r['copy_reopen_disk_ms']:.2f} ({r['copy_reopen_disk_fs']}, "
+                f"{r['speedup_vs_disk']:.1f}×)") if "copy_reopen_disk_ms" in r else "–"
+        tmpfs = (f"{r['copy_reopen_tmpfs_ms']:.2f} ({r['speedup_vs_tmpfs']:.1f}×)"
+                 if "copy_reopen_tmpfs_ms" in r else "–")
+        print(" | ".join([r["dialect"], r["db"], f("open_close_ms") if "open_close_ms" in r
+                          else f("lease_p50_ms"), f("lease_p90_ms"), f("cold_open_ms", "{:.1f}"),
+                          f("clone_ms", "{:.1f}"), disk, tmpfs, str(r.get("queries", 0)),
                           f("raw_median_ms"), f("session_median_ms"), f("median_ratio", "{:.2f}"),
                           f("median_added_us", "{:.0f}")]))
+    for r in rows:
+        for key, what in (("steady", "8 rollouts holding each session 0.3 s"),
+                          ("capacity", "8 rollouts opening and closing back to back")):
+            if f"{key}_sessions_per_s" in r:
+                print(f"{what}, {r['dialect']} {r['db']}: {r[f'{key}_sessions_per_s']:.0f} "
+                      f"sessions/s, {100 * r[f'{key}_ready_share']:.0f}% from ready clones, "
+                      f"lease p50 {r[f'{key}_lease_p50_ms']:.2f} ms, p90 {r[f'{key}_lease_p90_ms']:.2f} ms")
 
 
 def main() -> None:
@@ -186,11 +283,13 @@ def main() -> None:
     ap.add_argument("--dialects", default="sqlite,postgresql,mysql")
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "sessions.json"))
+    ap.add_argument("--disk-dir", default=str(ROOT / "bench"),
+                    help="where the SQLite copy-and-reopen baseline copies to on disk")
     args = ap.parse_args()
     spider = Path(args.spider)
     if not (spider / "database").is_dir():
         sys.exit(f"Spider not found at {spider}: pass --spider PATH")
-    rows = run(spider, args.dialects.split(","), args.reps)
+    rows = run(spider, args.dialects.split(","), args.reps, args.disk_dir)
     print_table(rows)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"rows": rows, "cpus": os.cpu_count()}, indent=2))

@@ -64,7 +64,8 @@ start_mysql() {
   mariadbd --no-defaults --user=mysql --datadir="$data" --socket="$data/s.sock" --port="$MY_PORT" \
     --bind-address=127.0.0.1 --pid-file="$data/mariadb.pid" --log-error="$data/error.log" \
     --lower-case-table-names=1 --innodb-buffer-pool-size=128M --innodb-flush-log-at-trx-commit=0 \
-    --innodb-doublewrite=0 --max-connections=500 --skip-name-resolve >/dev/null 2>&1 &
+    --innodb-doublewrite=0 --max-connections=500 --skip-name-resolve --symbolic-links=0 \
+    >/dev/null 2>&1 &
   for _ in $(seq 1 60); do
     mariadb-admin --socket="$data/s.sock" ping >/dev/null 2>&1 && break; sleep 0.5
   done

@@ -32,15 +32,15 @@ def _server_url(var: str, what: str) -> str:
 
 
 def agent_database(admin_url: str, name: str):
-    """An empty database `name` on the server (replaced if it exists) that the unprivileged agent
-    role may use: yields the agent URL, drops the database afterwards. For module fixtures."""
+    """An empty base `name` on the server (replaced if it exists), sealed: yields its session URL
+    (every session gets its own clone), drops the base afterwards. For module fixtures."""
     from sqlrl.db import provision
 
-    provision.ensure_agent_role(admin_url)
+    provision.prepare_server(admin_url)
     provision.create_database(admin_url, name, replace=True)
-    provision.grant_database(admin_url, name)
+    provision.seal_database(admin_url, name)
     try:
-        yield provision.agent_url(admin_url, name)
+        yield provision.session_url(admin_url, name)
     finally:
         provision.drop_database(admin_url, name)
 

@@ -12,8 +12,8 @@ Guarantees:
 - Primary keys are created only when the data is unique and non-null; foreign keys are not created
   (benchmark data often violates them) — they stay documented in the source schema.
 - MariaDB/MySQL tables use ``utf8mb4_bin`` so ``=`` compares text case-sensitively, as SQLite does.
-- The target database is made usable by the unprivileged agent role (``provision``); the report
-  carries the agent URL sessions should use.
+- The target database is sealed as a base (``provision.seal_database``: no agent account can
+  reach it; every session works in its own clone); the report carries the session URL.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ class ColumnPlan:
 class LoadReport:
     database: str
     dialect: str
-    agent_url: str
+    session_url: str
     rows: tuple[tuple[str, int], ...]  # (target table, rows loaded)
     columns: tuple[ColumnPlan, ...]
     primary_keys: tuple[str, ...]  # tables given a primary key
@@ -294,9 +294,9 @@ def load_sqlite(sqlite_path: str, admin_url: str, name: str | None = None, *,
     finally:
         conn.close()
         src.close()
-    provision.ensure_agent_role(admin_url)
-    provision.grant_database(admin_url, name)
-    return LoadReport(name, dialect, provision.agent_url(admin_url, name), tuple(counts),
+    provision.prepare_server(admin_url)
+    provision.seal_database(admin_url, name)
+    return LoadReport(name, dialect, provision.session_url(admin_url, name), tuple(counts),
                       tuple(plans), tuple(keyed), tuple(views), tuple(skipped),
                       time.perf_counter() - t0)
 
@@ -355,7 +355,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"  {table}: {n} rows" + (" (primary key)" if table in report.primary_keys else ""))
     for view, why in report.skipped_views:
         print(f"  view {view} skipped: {why}")
-    print(f"agent URL for sessions: {redact(report.agent_url)}")
+    print(f"session URL (each session gets its own clone): {redact(report.session_url)}")
 
 
 if __name__ == "__main__":

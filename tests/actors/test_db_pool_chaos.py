@@ -3,7 +3,8 @@ pool while shard actors are killed (and restarted by Ray) and rollout workers di
 
 Checks, after the storm: every trajectory of a surviving worker ended with results or a typed error
 (nothing hung, nothing raised untyped); live leases and sessions return to 0; after shutdown no
-server connection or MariaDB scratch database is left; the base databases are unchanged.
+scratch database is left on either server (the clones of killed shard processes are swept as
+orphans); the base databases are unchanged.
 ``SQLRL_CHAOS_ROUNDS=N`` repeats the storm N times (default 1).
 """
 
@@ -52,7 +53,7 @@ def databases(ray_session, demo_db_path, pg_admin_url, mysql_admin_url):
     reports = [load_sqlite(demo_db_path, url, name, replace=True)
                for url in (pg_admin_url, mysql_admin_url)]
     catalog = Catalog({"shop": {"sqlite": f"sqlite:///{demo_db_path}",
-                                **{r.dialect: r.agent_url for r in reports}}})
+                                **{r.dialect: r.session_url for r in reports}}})
     yield catalog, name
     for url in (pg_admin_url, mysql_admin_url):
         provision.drop_database(url, name)
@@ -119,33 +120,34 @@ def checksums(catalog: Catalog) -> dict[str, object]:
     return out
 
 
-def server_leftovers(pg_admin_url: str, catalog: Catalog, name: str) -> tuple[int, int]:
-    """(PostgreSQL connections to the chaos database, MariaDB scratch databases of the agent)."""
+def server_leftovers(pg_admin_url: str, mysql_admin_url: str) -> tuple[int, int]:
+    """(PostgreSQL, MariaDB) scratch databases not owned by this process, after a sweep: the
+    clones of killed shard processes are orphans (their liveness locks died with them) and a sweep
+    drops them; every other clone was dropped when its session closed."""
     import psycopg2
     import pymysql
+    from sqlrl.db.scratch import SCRATCH
     from sqlrl.db.url import parse_url
 
-    u = parse_url(pg_admin_url)
-    conn = psycopg2.connect(host=u.host, port=u.port, user=u.username, dbname=u.database)
-    try:
-        with conn.cursor() as cur:
-            cur.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s", (name,))
-            pg = cur.fetchone()[0]
-    finally:
-        conn.close()
-    # A new session of the agent account sweeps scratch databases of connections that died.
-    with open_session(catalog.urls["shop"]["mysql"]) as s:
-        s.execute("SELECT 1")
-    m = parse_url(catalog.urls["shop"]["mysql"])
-    conn = pymysql.connect(host=m.host, port=m.port, user=m.username, password=m.password,
-                           ssl_disabled=True)
-    try:
-        with conn.cursor() as cur:
-            cur.execute("SHOW DATABASES LIKE 'sqlrl\\_s\\_%'")
-            scratch = len(cur.fetchall())
-    finally:
-        conn.close()
-    return pg, scratch
+    SCRATCH.settle()
+    counts = []
+    for url in (pg_admin_url, mysql_admin_url):
+        SCRATCH.sweep(url)
+        u = parse_url(url)
+        if u.get_backend_name() == "postgresql":
+            conn = psycopg2.connect(host=u.host, port=u.port, user=u.username, dbname=u.database)
+            sql = "SELECT datname FROM pg_database WHERE datname LIKE 'sqlrl\\_s\\_%'"
+        else:
+            conn = pymysql.connect(host=u.host, port=u.port, user=u.username, password=u.password,
+                                   ssl_disabled=True)
+            sql = "SHOW DATABASES LIKE 'sqlrl\\_s\\_%'"
+        try:
+            with conn.cursor() as cur:
+                cur.execute(sql)
+                counts.append(len({r[0] for r in cur.fetchall()} - SCRATCH.held_names()))
+        finally:
+            conn.close()
+    return counts[0], counts[1]
 
 
 def wait_for(predicate, timeout_s: float, what: str):
@@ -161,7 +163,7 @@ def wait_for(predicate, timeout_s: float, what: str):
 
 @pytest.mark.parametrize("round_", range(int(os.environ.get("SQLRL_CHAOS_ROUNDS", "1"))))
 def test_pool_survives_shard_kills_and_worker_deaths(ray_session, databases, worker_cls,
-                                                     pg_admin_url, round_) -> None:
+                                                     pg_admin_url, mysql_admin_url, round_) -> None:
     catalog, name = databases
     before = checksums(catalog)
     group = DBPoolGroup(DBPoolConfig(
@@ -221,6 +223,6 @@ def test_pool_survives_shard_kills_and_worker_deaths(ray_session, databases, wor
         assert sum(s.reclaimed for s in group.stats().values()) > 0
     finally:
         group.shutdown()
-    wait_for(lambda: server_leftovers(pg_admin_url, catalog, name) == (0, 0), 60,
-             "no PostgreSQL connection and no MariaDB scratch database left")
+    wait_for(lambda: server_leftovers(pg_admin_url, mysql_admin_url) == (0, 0), 60,
+             "no scratch database left on PostgreSQL or MariaDB (orphans of killed shards swept)")
     assert checksums(catalog) == before

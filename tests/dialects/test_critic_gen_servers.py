@@ -29,7 +29,7 @@ def loaded(request, demo_db_path):
     admin = request.getfixturevalue("pg_admin_url" if dialect == "postgresql" else "mysql_admin_url")
     name = f"t_critic_{uuid.uuid4().hex[:6]}"
     report = load_sqlite(demo_db_path, admin, name, replace=True)
-    yield dialect, report.agent_url
+    yield dialect, report.session_url
     provision.drop_database(admin, name)
 
 

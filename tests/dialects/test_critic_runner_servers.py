@@ -28,7 +28,7 @@ def server_url(request, demo_db_path):
                                     else "mysql_admin_url")
     name = f"t_critic_{uuid.uuid4().hex[:8]}"
     report = load_sqlite(demo_db_path, admin, name, replace=True)
-    yield report.agent_url
+    yield report.session_url
     provision.drop_database(admin, name)
 
 

@@ -2,7 +2,8 @@
 ``open_session`` on the real servers: every attempt is refused (or rejected whole by the server
 as a syntax error), the session stays usable, and the smuggled action did not happen — no COMMIT
 reached the base, no limit was lifted, no database or role setting was created, no other session
-was killed, the agent account still logs in."""
+was killed, the agent account still logs in. (The servers alone contain a session even with the
+filter off: tests/dialects/test_filter_off.py.)"""
 
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ from sqlrl.db import ErrorKind, Limits, open_session, provision
 from sqlrl.db.url import parse_url
 
 NAME = f"sqlrl_attack_{os.getpid()}"
-ROLE = f"sqlrl_atk{os.getpid()}"
 
 
 def _refused(session, sql, allowed=(ErrorKind.PERMISSION,)):
@@ -45,29 +45,33 @@ PG_ATTACKS = [
 def test_postgresql_filter_cannot_be_smuggled_past(pg_admin_url):
     import psycopg2
 
-    provision.ensure_agent_role(pg_admin_url)
+    provision.prepare_server(pg_admin_url)
     admin_db = provision.create_database(pg_admin_url, NAME, replace=True)
     conn = psycopg2.connect(admin_db)
     conn.autocommit = True
     try:
         with conn.cursor() as cur:
             cur.execute("CREATE TABLE t AS SELECT generate_series(1, 10) AS x")
-        provision.grant_database(pg_admin_url, NAME)
-        url = provision.agent_url(pg_admin_url, NAME)
+        conn.close()  # sessions clone the base: PostgreSQL needs it free of connections
+        provision.seal_database(pg_admin_url, NAME)
+        url = provision.session_url(pg_admin_url, NAME)
         with open_session(url, limits=Limits(timeout_s=1)) as s:
             assert s.execute("DELETE FROM t").affected_rows == 10
             for sql in PG_ATTACKS:
                 _refused(s, sql)
             # the scanner rejects "1E": the server runs none of the text (a syntax error)
             _refused(s, "SELECT 1E'x'; COMMIT", (ErrorKind.SYNTAX,))
-            assert s.execute("SELECT count(*) FROM t").rows == ((0,),)  # still uncommitted
+            assert s.execute("SELECT count(*) FROM t").rows == ((0,),)  # in its own clone
             r = s.execute("SELECT pg_sleep(60)")  # the limit still holds (a timeout, not 60 s)
             assert r.error is not None and r.error.kind is ErrorKind.TIMEOUT
+            (role,), = s.execute("SELECT current_user").rows
+        conn = psycopg2.connect(admin_db)
+        conn.autocommit = True
         with conn.cursor() as cur:
             cur.execute("SELECT count(*) FROM t")
-            assert cur.fetchone() == (10,)  # no COMMIT reached the base
+            assert cur.fetchone() == (10,)  # nothing reached the base
             cur.execute("SELECT count(*) FROM pg_db_role_setting s JOIN pg_roles r "
-                        "ON r.oid = s.setrole WHERE r.rolname = 'sqlrl_agent'")
+                        "ON r.oid = s.setrole WHERE r.rolname = %s", (role,))
             assert cur.fetchone() == (0,)
             cur.execute("SELECT count(*) FROM pg_database WHERE datname = %s", (f"{NAME}_evil",))
             assert cur.fetchone() == (0,)
@@ -103,15 +107,15 @@ def _my_attacks(victim_id: int) -> list[str]:
 
 @pytest.mark.mysql
 def test_mariadb_filter_cannot_be_smuggled_past(mysql_admin_url):
-    provision.ensure_agent_role(mysql_admin_url, role=ROLE)
+    provision.prepare_server(mysql_admin_url)
     provision.create_database(mysql_admin_url, NAME, replace=True)
     admin = _my_admin(mysql_admin_url, NAME)
     try:
         with admin.cursor() as cur:
             cur.execute("CREATE TABLE t (x INT)")
             cur.execute("INSERT INTO t VALUES (1), (2)")
-        provision.grant_database(mysql_admin_url, NAME, role=ROLE)
-        url = provision.agent_url(mysql_admin_url, NAME, role=ROLE)
+        provision.seal_database(mysql_admin_url, NAME)
+        url = provision.session_url(mysql_admin_url, NAME)
         with open_session(url, limits=Limits(timeout_s=1)) as s, open_session(url) as victim:
             victim_id = victim.execute("SELECT CONNECTION_ID()").rows[0][0]
             for sql in _my_attacks(victim_id):
@@ -135,8 +139,3 @@ def test_mariadb_filter_cannot_be_smuggled_past(mysql_admin_url):
     finally:
         admin.close()
         provision.drop_database(mysql_admin_url, NAME)
-        cleanup = _my_admin(mysql_admin_url)
-        with cleanup.cursor() as cur:
-            for host in ("127.0.0.1", "localhost"):
-                cur.execute("DROP USER IF EXISTS %s@%s", (ROLE, host))
-        cleanup.close()

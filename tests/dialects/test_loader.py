@@ -74,7 +74,7 @@ def test_tables_and_row_counts_match_the_source(loaded, spider_dir):
             "SELECT name FROM sqlite_master WHERE type='table' AND name NOT LIKE 'sqlite%' ORDER BY rowid")]
         expected = [(t.lower(), src.execute(f'SELECT count(*) FROM "{t}"').fetchone()[0]) for t in tables]
         assert list(report.rows) == expected, db
-        with open_session(report.agent_url) as s:  # and the server agrees, through a session
+        with open_session(report.session_url) as s:  # and the server agrees, through a session
             for table, n in expected:
                 quoted = f'"{table}"' if dialect == "postgresql" else f"`{table}`"
                 assert s.execute(f"SELECT count(*) FROM {quoted}").rows == ((n,),), (db, table)
@@ -92,7 +92,7 @@ def test_gold_queries_give_the_same_results(loaded, spider_dir):
         assert expected.ok, q
         names = schema_names(spider_dir, item["db_id"])
         translated = sqlglot.transpile(sqlite_strings(q, names), read="sqlite", write=SQLGLOT[dialect])[0]
-        with open_session(reports[item["db_id"]].agent_url) as s:
+        with open_session(reports[item["db_id"]].session_url) as s:
             got = s.execute(translated)
         if not got.ok:
             failed.append((q, str(got.error)))
@@ -135,7 +135,7 @@ def test_the_demo_database_loads_with_its_view(server, demo_db_path):
         assert dict(report.rows) == {"customers": 60, "products": 40, "orders": 300,
                                      "order_items": dict(report.rows)["order_items"]}
         assert report.views == ("delivered_orders",) and report.skipped_views == ()
-        with open_session(report.agent_url) as s:
+        with open_session(report.session_url) as s:
             r = s.execute("SELECT count(*) FROM delivered_orders")
             with open_session(f"sqlite:///{demo_db_path}") as lite:
                 assert r.rows == lite.execute("SELECT count(*) FROM delivered_orders").rows

@@ -17,11 +17,11 @@ import pytest
 from sqlrl.db import ErrorKind, Limits, PoolConfig, SessionError, SessionPool, open_session
 from sqlrl.db import provision
 from sqlrl.db.dialects import mysql as my_adapter
+from sqlrl.db.scratch import SCRATCH
 from sqlrl.db.url import parse_url
 
 pytestmark = pytest.mark.mysql
 
-ROLE = f"sqlrl_t{os.getpid()}"
 
 BASE_SQL = [
     "CREATE TABLE customers (id INT PRIMARY KEY, name VARCHAR(50) NOT NULL, city VARCHAR(20))",
@@ -80,10 +80,8 @@ def checksum(server, name):
 
 @pytest.fixture(scope="module")
 def my(mysql_admin_url):
-    provision.ensure_agent_role(mysql_admin_url, role=ROLE)
-    yield mysql_admin_url
-    for host in ("127.0.0.1", "localhost"):
-        admin_query(mysql_admin_url, "DROP USER IF EXISTS %s@%s", (ROLE, host))
+    provision.prepare_server(mysql_admin_url)
+    return mysql_admin_url
 
 
 @pytest.fixture
@@ -96,19 +94,18 @@ def db(my, request):
         for sql in BASE_SQL:
             cur.execute(sql)
     conn.close()
-    provision.grant_database(my, name, role=ROLE)
-    url = provision.agent_url(my, name, role=ROLE)
-    adapter = my_adapter.MySQLDialect()
-    conn = adapter.connect(parse_url(url), Limits())
-    account_tag = conn.account_tag
-    adapter.close(conn)
-    yield SimpleNamespace(name=name, url=url, server=my, account_tag=account_tag)
+    provision.seal_database(my, name)
+    url = provision.session_url(my, name)
+    yield SimpleNamespace(name=name, url=url, server=my)
     provision.drop_database(my, name)
 
 
 def scratch_databases(db):
-    pattern = f"sqlrl\\_s\\_{db.account_tag}\\_%"
-    return [r[0] for r in admin_query(db.server, "SHOW DATABASES LIKE %s", (pattern,))]
+    """Scratch databases on the server that this process does not hold (ready or in use): the
+    leftovers of sessions that ended. Waits for the background drops first."""
+    assert SCRATCH.settle()
+    names = {r[0] for r in admin_query(db.server, "SHOW DATABASES LIKE 'sqlrl\\_s\\_%'")}
+    return sorted(names - SCRATCH.held_names())
 
 
 def ok(result):
@@ -163,7 +160,8 @@ def test_state_persists_across_calls_and_is_private(db):
         assert b.execute("SELECT vip FROM customers").error.kind is ErrorKind.RUNTIME
         assert b.execute("SELECT count(*) FROM orders").rows[0][0] > n_a
         assert b.execute("SELECT max(price) FROM products").rows[0][0] > 0
-        assert len(scratch_databases(db)) == 2
+        ((da,),), ((dbb,),) = a.execute("SELECT DATABASE()").rows, b.execute("SELECT DATABASE()").rows
+        assert da != dbb and {da, dbb} <= SCRATCH.held_names()  # one database each
     assert scratch_databases(db) == []
     with open_session(db.url) as c:  # and all of it is gone after close
         assert c.execute("SELECT * FROM notes").error is not None
@@ -299,7 +297,8 @@ def test_a_thousand_random_ddl_dml_sessions_leave_the_base_unchanged(db):
                     r = s.execute(sql)
                     errors += r.error is not None
                     assert r.error is None or r.error.kind is not ErrorKind.SESSION_LOST, (sql, r.error)
-        assert pool.stats().resets >= 990  # connections were reset and reused, not reopened
+        stats = pool.stats()
+        assert stats.connects == stats.discards == 1000  # a fresh clone each, never reused
     finally:
         pool.close()
     assert 300 < errors < 3500
@@ -307,17 +306,18 @@ def test_a_thousand_random_ddl_dml_sessions_leave_the_base_unchanged(db):
     assert scratch_databases(db) == []
 
 
-def test_pooled_connection_is_reset_between_sessions(db):
+def test_every_session_gets_a_fresh_database_and_account(db):
     with SessionPool(PoolConfig(max_size=1)) as pool:
         with pool.session(db.url) as s:
-            cid = s.execute("SELECT CONNECTION_ID()").rows[0][0]
+            cid, user = s.execute("SELECT CONNECTION_ID(), CURRENT_USER()").rows[0]
             ok(s.execute("SET @x = 5"))
             ok(s.execute("CREATE TEMPORARY TABLE tt(a INT)"))
             assert ok(s.execute("SELECT GET_LOCK('sqlrl-test-lock', 0)")).rows == ((1,),)
             ok(s.execute("SET SESSION group_concat_max_len = 4"))
             assert s.execute("SET NAMES gbk").error.kind is ErrorKind.PERMISSION
         with pool.session(db.url) as s:
-            assert s.execute("SELECT CONNECTION_ID()").rows[0][0] == cid
+            cid2, user2 = s.execute("SELECT CONNECTION_ID(), CURRENT_USER()").rows[0]
+            assert cid2 != cid and user2 != user and user2.startswith("sqlrl_s_")
             assert ok(s.execute("SELECT @x, IS_FREE_LOCK('sqlrl-test-lock'), @@group_concat_max_len, "
                                 "@@character_set_client")).rows == ((None, 1, 1048576, "utf8mb4"),)
             assert s.execute("SELECT * FROM tt").error.kind is ErrorKind.RUNTIME
@@ -327,6 +327,9 @@ def test_pooled_connection_is_reset_between_sessions(db):
                 "WHERE VARIABLE_NAME IN (CONCAT('MAX_STATEMENT', '_TIME'), 'SQL_SELECT_LIMIT') "
                 "ORDER BY 1")).rows
             assert limits == (("MAX_STATEMENT_TIME", "5.000000"), ("SQL_SELECT_LIMIT", "10001"))
+    assert scratch_databases(db) == []
+    assert admin_query(db.server, "SELECT count(*) FROM mysql.user WHERE User = %s",
+                       (user.split("@")[0],)) == ((0,),)
 
 
 # --- the sandbox ---------------------------------------------------------------------------------
@@ -408,27 +411,29 @@ def test_denial_sees_through_comments():
 
 def test_privileged_account_detection():
     problem = my_adapter.privilege_problem
-    assert problem(["GRANT ALL PRIVILEGES ON *.* TO `a`@`%` WITH GRANT OPTION"])
-    assert problem(["GRANT FILE ON *.* TO `a`@`%`"])
-    assert problem(["GRANT USAGE ON *.* TO `a`@`%`", "GRANT INSERT ON `shop`.* TO `a`@`%`"])
-    assert problem(["GRANT USAGE ON *.* TO `a`@`%`", "GRANT `admins` TO `a`@`%`"])
+    own = "sqlrl_s_0123abcd"
+    mine = "GRANT SELECT, INSERT, DROP ON `sqlrl\\_s\\_0123abcd`.* TO `sqlrl_s_0123abcd`@`%`"
+    assert problem(["GRANT ALL PRIVILEGES ON *.* TO `a`@`%` WITH GRANT OPTION"], own)
+    assert problem(["GRANT FILE ON *.* TO `a`@`%`"], own)
+    assert problem(["GRANT USAGE ON *.* TO `a`@`%`", "GRANT SELECT ON `shop`.* TO `a`@`%`"], own)
+    assert problem(["GRANT USAGE ON *.* TO `a`@`%`", "GRANT `admins` TO `a`@`%`"], own)
     assert problem(["GRANT USAGE ON *.* TO `a`@`%`",
-                    "GRANT SELECT, INSERT, CREATE ON `test\\_%`.* TO PUBLIC"])
-    assert problem(["GRANT USAGE ON *.* TO `a`@`%`", "GRANT SELECT, SHOW VIEW ON `shop`.* TO `a`@`%`",
-                    "GRANT SELECT, INSERT, DROP ON `sqlrl\\_s\\_%`.* TO `a`@`%`",
-                    "GRANT SELECT (name), UPDATE (name) ON `shop`.`t` TO `a`@`%`"])
-    assert problem(["GRANT USAGE ON *.* TO `a`@`%`", "GRANT SELECT, SHOW VIEW ON `shop`.* TO `a`@`%`",
-                    "GRANT SELECT, INSERT, DROP ON `sqlrl\\_s\\_%`.* TO `a`@`%`",
-                    "GRANT SELECT (name) ON `shop`.`t` TO `a`@`%`"]) is None
+                    "GRANT SELECT, INSERT, CREATE ON `test\\_%`.* TO PUBLIC"], own)
+    assert problem(["GRANT USAGE ON *.* TO `a`@`%`", mine,
+                    "GRANT SELECT (name) ON `shop`.`t` TO `a`@`%`"], own)
+    assert problem(["GRANT USAGE ON *.* TO `a`@`%`", "GRANT SELECT ON `sqlrl\\_s\\_%`.* TO `a`@`%`"],
+                   own)  # a pattern covering other sessions' databases
+    assert problem(["GRANT USAGE ON *.* TO `a`@`%`", mine], own) is None
 
 
-def test_admin_url_is_refused(db):
-    admin = provision.agent_url(db.server, db.name, role=parse_url(db.server).username,
-                                password=parse_url(db.server).password)
-    with pytest.raises(SessionError, match="ensure_agent_role"):
-        open_session(admin)
-    with open_session(admin + "?allow_superuser=1") as s:  # explicitly opted in
-        assert ok(s.execute("SELECT count(*) FROM customers")).rows == ((20,),)
+def test_the_agents_sql_never_runs_as_the_admin(db):
+    with open_session(db.url) as s:  # db.url holds the admin's credentials
+        (user,), = s.execute("SELECT CURRENT_USER()").rows
+        assert user.startswith("sqlrl_s_")
+        assert s.execute(f"SELECT count(*) FROM `{db.name}`.customers").error.kind \
+            is ErrorKind.PERMISSION  # not even the base
+    with pytest.raises(SessionError, match="allow_superuser is not supported"):
+        open_session(db.url + "?allow_superuser=1")
 
 
 def test_unreachable_server_fails_fast():
@@ -465,10 +470,9 @@ def test_killed_connection_gives_session_lost_and_its_scratch_is_collected(db):
     assert s.lost
     s.close()
     s.close()
-    assert orphan in scratch_databases(db)  # close() could not drop it: the connection is dead
-    with open_session(db.url) as t:  # a new connection of the account collects it
+    assert orphan not in scratch_databases(db)  # dropped with its account all the same
+    with open_session(db.url) as t:
         assert ok(t.execute("SELECT count(*) FROM customers")).rows == ((20,),)
-        assert orphan not in scratch_databases(db)
 
 
 def test_ping_and_close(db):
@@ -476,6 +480,7 @@ def test_ping_and_close(db):
     conn = adapter.connect(parse_url(db.url), Limits())
     assert adapter.ping(conn)
     adapter.close(conn)
+    assert SCRATCH.settle()  # closed (and its clone dropped) in the background
     assert not adapter.ping(conn)
 
 

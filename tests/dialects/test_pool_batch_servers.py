@@ -21,7 +21,7 @@ def server(request, demo_db_path):
                                     else "mysql_admin_url")
     name = f"t_batch_{uuid.uuid4().hex[:8]}"
     report = load_sqlite(demo_db_path, admin, name, replace=True)
-    yield request.param, report.agent_url
+    yield request.param, report.session_url
     provision.drop_database(admin, name)
 
 

@@ -1,12 +1,12 @@
 """SessionPool against a real PostgreSQL that restarts mid-run: the pool recovers without leaking.
 
-Restarting the server kills every connection (idle ones in the pool and the one under a live
-session). Expected: the live session reports session-lost (never hangs or raises), pre-ping
-replaces dead idle connections, later sessions work, and no server connection is left behind.
+Restarting the server kills every connection (the ready clones' connections, sqlrl's admin
+connections and the one under a live session). Expected: the live session reports session-lost
+(never hangs or raises), dead ready clones are found by their ping and replaced, later sessions
+work, and no scratch database or server connection is left behind.
 """
 
 import subprocess
-import time
 import uuid
 from pathlib import Path
 
@@ -14,6 +14,7 @@ import psycopg2
 import pytest
 
 from sqlrl.db import ErrorKind, PoolConfig, SessionPool, provision
+from sqlrl.db.scratch import SCRATCH
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -32,8 +33,14 @@ def _admin_query(url, sql):
         conn.close()
 
 
-def _backends(admin_url, db_name):
-    return _admin_query(admin_url, f"SELECT count(*) FROM pg_stat_activity WHERE datname = '{db_name}'")[0][0]
+def _scratch_backends(admin_url):
+    return _admin_query(admin_url, "SELECT count(*) FROM pg_stat_activity WHERE datname LIKE "
+                                   "'sqlrl\\_s\\_%' AND application_name = 'sqlrl'")[0][0]
+
+
+def _scratch_databases(admin_url):
+    return {r[0] for r in _admin_query(admin_url, "SELECT datname FROM pg_database "
+                                                  "WHERE datname LIKE 'sqlrl\\_s\\_%'")}
 
 
 @pytest.fixture
@@ -45,22 +52,23 @@ def pg_db(pg_admin_url):
     _admin_query(db_admin, "SET synchronous_commit = on; CREATE TABLE t(x int); "
                            "INSERT INTO t SELECT generate_series(1, 50)")
     _admin_query(pg_admin_url, "CHECKPOINT")
-    provision.ensure_agent_role(pg_admin_url)
-    provision.grant_database(pg_admin_url, name)
-    yield name, provision.agent_url(pg_admin_url, name)
+    provision.prepare_server(pg_admin_url)
+    provision.seal_database(pg_admin_url, name)
+    yield name, provision.session_url(pg_admin_url, name)
     provision.drop_database(pg_admin_url, name)
 
 
 def test_pool_recovers_after_a_server_restart_without_leaking(pg_admin_url, pg_db):
     name, url = pg_db
     pool = SessionPool(PoolConfig(max_size=4, checkout_timeout_s=10))
-    warm = [pool.session(url) for _ in range(4)]
-    for s in warm:
-        assert s.execute("SELECT count(*) FROM t").rows == ((50,),)
-        s.close()
-    assert pool.stats().idle == 4
+    for _ in range(4):
+        with pool.session(url) as s:
+            assert s.execute("SELECT count(*) FROM t").rows == ((50,),)
+    assert SCRATCH.settle()
+    assert SCRATCH.stats().ready >= 1  # clones prepared ahead, each with an open connection
     live = pool.session(url)  # a trajectory in progress
     live.execute("CREATE TEMP TABLE mine AS SELECT 1 AS x")
+    stale_before = SCRATCH.stats().stale
 
     subprocess.run(["bash", str(ROOT / "scripts" / "dbservers.sh"), "restart-pg"], check=True,
                    capture_output=True)
@@ -70,31 +78,32 @@ def test_pool_recovers_after_a_server_restart_without_leaking(pg_admin_url, pg_d
     assert live.execute("SELECT 1").error.kind is ErrorKind.SESSION_LOST
     live.close()
 
-    for _ in range(8):
+    for _ in range(8):  # dead ready clones are found by their ping and replaced
         with pool.session(url) as s:
             r = s.execute("SELECT count(*) FROM t")
             assert r.error is None, r.error
             assert r.rows == ((50,),)
-    stats = pool.stats()
-    assert stats.invalidations >= 3  # the dead idle connections found by pre-ping
-    assert stats.in_use == 0 and stats.idle <= 4
-    assert _backends(pg_admin_url, name) == stats.idle  # nothing leaked server-side
+    assert SCRATCH.stats().stale > stale_before
     pool.close()
-    deadline = time.monotonic() + 30  # backends of closed connections exit asynchronously
-    while _backends(pg_admin_url, name) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert _backends(pg_admin_url, name) == 0
+    assert SCRATCH.settle()
+    # nothing leaked server-side: the dead clones were dropped over new admin connections, and
+    # what is left is this process's ready clones, one backend each
+    held = SCRATCH.held_names()
+    assert _scratch_databases(pg_admin_url) <= held
+    assert _scratch_backends(pg_admin_url) == SCRATCH.stats().ready
 
 
-def test_pool_without_pre_ping_loses_one_session_then_recovers(pg_admin_url, pg_db):
+def test_a_ready_clone_whose_backend_died_is_never_handed_out(pg_admin_url, pg_db):
     name, url = pg_db
-    pool = SessionPool(PoolConfig(max_size=1, pre_ping=False))
-    pool.session(url).close()
-    subprocess.run(["bash", str(ROOT / "scripts" / "dbservers.sh"), "restart-pg"], check=True,
-                   capture_output=True)
-    with pool.session(url) as s:  # handed the dead connection: a typed error, not a hang
-        assert s.execute("SELECT 1").error.kind is ErrorKind.SESSION_LOST
-    with pool.session(url) as s:  # the dead one was discarded on return
-        assert s.execute("SELECT count(*) FROM t").rows == ((50,),)
-    assert pool.stats().discards >= 1
-    pool.close()
+    with SessionPool(PoolConfig(max_size=1)) as pool:
+        for _ in range(2):
+            pool.session(url).close()
+        assert SCRATCH.settle() and SCRATCH.stats().ready >= 1
+        stale_before = SCRATCH.stats().stale
+        _admin_query(pg_admin_url, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                                   "WHERE datname LIKE 'sqlrl\\_s\\_%' AND application_name = 'sqlrl'")
+        with pool.session(url) as s:  # not a dead connection: a fresh clone
+            assert s.execute("SELECT count(*) FROM t").rows == ((50,),)
+        assert SCRATCH.stats().stale > stale_before
+    assert SCRATCH.settle()
+    assert _scratch_databases(pg_admin_url) <= SCRATCH.held_names()

@@ -17,6 +17,7 @@ import pytest
 from sqlrl.db import ErrorKind, Limits, PoolConfig, SessionError, SessionPool, open_session
 from sqlrl.db import provision
 from sqlrl.db.dialects import postgresql as pg_adapter
+from sqlrl.db.scratch import SCRATCH
 from sqlrl.db.url import parse_url
 
 pytestmark = pytest.mark.postgres
@@ -84,7 +85,7 @@ def checksum(admin_db_url):
 
 @pytest.fixture(scope="module")
 def pg(pg_admin_url):
-    provision.ensure_agent_role(pg_admin_url)
+    provision.prepare_server(pg_admin_url)
     return pg_admin_url
 
 
@@ -98,8 +99,8 @@ def db(pg, request):
         for sql in BASE_SQL:
             cur.execute(sql)
     conn.close()
-    provision.grant_database(pg, name)
-    yield SimpleNamespace(name=name, admin=admin_db, url=provision.agent_url(pg, name), server=pg)
+    provision.seal_database(pg, name)
+    yield SimpleNamespace(name=name, admin=admin_db, url=provision.session_url(pg, name), server=pg)
     provision.drop_database(pg, name)
 
 
@@ -307,50 +308,59 @@ def test_a_thousand_random_ddl_dml_sessions_leave_the_base_unchanged(db):
                     errors += r.error is not None
                     assert r.error is None or r.error.kind is not ErrorKind.SESSION_LOST, (sql, r.error)
         stats = pool.stats()
-        assert stats.resets >= 990  # connections were reset and reused, not reopened
+        assert stats.connects == stats.discards == 1000  # a fresh clone each, never reused
     finally:
         pool.close()
     assert 300 < errors < 3500  # the mix really exercised both paths
     assert checksum(db.admin) == before
-    leftovers = admin_query(db.admin, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'")
-    assert leftovers == [(0,)]
+    assert SCRATCH.settle()
+    assert _session_advisory_locks(db) == [(0,)]
     assert admin_query(db.admin, "SELECT count(*) FROM pg_prepared_xacts") == [(0,)]
+    assert _scratch_databases(db) <= SCRATCH.held_names()  # only this process's ready clones
 
 
-def test_pooled_connection_is_reset_between_sessions(db):
+def _session_advisory_locks(db):
+    """Advisory locks other than sqlrl's own liveness locks (class 0x7371, two-key form)."""
+    return admin_query(db.admin, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
+                       "AND NOT (classid = 29553 AND objsubid = 2)")
+
+
+def _scratch_databases(db):
+    return {name for (name,) in admin_query(
+        db.admin, "SELECT datname FROM pg_database WHERE datname LIKE 'sqlrl\\_s\\_%'")}
+
+
+def test_every_session_gets_a_fresh_database_and_role(db):
     with SessionPool(PoolConfig(max_size=1)) as pool:
         with pool.session(db.url) as s:
-            pid = s.execute("SELECT pg_backend_pid()").rows[0][0]
+            pid, role = s.execute("SELECT pg_backend_pid(), current_user").rows[0]
             ok(s.execute("PREPARE p AS SELECT 1"))
             ok(s.execute("SELECT pg_advisory_lock(7)"))
             ok(s.execute("SET search_path = pg_catalog"))
             ok(s.execute("SELECT count(*) FROM pg_class"))  # leaves the streamed cursor open
         with pool.session(db.url) as s:
-            assert s.execute("SELECT pg_backend_pid()").rows[0][0] == pid
+            pid2, role2 = s.execute("SELECT pg_backend_pid(), current_user").rows[0]
+            assert pid2 != pid and role2 != role and role2.startswith("sqlrl_s_")
             assert s.execute("EXECUTE p").error.kind is ErrorKind.RUNTIME
             assert ok(s.execute("SHOW search_path")).rows != (("pg_catalog",),)
             assert ok(s.execute("SELECT current_setting('statement' || '_timeout')")).rows \
                 == (("5s",),)
             assert ok(s.execute("SELECT count(*) FROM customers")).rows == ((20,),)
-        assert admin_query(db.admin, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'") \
-            == [(0,)]
+    assert SCRATCH.settle()
+    assert _session_advisory_locks(db) == [(0,)]
+    assert admin_query(db.admin, "SELECT count(*) FROM pg_roles WHERE rolname = %s",
+                       (role,)) == [(0,)]
 
 
-def test_locks_held_by_one_session_make_another_time_out_not_hang(db):
+def test_sessions_never_wait_for_each_other(db):
     with open_session(db.url, limits=Limits(timeout_s=1)) as a, \
             open_session(db.url, limits=Limits(timeout_s=1)) as b:
-        ok(a.execute("UPDATE customers SET name = 'locked' WHERE id = 1"))
-        t0 = time.monotonic()  # a row lock
-        assert b.execute("UPDATE customers SET name = 'me too' WHERE id = 1").error.kind \
-            is ErrorKind.TIMEOUT  # without lock_timeout it would wait forever
-        assert time.monotonic() - t0 < 30  # only a guard against hanging
+        ok(a.execute("UPDATE customers SET name = 'changed' WHERE id = 1"))
+        ok(a.execute("SELECT * FROM products"))  # a's cursor block holds a lock until its next call
+        ok(b.execute("ALTER TABLE products ADD COLUMN c int"))  # b's own table: no wait
         assert ok(b.execute("SELECT name FROM customers WHERE id = 1")).rows == (("customer 1",),)
-        # DDL needs the table to itself: b read customers, so a's ALTER waits for b to end
-        assert a.execute("ALTER TABLE customers ADD COLUMN c int").error.kind is ErrorKind.TIMEOUT
-        # ... and a table a changed by DDL is locked for b until a ends
         ok(a.execute("DROP TABLE products CASCADE"))
-        assert b.execute("SELECT count(*) FROM products").error.kind is ErrorKind.TIMEOUT
-        ok(b.execute("SELECT 1"))
+        assert ok(b.execute("SELECT count(*) FROM products")).rows == ((10,),)
     with open_session(db.url) as c:
         assert ok(c.execute("SELECT count(*) FROM products")).rows == ((10,),)
 
@@ -388,7 +398,7 @@ def test_hostile_statements_are_errors_and_touch_nothing(db, tmp_path):
             "SET statement_timeout = 0", "SET LOCAL lock_timeout = 0",
             "SELECT set_config('statement_timeout', '0', false)",
             "SET standard_conforming_strings = off",
-            "LISTEN ch", "NOTIFY ch", "CREATE ROLE evil SUPERUSER", "ALTER ROLE sqlrl_agent SUPERUSER",
+            "LISTEN ch", "NOTIFY ch", "CREATE ROLE evil SUPERUSER", "ALTER ROLE CURRENT_USER SUPERUSER",
             "CREATE DATABASE evil", "DROP DATABASE postgres", "DISCARD ALL", "CLOSE ALL",
             "VACUUM customers", "CHECKPOINT", "FETCH ALL FROM sqlrl_c",
             "SELECT 1; COMMIT",
@@ -434,11 +444,12 @@ def test_the_lexer_guard_refuses_hidden_statements():
         assert denial(fine) is None, fine
 
 
-def test_superuser_and_admin_urls_are_refused(db):
-    with pytest.raises(SessionError, match="ensure_agent_role"):
-        open_session(db.admin)
-    with open_session(db.admin + "?allow_superuser=1") as s:  # explicitly opted in
-        assert ok(s.execute("SELECT current_setting('is_superuser')")).rows == (("on",),)
+def test_the_agents_sql_never_runs_as_the_admin(db):
+    with open_session(db.url) as s:  # db.url holds the admin's credentials
+        (role, superuser), = s.execute("SELECT current_user, current_setting('is_superuser')").rows
+        assert role.startswith("sqlrl_s_") and superuser == "off"
+    with pytest.raises(SessionError, match="allow_superuser is not supported"):
+        open_session(db.admin + "?allow_superuser=1")
 
 
 def test_unreachable_server_fails_fast():
@@ -448,21 +459,14 @@ def test_unreachable_server_fails_fast():
     assert time.monotonic() - t0 < 3
 
 
-def _sqlrl_backends(db):
-    return admin_query(db.admin, "SELECT count(*) FROM pg_stat_activity WHERE datname = %s "
-                       "AND application_name = 'sqlrl'", (db.name,))[0][0]
-
-
 def test_failing_preprocess_sql_raises_and_leaves_nothing(db):
     before = checksum(db.admin)
     with pytest.raises(SessionError, match="preprocess_sql failed"):
         open_session(db.url, preprocess_sql=["DELETE FROM orders", "CREATE TABLE x(a int)",
                                              "SELECT nosuch FROM customers"])
     assert checksum(db.admin) == before
-    deadline = time.monotonic() + 30  # a closed connection's backend exits asynchronously
-    while _sqlrl_backends(db) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert _sqlrl_backends(db) == 0
+    assert SCRATCH.settle()  # its clone was dropped: only ready clones of this process remain
+    assert _scratch_databases(db) <= SCRATCH.held_names()
     with open_session(db.url, preprocess_sql=["CREATE TEMP TABLE pre AS SELECT 5 AS x"]) as s:
         assert s.execute("SELECT x FROM pre").rows == ((5,),)
 
@@ -489,6 +493,7 @@ def test_ping_and_close(db):
     conn = adapter.connect(parse_url(db.url), Limits())
     assert adapter.ping(conn)
     adapter.close(conn)
+    assert SCRATCH.settle()  # closed (and its clone dropped) in the background
     assert not adapter.ping(conn)
 
 

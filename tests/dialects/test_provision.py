@@ -1,4 +1,9 @@
-"""sqlrl.db.provision against real servers: roles, databases and grants, all idempotent."""
+"""sqlrl.db.provision and the scratch roles against real servers: what the servers enforce.
+
+Bases are reachable by no agent account; every session runs as a role/user made for it alone,
+with rights on its own clone only, and both are gone after the session. All provisioning calls
+are idempotent.
+"""
 
 import os
 
@@ -7,6 +12,8 @@ import pymysql
 import pytest
 
 from sqlrl.db import SessionError, open_session, provision
+from sqlrl.db.dialects.postgresql_admin import OWNER_ROLE
+from sqlrl.db.scratch import SCRATCH
 from sqlrl.db.url import parse_url
 
 PID = os.getpid()
@@ -14,14 +21,9 @@ PID = os.getpid()
 
 # --- PostgreSQL ----------------------------------------------------------------------------------
 
-def _pg(url):
+def pg_query(url, sql, args=None):
     conn = psycopg2.connect(url)
     conn.autocommit = True
-    return conn
-
-
-def pg_query(url, sql, args=None):
-    conn = _pg(url)
     try:
         with conn.cursor() as cur:
             cur.execute(sql, args)
@@ -38,13 +40,16 @@ def pg_db(pg_admin_url):
 
 
 @pytest.mark.postgres
-def test_pg_role_database_and_grants(pg_admin_url, pg_db):
-    for _ in range(2):  # idempotent
-        provision.ensure_agent_role(pg_admin_url)
+def test_pg_bases_are_sealed_and_sessions_run_as_their_own_role(pg_admin_url, pg_db):
+    pg_query(pg_admin_url, f"DO $$BEGIN CREATE ROLE {OWNER_ROLE} NOLOGIN; EXCEPTION WHEN "
+                           f"duplicate_object THEN NULL; END$$; GRANT pg_read_server_files TO {OWNER_ROLE}")
+    for _ in range(2):  # idempotent; takes escalating roles away from the owner role
+        provision.prepare_server(pg_admin_url)
     (attrs,) = pg_query(pg_admin_url, "SELECT rolcanlogin, rolsuper, rolcreatedb, rolcreaterole, "
-                        "rolreplication, rolbypassrls FROM pg_roles WHERE rolname = %s",
-                        (provision.AGENT_ROLE,))
-    assert attrs == (True, False, False, False, False, False)
+                        "rolreplication, rolbypassrls FROM pg_roles WHERE rolname = %s", (OWNER_ROLE,))
+    assert attrs == (False, False, False, False, False, False)
+    assert pg_query(pg_admin_url, "SELECT count(*) FROM pg_auth_members m JOIN pg_roles r ON "
+                    "r.oid = m.member WHERE r.rolname = %s", (OWNER_ROLE,)) == [(0,)]
 
     url = provision.create_database(pg_admin_url, pg_db)
     assert url == provision.create_database(pg_admin_url, pg_db)
@@ -54,36 +59,48 @@ def test_pg_role_database_and_grants(pg_admin_url, pg_db):
                   "CREATE MATERIALIZED VIEW mv AS SELECT 1 AS one; CREATE SCHEMA extra; "
                   "CREATE TABLE extra.e (a int)")
     for _ in range(2):
-        provision.grant_database(pg_admin_url, pg_db)
+        provision.seal_database(pg_admin_url, pg_db)
     owners = dict(pg_query(url, "SELECT c.relname, pg_get_userbyid(c.relowner) FROM pg_class c "
                                 "JOIN pg_namespace n ON n.oid = c.relnamespace "
                                 "WHERE n.nspname IN ('public', 'extra') AND c.relkind IN "
                                 "('r', 'v', 'm', 'S')"))
     assert set(owners) == {"t", "t_id_seq", "t_x_seq", "free_seq", "v", "mv", "e"}
-    assert set(owners.values()) == {provision.AGENT_ROLE}
-    role = provision.AGENT_ROLE
-    (privs,) = pg_query(url, "SELECT has_database_privilege(%s, current_database(), 'CONNECT'), "
-                        "has_database_privilege(%s, current_database(), 'TEMP'), "
-                        "has_database_privilege(%s, current_database(), 'CREATE'), "
-                        "has_schema_privilege(%s, 'public', 'USAGE, CREATE'), "
-                        "has_schema_privilege(%s, 'extra', 'USAGE, CREATE')", (role,) * 5)
-    assert privs == (True, True, False, True, True)
-    revoked = pg_query(url, "SELECT p.oid::regprocedure::text, has_function_privilege(%s, p.oid, "
-                       "'EXECUTE') FROM pg_proc p WHERE p.proname IN ('pg_terminate_backend', "
-                       "'pg_cancel_backend', 'pg_read_file', 'lo_export', 'set_config', "
-                       "'pg_reload_conf')", (role,))
-    assert len(revoked) >= 6 and not any(allowed for _, allowed in revoked), revoked
-    # revocations are per database: the server's other databases keep the defaults
-    (elsewhere,) = pg_query(pg_admin_url, "SELECT has_function_privilege(%s, "
-                            "'pg_cancel_backend(integer)', 'EXECUTE')", (role,))
-    assert elsewhere == (True,)
+    assert set(owners.values()) == {OWNER_ROLE}
+    # PUBLIC (so every agent role) has no right on the base at all
+    assert pg_query(url, "SELECT count(*) FROM pg_database d, aclexplode(d.datacl) a "
+                         "WHERE d.datname = %s AND a.grantee = 0", (pg_db,)) == [(0,)]
 
-    agent = provision.agent_url(pg_admin_url + "?allow_superuser=1", pg_db)
-    assert agent == f"postgresql://sqlrl_agent:sqlrl-agent@127.0.0.1:{parse_url(url).port}/{pg_db}"
-    with open_session(agent) as s:
-        assert s.execute("SELECT current_user, count(*) FROM t").rows == (("sqlrl_agent", 0),)
-        assert s.execute("ALTER TABLE t ADD COLUMN y int").error is None  # owner: DDL works
+    session_url = provision.session_url(pg_admin_url, pg_db)
+    assert session_url == url  # the admin's credentials, the base as database
+    with open_session(session_url) as s:
+        ((role, database),) = s.execute("SELECT current_user, current_database()").rows
+        assert role.startswith("sqlrl_s_") and database == role
+        assert s.execute("ALTER TABLE t ADD COLUMN y int").error is None  # owner's rights: DDL
         assert s.execute("DROP VIEW v").error is None
+        assert s.execute("SELECT setval('free_seq', 99)").error is None  # its own sequence
+        (attrs,) = pg_query(pg_admin_url, "SELECT rolcanlogin, rolsuper, rolcreatedb, rolcreaterole, "
+                            "rolreplication, rolbypassrls, rolconnlimit FROM pg_roles "
+                            "WHERE rolname = %s", (role,))
+        assert attrs == (True, False, False, False, False, False, 2)
+        assert pg_query(pg_admin_url, "SELECT r.rolname FROM pg_auth_members m JOIN pg_roles r "
+                        "ON r.oid = m.roleid WHERE m.member = %s::regrole", (role,)) == [(OWNER_ROLE,)]
+        (privs,) = pg_query(url, "SELECT has_database_privilege(%s, %s, 'CONNECT'), "
+                            "has_database_privilege(%s, %s, 'CONNECT'), "
+                            "has_database_privilege(%s, %s, 'TEMP'), "
+                            "has_database_privilege(%s, %s, 'CREATE')",
+                            (role, pg_db, role, role, role, role, role, role))
+        assert privs == (False, True, True, False)  # not the base; its own clone, no CREATE
+        revoked = pg_query(url, "SELECT has_function_privilege(%s, p.oid, 'EXECUTE') FROM pg_proc p "
+                           "WHERE p.proname IN ('pg_terminate_backend', 'pg_cancel_backend', "
+                           "'pg_read_file', 'lo_export', 'set_config', 'pg_reload_conf')", (role,))
+        assert len(revoked) >= 6 and not any(allowed for (allowed,) in revoked)
+    assert SCRATCH.settle()
+    assert pg_query(pg_admin_url, "SELECT count(*) FROM pg_roles WHERE rolname = %s", (role,)) == [(0,)]
+    assert pg_query(pg_admin_url, "SELECT count(*) FROM pg_database WHERE datname = %s",
+                    (role,)) == [(0,)]
+    assert pg_query(url, "SELECT last_value FROM free_seq") == [(1,)]  # the base's is untouched
+    with open_session(session_url) as s:  # a later session sees the base as it was
+        assert s.execute("SELECT count(*) FROM v").rows == ((0,),)
 
     pg_query(url, "INSERT INTO t (name) VALUES ('kept?')")
     provision.create_database(pg_admin_url, pg_db, replace=True)
@@ -94,10 +111,23 @@ def test_pg_role_database_and_grants(pg_admin_url, pg_db):
                     (pg_db,)) == [(0,)]
 
 
+@pytest.mark.postgres
+def test_pg_an_account_that_cannot_create_roles_gets_a_clear_error(pg_admin_url, pg_db):
+    plain = f"sqlrl_plain_{PID}"
+    pg_query(pg_admin_url, f"DROP ROLE IF EXISTS {plain}; CREATE ROLE {plain} LOGIN PASSWORD 'pw'")
+    try:
+        provision.create_database(pg_admin_url, pg_db)
+        provision.seal_database(pg_admin_url, pg_db)
+        url = parse_url(provision.session_url(pg_admin_url, pg_db)).set(username=plain, password="pw")
+        with pytest.raises(SessionError, match="cannot create roles and databases"):
+            open_session(url.render_as_string(hide_password=False))
+        with pytest.raises(SessionError, match="allow_superuser is not supported"):
+            open_session(provision.session_url(pg_admin_url, pg_db) + "?allow_superuser=1")
+    finally:
+        pg_query(pg_admin_url, f"DROP ROLE IF EXISTS {plain}")
+
+
 # --- MariaDB / MySQL -----------------------------------------------------------------------------
-
-ROLE = f"sqlrl_p{PID}"
-
 
 def my_query(url, sql, args=None):
     u = parse_url(url)
@@ -116,40 +146,46 @@ def my_db(mysql_admin_url):
     name = f"sqlrl_p_{PID}_x"
     yield name
     provision.drop_database(mysql_admin_url, name)
-    for host in ("127.0.0.1", "localhost"):
-        my_query(mysql_admin_url, "DROP USER IF EXISTS %s@%s", (ROLE, host))
 
 
 @pytest.mark.mysql
-def test_mysql_role_database_and_grants(mysql_admin_url, my_db):
+def test_mysql_bases_are_granted_to_nobody_and_sessions_run_as_their_own_user(mysql_admin_url, my_db):
     for _ in range(2):
-        provision.ensure_agent_role(mysql_admin_url, role=ROLE, password="pw-1")
-    provision.ensure_agent_role(mysql_admin_url, role=ROLE, password="pw-2")  # password updated
+        provision.prepare_server(mysql_admin_url)
+    # MariaDB's default PUBLIC grants on test / test_% are gone; symbolic links are off
+    assert my_query(mysql_admin_url, "SELECT count(*) FROM mysql.db WHERE User = 'PUBLIC'") == ((0,),)
+    assert my_query(mysql_admin_url, "SELECT @@have_symlink") == (("DISABLED",),)
     url = provision.create_database(mysql_admin_url, my_db)
     assert url == provision.create_database(mysql_admin_url, my_db)
     my_query(mysql_admin_url, f"CREATE TABLE {my_db}.t (id INT PRIMARY KEY)")
+    my_query(mysql_admin_url, f"CREATE VIEW {my_db}.v AS SELECT id FROM {my_db}.t")
     for _ in range(2):
-        provision.grant_database(mysql_admin_url, my_db, role=ROLE)
-    for host in ("127.0.0.1", "localhost"):
-        grants = sorted(r[0] for r in my_query(mysql_admin_url, "SHOW GRANTS FOR %s@%s", (ROLE, host)))
-        text = "\n".join(grants)
-        assert f"GRANT SELECT, SHOW VIEW ON `{my_db.replace('_', chr(92) + '_')}`.*" in text
-        scratch = next(g for g in grants if "sqlrl\\_s\\_%" in g)
+        provision.seal_database(mysql_admin_url, my_db)
+    assert my_query(mysql_admin_url, "SELECT count(*) FROM mysql.db WHERE Db = %s",
+                    (my_db.replace("_", "\\_"),)) == ((0,),)  # granted to nobody
+
+    session_url = provision.session_url(mysql_admin_url, my_db)
+    with open_session(session_url) as s:
+        ((user, database),) = s.execute("SELECT CURRENT_USER(), DATABASE()").rows
+        name = user.split("@")[0]
+        assert name.startswith("sqlrl_s_") and database == name and user.endswith("@%")
+        assert s.execute("SELECT count(*) FROM t").rows == ((0,),)
+        assert s.execute("SELECT count(*) FROM v").rows == ((0,),)  # the view was cloned
+        text = "\n".join(row[0] for row in s.execute("SHOW GRANTS").rows)
         for privilege in ("SELECT", "INSERT", "UPDATE", "DELETE", "CREATE", "DROP", "ALTER", "INDEX",
                           "CREATE TEMPORARY TABLES", "CREATE VIEW", "SHOW VIEW", "REFERENCES"):
-            assert privilege in scratch
+            assert privilege in text
         for forbidden in ("FILE", "SUPER", "ALL PRIVILEGES", "CREATE ROUTINE", "EXECUTE", "EVENT",
-                          "TRIGGER", "GRANT OPTION", "PROCESS", "LOCK TABLES"):
+                          "TRIGGER", "GRANT OPTION", "PROCESS", "LOCK TABLES", "CREATE USER"):
             assert forbidden not in text, (forbidden, text)
-    # MariaDB's default PUBLIC grants on test / test_% are gone
-    assert my_query(mysql_admin_url, "SELECT count(*) FROM mysql.db WHERE User = 'PUBLIC'") == ((0,),)
-
-    agent = provision.agent_url(mysql_admin_url, my_db, role=ROLE, password="pw-2")
-    assert agent.startswith(f"mysql://{ROLE}:pw-2@127.0.0.1:") and agent.endswith(f"/{my_db}")
-    with open_session(agent) as s:
-        assert s.execute("SELECT count(*) FROM t").rows == ((0,),)
-    with pytest.raises(SessionError):
-        open_session(provision.agent_url(mysql_admin_url, my_db, role=ROLE, password="pw-1"))
+        assert my_db not in text and my_db.replace("_", "\\_") not in text
+        assert "ON *.*" in text and "GRANT USAGE ON *.*" in text  # nothing global but USAGE
+    assert SCRATCH.settle()
+    assert my_query(mysql_admin_url, "SELECT count(*) FROM mysql.user WHERE User = %s",
+                    (name,)) == ((0,),)
+    assert my_query(mysql_admin_url, "SHOW DATABASES LIKE %s", (name,)) == ()
+    with pytest.raises(SessionError, match="allow_superuser is not supported"):
+        open_session(session_url + "?allow_superuser=1")
 
     my_query(mysql_admin_url, f"INSERT INTO {my_db}.t VALUES (1)")
     provision.create_database(mysql_admin_url, my_db, replace=True)
@@ -166,11 +202,11 @@ def test_names_are_validated_and_dialects_dispatched(pg_admin_url):
     for bad in ("", "a b", "x;DROP", "a" * 64, "quo`te", "é"):
         with pytest.raises(ValueError):
             provision.create_database(pg_admin_url, bad)
+        with pytest.raises(ValueError):
+            provision.session_url(pg_admin_url, bad)
     with pytest.raises(ValueError, match="reserved"):
         provision.create_database(pg_admin_url, "sqlrl_s_mine")
-    with pytest.raises(ValueError):
-        provision.ensure_agent_role(pg_admin_url, role="bad role")
     with pytest.raises(SessionError, match="no provisioning"):
         provision.create_database("sqlite:///tmp/x.sqlite", "x")
-    assert provision.agent_url("mariadb://root:pw@db.example:3306/mysql?allow_superuser=1", "shop") \
-        == "mariadb://sqlrl_agent:sqlrl-agent@db.example:3306/shop"
+    assert provision.session_url("mariadb://root:pw@db.example:3306/mysql?ssl=1", "shop") \
+        == "mariadb://root:pw@db.example:3306/shop?ssl=1"

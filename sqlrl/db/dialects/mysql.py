@@ -1,44 +1,44 @@
-"""MariaDB / MySQL adapter: every session works in a private scratch database cloned from the base.
+"""MariaDB / MySQL adapter: every session works in its own database, as its own account.
 
-Isolation ("scratch-database"): DDL commits implicitly on these engines, so a transaction cannot
-isolate CREATE/ALTER/DROP. ``begin`` creates ``sqlrl_s_<account>_<connection id>_<random>``,
-clones every base table (``CREATE TABLE … LIKE`` + ``INSERT … SELECT``, foreign-key checks off)
-and view (``SHOW CREATE VIEW`` rewritten to the scratch database, DEFINER dropped), then ``USE``s
-it. The agent role may write only there (``sqlrl.db.provision``: SELECT/SHOW VIEW on the base,
-DDL/DML only on ``sqlrl\\_s\\_%``). ``end`` drops the scratch database, then ``COM_RESET_CONNECTION``
-drops TEMPORARY tables and user variables, releases named locks and resets session variables (the
-limits are re-applied); the connection is reusable when all of that succeeded. Scratch databases of
-connections that died (a killed session never reaches ``end``) are dropped by the next new
-connection of the same account (connection ids are checked against the account's process list).
+Isolation ("scratch-database"): ``connect`` takes a prepared clone of the URL's base from
+``sqlrl.db.scratch`` — a database cloned by the admin and an account ``<name>@'%'`` made for this
+session alone, holding privileges on that database only (``mysql_admin``: what the server
+enforces). DDL commits implicitly on these engines; here it has nothing to escape into. The
+session's TEMPORARY tables, user variables, prepared statements and locks die with its
+connection, its database and account are dropped when it closes (``end`` says the connection is
+not reusable; ``close`` gives it back to ``scratch``). No agent account has any privilege on the
+base, on another session's database, or any global privilege (no PROCESS: it sees and may kill
+only its own connections).
 
 Timeout: MariaDB ``max_statement_time`` (seconds) or MySQL ``max_execution_time`` (ms, SELECT
 only), ``lock_wait_timeout`` and ``innodb_lock_wait_timeout``; pymysql's ``read_timeout`` is a
-backstop ``READ_TIMEOUT_MARGIN_S`` above the limit (it drops the connection: ``session-lost``).
-Recursion limits (MariaDB ``max_recursive_iterations``, MySQL ``cte_max_recursion_depth``) are
-lifted so that, as on the other engines, only the timeout stops a runaway recursive CTE. A
-statement the timer stopped is always a ``timeout`` error: MariaDB ends ``DO SLEEP(n)`` and
-``BENCHMARK(…)`` stopped that way as a success, so a statement that ran to its deadline is checked
-against the session's ``Max_statement_time_exceeded`` status counter (one extra round trip, only
-then). sql_mode is MySQL 8's default (incl. ONLY_FULL_GROUP_BY) on both engines.
+backstop ``READ_TIMEOUT_MARGIN_S`` above the limit (it drops the connection: ``session-lost``);
+the executor's watchdog sends ``KILL QUERY`` from the admin connection (registered from the
+session URL) whatever the session SET. Recursion limits (MariaDB ``max_recursive_iterations``,
+MySQL ``cte_max_recursion_depth``) are lifted so that, as on the other engines, only the timeout
+stops a runaway recursive CTE. A statement the timer stopped is always a ``timeout`` error:
+MariaDB ends ``DO SLEEP(n)`` and ``BENCHMARK(…)`` stopped that way as a success, so a statement
+that ran to its deadline is checked against the session's ``Max_statement_time_exceeded`` status
+counter (one extra round trip, only then). sql_mode is MySQL 8's default (incl.
+ONLY_FULL_GROUP_BY) on both engines.
 
 Results are read unbuffered (``SSCursor``), so the row cap also bounds client memory.
 
-Sandbox: no TLS on loopback; the client never enables multi-statements or LOCAL INFILE. Sessions
-refuse accounts with global privileges, role grants, GRANT OPTION, or write privileges outside the
-scratch pattern (unless ``?allow_superuser=1``, unsafe). Statements are split and read by
-``mysql_lex`` (the server's lexer rules: ``--`` + control character, ``#``, executable comments
-as code, backslash escapes), whose ``denial`` refuses USE, PREPARE/EXECUTE/
-DEALLOCATE, LOAD DATA/XML, INTO OUTFILE/DUMPFILE, LOAD_FILE, any text naming the ``sqlrl_s_``
-prefix, SET GLOBAL/PERSIST/PASSWORD/ROLE/STATEMENT/NAMES, sql_mode changes, KILL, FLUSH, LOCK/UNLOCK,
-SHUTDOWN, GRANT/REVOKE, user/role/database/routine/trigger/event DDL, HANDLER, plugins, XA,
-replication commands, compound statements (IF/WHILE/LOOP/…, labels) and the process list.
+Sandbox (friendly errors; the wall is the server): no TLS on loopback; the client never enables
+multi-statements or LOCAL INFILE. The agent connection refuses accounts with global privileges,
+role grants, GRANT OPTION, or write privileges outside the scratch pattern (a check on what
+``scratch`` created). Statements are split and read by ``mysql_lex`` (the server's lexer rules:
+``--`` + control character, ``#``, executable comments as code, backslash escapes), whose
+``denial`` refuses USE, PREPARE/EXECUTE/DEALLOCATE, LOAD DATA/XML, INTO OUTFILE/DUMPFILE,
+LOAD_FILE, any text naming the ``sqlrl_s_`` prefix, SET GLOBAL/PERSIST/PASSWORD/ROLE/STATEMENT/
+NAMES, sql_mode changes, KILL, FLUSH, LOCK/UNLOCK, SHUTDOWN, GRANT/REVOKE, user/role/database/
+routine/trigger/event DDL, HANDLER, plugins, XA, replication commands, compound statements
+(IF/WHILE/LOOP/…, labels) and the process list.
 """
 
 from __future__ import annotations
 
-import hashlib
 import math
-import os
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -49,46 +49,34 @@ from sqlalchemy.engine import URL
 
 from ..statements import Statement
 from ..types import ErrorKind, Limits, SessionError
-from .base import error_message, register_dialect, url_flag
-from .mysql_fetch import Result as _Result, abandon_unbuffered, kill_query
+from .base import error_message, register_dialect
+from .mysql_admin import grant_target
+from .mysql_fetch import Result as _Result, abandon_unbuffered, kill_query, register_admin_url
 from .mysql_fetch import stopped_by_timeout as _stopped_by_timeout
 from .mysql_lex import DEFAULT, SCRATCH_PREFIX, Flavor, denial, server_flavor, split
 
 __all__ = ["MySQLDialect", "SCRATCH_PREFIX", "denial", "privilege_problem", "connect_kwargs"]
 READ_TIMEOUT_MARGIN_S = 5.0
-CLONE_TIMEOUT_S = 300.0  # statement limit while begin() clones the base
 CONNECT_TIMEOUT_S = 10
 SQL_MODE = ("ONLY_FULL_GROUP_BY,STRICT_TRANS_TABLES,NO_ZERO_IN_DATE,NO_ZERO_DATE,"
             "ERROR_FOR_DIVISION_BY_ZERO,NO_ENGINE_SUBSTITUTION")
-_COM_RESET_CONNECTION = 0x1F
 _LOOPBACK = {"127.0.0.1", "::1", "localhost"}
 _PASSTHROUGH_QUERY = {"unix_socket", "ssl_ca", "ssl_cert", "ssl_key", "charset"}
-_SCRATCH_TARGET = "`sqlrl\\_s\\_%`.*"
 
 _SYNTAX_CODES = {1064, 1065, 1149}
 _PERMISSION_CODES = {1044, 1045, 1095, 1142, 1143, 1148, 1211, 1227, 1290, 1370, 1410, 1698}
 _TIMEOUT_CODES = {1969, 3024, 1317, 1205, 3572}
 _LOST_CODES = {0, 1053, 1927, 2003, 2006, 2013, 2055}
-_GENERATED_COLUMN_CODES = {1906, 3105}
-_MISSING_TABLE = 1146
 
 
 class _Connection(pymysql.connections.Connection):
-    """A pymysql connection that knows its server flavour, account and session settings."""
+    """A pymysql connection that knows its server flavour and session settings."""
 
     mariadb: bool = True
     flavor: Flavor = DEFAULT  # what the statement lexer needs to know about the server
-    account_tag: str = ""
     connect_kw: dict = {}  # how it was opened (the watchdog's KILL QUERY connection uses it)
-    limits_sql: str = ""  # SET SESSION … applied at connect and after every reset
-    fresh: bool = True  # no session has begun on it yet
+    limits_sql: str = ""  # SET SESSION … applied at connect
     timeouts_seen: int = 0  # the session's Max_statement_time_exceeded when last read
-
-    def reset_session(self) -> None:
-        """COM_RESET_CONNECTION: TEMPORARY tables, user variables, prepared statements, named
-        locks and session variables go back to a fresh connection's state."""
-        self._execute_command(_COM_RESET_CONNECTION, b"")
-        self._read_ok_packet()
 
     @property
     def alive(self) -> bool:
@@ -97,7 +85,7 @@ class _Connection(pymysql.connections.Connection):
 
 @dataclass
 class _Scratch:
-    name: str
+    name: str  # the session's database (shown to the model as the base's name)
     base: str
 
 
@@ -130,18 +118,15 @@ def connect_kwargs(url: URL, database: str | None) -> dict[str, Any]:
     return kw
 
 
-def _q(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"
-
-
 # --- privileges ----------------------------------------------------------------------------------
 
 _GRANT_RE = re.compile(r"^GRANT (.+?) ON (.+?) TO (\S+)")
-_ACCOUNT_RE = re.compile(r" TO (`[^`]*`@`[^`]*`|'[^']*'@'[^']*')")
 
 
-def privilege_problem(grant_lines: list[str]) -> str | None:
-    """Why an account with these SHOW GRANTS lines is unfit for agent SQL, or None."""
+def privilege_problem(grant_lines: list[str], database: str) -> str | None:
+    """Why an account with these SHOW GRANTS lines is unfit for agent SQL in ``database`` (its
+    scratch database), or None: anything beyond USAGE, and privileges on that one database."""
+    own = grant_target(database)
     for line in grant_lines:
         m = _GRANT_RE.match(line)
         if m is None:
@@ -155,11 +140,9 @@ def privilege_problem(grant_lines: list[str]) -> str | None:
         if target == "*.*":
             if names - {"USAGE"}:
                 return f"it has global privileges ({', '.join(sorted(names))} ON *.*)"
-        elif target == _SCRATCH_TARGET:
-            continue
-        elif names - {"USAGE", "SELECT", "SHOW VIEW"}:
-            return (f"it may write outside its scratch databases ({', '.join(sorted(names))} "
-                    f"ON {target})")
+        elif target.lower() != f"{own}.*".lower():
+            return f"it has privileges outside its own database ({', '.join(sorted(names))} " \
+                   f"ON {target})"
     return None
 
 
@@ -172,8 +155,19 @@ class MySQLDialect:
     isolation = "scratch-database"
 
     def connect(self, url: URL, limits: Limits) -> Any:
+        """An agent connection on a fresh clone of ``url``'s database (``url``: an admin URL of the
+        base, ``provision.session_url``)."""
         if not url.database:
             raise SessionError("a MariaDB/MySQL session URL must name its base database")
+        if "allow_superuser" in url.query:
+            raise SessionError("?allow_superuser is not supported: the agent's SQL always runs as "
+                               "an account made for its session; give the admin URL of the base")
+        from ..scratch import SCRATCH
+        register_admin_url(url)  # the watchdog's KILL QUERY runs as the admin
+        return SCRATCH.take(url, limits, self)
+
+    def open_agent(self, url: URL, limits: Limits) -> Any:
+        """Log in as a session's own account (``scratch`` calls this when preparing a clone)."""
         kw = connect_kwargs(url, url.database)
         kw["read_timeout"] = kw["write_timeout"] = limits.timeout_s + READ_TIMEOUT_MARGIN_S
         try:
@@ -188,16 +182,9 @@ class MySQLDialect:
             with conn.cursor() as cur:
                 cur.execute("SHOW GRANTS")
                 lines = [row[0] for row in cur.fetchall()]
-                account = next((m.group(1) for m in map(_ACCOUNT_RE.search, lines[:1]) if m),
-                               f"{url.username}@{url.host}")
-                conn.account_tag = hashlib.sha1(account.encode()).hexdigest()[:8]
-                problem = privilege_problem(lines)
-                if problem and not url_flag(url, "allow_superuser"):
-                    raise SessionError(
-                        f"refusing to run agent SQL as {account}: {problem}. Create an "
-                        "unprivileged user with sqlrl.db.provision.ensure_agent_role(admin_url) "
-                        "and grant_database(admin_url, db), then use provision.agent_url(admin_url, "
-                        "db) (or add ?allow_superuser=1 to the URL — unsafe, only for trusted SQL)")
+                problem = privilege_problem(lines, url.database)
+                if problem:
+                    raise SessionError(f"refusing to run agent SQL as {url.username!r}: {problem}")
                 conn.limits_sql = self._limits_sql(conn, limits)
                 cur.execute(conn.limits_sql)
         except BaseException as exc:
@@ -222,11 +209,6 @@ class MySQLDialect:
         return (f"SET SESSION sql_mode='{SQL_MODE}', {limit}, lock_wait_timeout={lock}, "
                 f"innodb_lock_wait_timeout={lock}, sql_select_limit={limits.max_rows + 1}")
 
-    def _statement_limit_sql(self, conn: _Connection, timeout_s: float) -> str:
-        if conn.mariadb:
-            return f"max_statement_time={timeout_s:.3f}"
-        return f"max_execution_time={max(1, round(timeout_s * 1000))}"
-
     def ping(self, conn: Any) -> bool:
         try:
             conn.ping(reconnect=False)
@@ -235,123 +217,22 @@ class MySQLDialect:
             return False
 
     def close(self, conn: Any) -> None:
+        """Give the connection back: ``scratch`` closes it and drops its database and account."""
+        from ..scratch import SCRATCH
+        SCRATCH.give_back(conn)
+
+    def close_agent(self, conn: Any) -> None:
         _close(conn)
 
     # -- workspace -----------------------------------------------------------------------------
 
     def begin(self, conn: Any, url: URL) -> Any:
-        base = url.database
-        name = f"{SCRATCH_PREFIX}{conn.account_tag}_{conn.thread_id():x}_{os.urandom(4).hex()}"
-        read_timeout = conn._read_timeout
-        conn._read_timeout = CLONE_TIMEOUT_S + READ_TIMEOUT_MARGIN_S
-        created = False
-        try:
-            with conn.cursor() as cur:
-                cur.execute(f"SET SESSION {self._statement_limit_sql(conn, CLONE_TIMEOUT_S)}, "
-                            "foreign_key_checks=0, sql_select_limit=DEFAULT")
-                if conn.fresh:
-                    conn.fresh = False
-                    self._drop_orphans(conn)
-                cur.execute(f"SHOW CREATE DATABASE {_q(base)}")
-                charset = re.search(r"DEFAULT CHARACTER SET \w+( COLLATE \w+)?", cur.fetchone()[1])
-                cur.execute(f"SHOW FULL TABLES FROM {_q(base)}")
-                objects = cur.fetchall()
-                cur.execute(f"CREATE DATABASE {_q(name)} {charset.group() if charset else ''}")
-                created = True
-                for table, kind in objects:
-                    if kind != "VIEW":
-                        self._clone_table(cur, base, name, table)
-                conn.select_db(name)
-                self._clone_views(cur, base, [t for t, kind in objects if kind == "VIEW"])
-                cur.execute(conn.limits_sql + ", foreign_key_checks=1")
-        except BaseException:
-            if created:
-                try:
-                    with conn.cursor() as cur:
-                        cur.execute(f"DROP DATABASE IF EXISTS {_q(name)}")
-                except Exception:
-                    pass
-            raise
-        finally:
-            conn._read_timeout = read_timeout
-        return _Scratch(name, base)
-
-    @staticmethod
-    def _clone_table(cur: Any, base: str, name: str, table: str) -> None:
-        src, dst = f"{_q(base)}.{_q(table)}", f"{_q(name)}.{_q(table)}"
-        cur.execute(f"CREATE TABLE {dst} LIKE {src}")
-        try:
-            cur.execute(f"INSERT INTO {dst} SELECT * FROM {src}")
-        except pymysql.Error as exc:
-            if exc.args[0] not in _GENERATED_COLUMN_CODES:
-                raise
-            cur.execute("SELECT COLUMN_NAME FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = %s "
-                        "AND TABLE_NAME = %s AND COALESCE(GENERATION_EXPRESSION, '') = '' "
-                        "ORDER BY ORDINAL_POSITION", (base, table))
-            cols = ", ".join(_q(c) for (c,) in cur.fetchall())
-            cur.execute(f"INSERT INTO {dst} ({cols}) SELECT {cols} FROM {src}")
-
-    @staticmethod
-    def _clone_views(cur: Any, base: str, views: list[str]) -> None:
-        """Views in dependency order: a view whose source view is missing waits for a later pass."""
-        qualifier = re.compile(re.escape(_q(base)) + r"\.", re.I)
-        pending = {}
-        for view in views:
-            cur.execute(f"SHOW CREATE VIEW {_q(base)}.{_q(view)}")
-            ddl = cur.fetchone()[1]
-            ddl = re.sub(r"DEFINER=(`[^`]*`|'[^']*'|\S+)@(`[^`]*`|'[^']*'|\S+)\s*", "", ddl, count=1)
-            pending[view] = qualifier.sub("", ddl)
-        while pending:
-            failed: dict[str, str] = {}
-            error: Exception | None = None
-            for view, ddl in pending.items():
-                try:
-                    cur.execute(ddl)
-                except pymysql.Error as exc:
-                    if exc.args[0] != _MISSING_TABLE:
-                        raise
-                    failed[view], error = ddl, exc
-            if len(failed) == len(pending):
-                raise error  # type: ignore[misc]
-            pending = failed
-
-    def _drop_orphans(self, conn: _Connection) -> None:
-        """Drop this account's scratch databases whose connection is gone (sessions that died
-        never reached ``end``). Best effort."""
-        try:
-            with conn.cursor() as cur:
-                pattern = f"{SCRATCH_PREFIX}{conn.account_tag}_".replace("_", "\\_") + "%"
-                cur.execute("SHOW DATABASES LIKE %s", (pattern,))
-                names = [row[0] for row in cur.fetchall()]
-                if not names:
-                    return
-                cur.execute("SELECT ID FROM information_schema.PROCESSLIST")
-                alive = {int(row[0]) for row in cur.fetchall()}
-                for name in names:
-                    parts = name[len(SCRATCH_PREFIX):].split("_")
-                    try:
-                        owner = int(parts[1], 16)
-                    except (IndexError, ValueError):
-                        continue
-                    if owner not in alive:
-                        cur.execute(f"DROP DATABASE IF EXISTS {_q(name)}")
-        except pymysql.Error:
-            pass
+        """Nothing to do: the connection's database is the session's own."""
+        return _Scratch(conn.db.decode() if isinstance(conn.db, bytes) else conn.db, url.database)
 
     def end(self, conn: Any, state: Any) -> bool:
-        if not conn.alive:
-            return False
-        try:
-            with conn.cursor() as cur:
-                if state is not None:
-                    prefix = "SET STATEMENT max_statement_time=0 FOR " if conn.mariadb else ""
-                    cur.execute(f"{prefix}DROP DATABASE IF EXISTS {_q(state.name)}")
-                conn.reset_session()
-                conn.timeouts_seen = 0  # session status counters start again
-                cur.execute(conn.limits_sql)
-            return True
-        except pymysql.Error:
-            return False
+        """Never reusable: the database and account are dropped with the connection."""
+        return False
 
     # -- statements ----------------------------------------------------------------------------
 

@@ -49,7 +49,7 @@ class TranslationReport:
     total: int
     kept: int
     dropped: tuple[tuple[str, str, str], ...]  # (task_id, reason, detail)
-    databases: dict[str, tuple[str, str]] = field(default_factory=dict)  # db_id -> (name, agent_url)
+    databases: dict[str, tuple[str, str]] = field(default_factory=dict)  # db_id -> (name, session_url)
 
     @property
     def reasons(self) -> dict[str, int]:
@@ -101,11 +101,11 @@ def translate_tasks(tasks: Iterable[Text2SQLTask], sqlite_catalog: Mapping[str, 
             failed_loads[db_id] = f"{type(exc).__name__}: {exc}"
             dropped.extend((t.task_id, "load-error", failed_loads[db_id]) for t in group)
             continue
-        databases[db_id] = (name, report.agent_url)
+        databases[db_id] = (name, report.session_url)
         done = 0
         try:
             with open_session("sqlite:///" + str(Path(path).resolve()), limits=limits) as lite, \
-                    open_session(report.agent_url, limits=limits) as server:
+                    open_session(report.session_url, limits=limits) as server:
                 for t in group:
                     outcome = _translate_one(t, dialect, lite, server)
                     if isinstance(outcome, Text2SQLTask):

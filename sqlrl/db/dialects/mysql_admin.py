@@ -1,0 +1,224 @@
+"""MariaDB/MySQL administration on an admin connection: bases, and per-session scratch databases.
+
+Used by ``sqlrl.db.provision`` (bases) and ``sqlrl.db.scratch`` (per-session scratch databases);
+the agent's SQL never runs on these connections.
+
+What the server enforces (docs/sessions.md, "Isolation"):
+
+- **Bases** are loaded by the admin and granted to nobody: no agent account has any privilege on
+  them. ``prepare_server`` revokes MariaDB's default grants to PUBLIC on ``test``/``test\\_%`` and
+  refuses a server with symbolic links enabled (``have_symlink``: then ``CREATE TABLE … DATA
+  DIRECTORY`` writes files anywhere the server can; start it with ``--symbolic-links=0``, as
+  ``scripts/dbservers.sh`` does, and those options are ignored with a warning).
+- **A scratch database per session**, cloned by the admin: ``CREATE DATABASE`` with the base's
+  character set, every table ``CREATE TABLE … LIKE`` + ``INSERT … SELECT`` (foreign-key checks
+  off), every view from ``SHOW CREATE VIEW`` rewritten to the scratch database with
+  ``DEFINER=<the session's account> SQL SECURITY INVOKER``. Its own account ``<name>``@'%' (a
+  random password, at most ``MAX_CONNECTIONS`` connections) holds ``SCRATCH_PRIVILEGES`` on that
+  database only: no FILE, PROCESS, SUPER or global privilege, so it sees and may KILL only its
+  own connections, and cannot write files or create databases.
+- **Drop**: the account's connections are killed, then ``DROP DATABASE`` and ``DROP USER``.
+- **Liveness**: the creating process holds ``GET_LOCK(<name>)`` on its admin connection for the
+  scratch database's life; ``orphans`` are scratch databases and accounts whose lock is free.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pymysql
+from sqlalchemy.engine import URL
+
+from ..types import SessionError
+
+SCRATCH_PRIVILEGES = ("SELECT, INSERT, UPDATE, DELETE, CREATE, DROP, ALTER, INDEX, "
+                      "CREATE TEMPORARY TABLES, CREATE VIEW, SHOW VIEW, REFERENCES")
+MAX_CONNECTIONS = 2
+_GENERATED_COLUMN_CODES = {1906, 3105}
+_MISSING_TABLE = 1146
+_DEFINER = re.compile(r"DEFINER=(`[^`]*`|'[^']*'|\S+)@(`[^`]*`|'[^']*'|\S+)\s*")
+_SECURITY = re.compile(r"SQL SECURITY (DEFINER|INVOKER)\s*")
+
+
+def q(name: str) -> str:
+    """A quoted identifier."""
+    return "`" + name.replace("`", "``") + "`"
+
+
+def grant_target(name: str) -> str:
+    """A database name in GRANT … ON `db`.*, where _ and % are wildcards unless escaped."""
+    return q(name.replace("\\", "\\\\").replace("_", "\\_").replace("%", "\\%"))
+
+
+class MySQLAdmin:
+    dialect = "mysql"
+
+    def connect(self, url: URL, database: str | None = None) -> Any:
+        from .mysql import connect_kwargs
+        try:
+            return pymysql.connect(**connect_kwargs(url, database=database))
+        except pymysql.Error as exc:
+            raise SessionError(f"cannot connect to MariaDB/MySQL as admin: {exc}") from exc
+
+    def _run(self, url: URL, statements: list[tuple[str, tuple[Any, ...]]]) -> list[Any]:
+        conn = self.connect(url)
+        try:
+            with conn.cursor() as cur:
+                out = []
+                for text, args in statements:
+                    cur.execute(text, args or None)
+                    out.append(cur.fetchall())
+                return out
+        finally:
+            conn.close()
+
+    # -- bases -------------------------------------------------------------------------------------
+
+    def prepare_server(self, url: URL) -> None:
+        conn = self.connect(url)
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SELECT @@version, @@have_symlink")
+                version, symlink = cur.fetchone()
+                if "mariadb" in str(version).lower() and str(symlink).upper() == "YES":
+                    raise SessionError(
+                        "this MariaDB server has symbolic links enabled (have_symlink=YES): an "
+                        "agent's CREATE TABLE … DATA DIRECTORY could write files outside the data "
+                        "directory. Start it with --symbolic-links=0 (scripts/dbservers.sh does)")
+                cur.execute("SHOW GRANTS")
+                grants = " ".join(row[0] for row in cur.fetchall()).upper()
+                if "ALL PRIVILEGES ON *.*" not in grants and not (
+                        "CREATE USER" in grants and "GRANT OPTION" in grants):
+                    raise SessionError(
+                        "the MariaDB/MySQL account cannot create users and grant privileges: sqlrl "
+                        "needs an admin URL to give every session its own database and account")
+                try:
+                    cur.execute("SELECT Db FROM mysql.db WHERE User = 'PUBLIC' AND Host = ''")
+                except pymysql.Error:
+                    return  # not MariaDB >= 10.11: no PUBLIC grants
+                for (db,) in cur.fetchall():
+                    cur.execute(f"REVOKE ALL PRIVILEGES ON {q(db)}.* FROM PUBLIC")
+        finally:
+            conn.close()
+
+    def create_database(self, url: URL, name: str, replace: bool) -> None:
+        statements: list[tuple[str, tuple[Any, ...]]] = []
+        if replace:
+            statements.append((f"DROP DATABASE IF EXISTS {q(name)}", ()))
+        statements.append((f"CREATE DATABASE IF NOT EXISTS {q(name)} CHARACTER SET utf8mb4", ()))
+        self._run(url, statements)
+
+    def seal(self, url: URL, name: str) -> None:
+        """Nothing to grant: sessions read a clone. Checks the base exists."""
+        out = self._run(url, [("SELECT SCHEMA_NAME FROM information_schema.SCHEMATA "
+                               "WHERE SCHEMA_NAME = %s", (name,))])
+        if not out[0]:
+            raise SessionError(f"no database {name!r} on this MariaDB/MySQL server")
+
+    def drop_database(self, url: URL, name: str) -> None:
+        self._run(url, [(f"DROP DATABASE IF EXISTS {q(name)}", ())])
+
+    # -- scratch databases (on one long-lived admin connection of sqlrl.db.scratch) -------------
+
+    def base_size(self, conn: Any, base: str) -> int:
+        with conn.cursor() as cur:
+            cur.execute("SELECT COALESCE(SUM(DATA_LENGTH + INDEX_LENGTH), 0) FROM "
+                        "information_schema.TABLES WHERE TABLE_SCHEMA = %s", (base,))
+            return int(cur.fetchone()[0])
+
+    def hold(self, conn: Any, name: str) -> bool:
+        with conn.cursor() as cur:
+            cur.execute("SELECT GET_LOCK(%s, 0)", (name,))
+            return cur.fetchone()[0] == 1
+
+    def unhold(self, conn: Any, name: str) -> None:
+        with conn.cursor() as cur:
+            cur.execute("SELECT RELEASE_LOCK(%s)", (name,))
+
+    def create_scratch(self, conn: Any, base: str, name: str, password: str,
+                       base_bytes: int) -> None:
+        account = f"{q(name)}@'%'"
+        with conn.cursor() as cur:
+            cur.execute(f"CREATE USER {account.replace('%', '%%')} IDENTIFIED BY %s "
+                        f"WITH MAX_USER_CONNECTIONS {MAX_CONNECTIONS}", (password,))
+            cur.execute(f"SHOW CREATE DATABASE {q(base)}")
+            charset = re.search(r"DEFAULT CHARACTER SET \w+( COLLATE \w+)?", cur.fetchone()[1])
+            cur.execute(f"SHOW FULL TABLES FROM {q(base)}")
+            objects = cur.fetchall()
+            cur.execute(f"CREATE DATABASE {q(name)} {charset.group() if charset else ''}")
+            cur.execute("SET SESSION foreign_key_checks=0")
+            try:
+                for table, kind in objects:
+                    if kind != "VIEW":
+                        self._clone_table(cur, base, name, table)
+                self._clone_views(cur, base, name, account,
+                                  [t for t, kind in objects if kind == "VIEW"])
+            finally:
+                cur.execute("SET SESSION foreign_key_checks=1")
+            cur.execute(f"GRANT {SCRATCH_PRIVILEGES} ON {grant_target(name)}.* TO {account}")
+
+    @staticmethod
+    def _clone_table(cur: Any, base: str, name: str, table: str) -> None:
+        src, dst = f"{q(base)}.{q(table)}", f"{q(name)}.{q(table)}"
+        cur.execute(f"CREATE TABLE {dst} LIKE {src}")
+        try:
+            cur.execute(f"INSERT INTO {dst} SELECT * FROM {src}")
+        except pymysql.Error as exc:
+            if exc.args[0] not in _GENERATED_COLUMN_CODES:
+                raise
+            cur.execute("SELECT COLUMN_NAME FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = %s "
+                        "AND TABLE_NAME = %s AND COALESCE(GENERATION_EXPRESSION, '') = '' "
+                        "ORDER BY ORDINAL_POSITION", (base, table))
+            cols = ", ".join(q(c) for (c,) in cur.fetchall())
+            cur.execute(f"INSERT INTO {dst} ({cols}) SELECT {cols} FROM {src}")
+
+    @staticmethod
+    def _clone_views(cur: Any, base: str, name: str, account: str, views: list[str]) -> None:
+        """Views in dependency order: a view whose source view is missing waits for a later pass."""
+        qualifier = re.compile(re.escape(q(base)) + r"\.", re.I)
+        pending = {}
+        for view in views:
+            cur.execute(f"SHOW CREATE VIEW {q(base)}.{q(view)}")
+            ddl = _SECURITY.sub("", _DEFINER.sub("", cur.fetchone()[1], count=1), count=1)
+            ddl = qualifier.sub(f"{q(name)}.", ddl)
+            pending[view] = re.sub(r"^CREATE\s+(ALGORITHM=\w+\s+)?", lambda m: (
+                f"CREATE {m.group(1) or ''}DEFINER={account} SQL SECURITY INVOKER "), ddl, count=1)
+            pending[view] = pending[view].replace(f"VIEW {q(view)}", f"VIEW {q(name)}.{q(view)}", 1)
+        while pending:
+            failed: dict[str, str] = {}
+            error: Exception | None = None
+            for view, ddl in pending.items():
+                try:
+                    cur.execute(ddl)
+                except pymysql.Error as exc:
+                    if exc.args[0] != _MISSING_TABLE:
+                        raise
+                    failed[view], error = ddl, exc
+            if len(failed) == len(pending):
+                raise error  # type: ignore[misc]
+            pending = failed
+
+    def drop_scratch(self, conn: Any, name: str) -> None:
+        with conn.cursor() as cur:
+            cur.execute("SELECT ID FROM information_schema.PROCESSLIST WHERE USER = %s", (name,))
+            for (thread,) in cur.fetchall():
+                try:
+                    cur.execute(f"KILL CONNECTION {int(thread)}")
+                except pymysql.Error:
+                    pass  # it ended meanwhile
+            cur.execute(f"DROP DATABASE IF EXISTS {q(name)}")
+            cur.execute(f"DROP USER IF EXISTS {q(name)}@'%'")
+
+    def scratch_names(self, conn: Any, prefix: str) -> list[str]:
+        pattern = prefix.replace("_", "\\_") + "%"
+        with conn.cursor() as cur:
+            cur.execute("SELECT SCHEMA_NAME FROM information_schema.SCHEMATA WHERE SCHEMA_NAME "
+                        "LIKE %s UNION SELECT User FROM mysql.user WHERE User LIKE %s",
+                        (pattern, pattern))
+            return sorted(row[0] for row in cur.fetchall())
+
+    @staticmethod
+    def is_lost(conn: Any) -> bool:
+        """True when the admin connection is gone (after an error on it)."""
+        return not conn.open

@@ -1,0 +1,218 @@
+"""PostgreSQL administration on an admin connection: bases, and per-session scratch databases.
+
+Used by ``sqlrl.db.provision`` (bases) and ``sqlrl.db.scratch`` (per-session scratch databases);
+the agent's SQL never runs on these connections.
+
+What the server enforces (docs/sessions.md, "Isolation"):
+
+- **Bases** are loaded by the admin, then sealed (``seal``): PUBLIC loses CONNECT and TEMPORARY
+  on the base, so no agent role can reach it; its schemas' USAGE/CREATE and the ownership of its
+  tables, views and sequences go to ``OWNER_ROLE`` (NOLOGIN), and EXECUTE on file, signal and
+  admin functions (``REVOKED_FUNCTIONS``) is revoked from PUBLIC in the base (so in every clone).
+- **A scratch database per session** is ``CREATE DATABASE <name> TEMPLATE <base>`` (the base's
+  catalog, data, sequences and revocations come along), with ``WAL_LOG`` for bases up to
+  ``FILE_COPY_ABOVE_BYTES`` and ``FILE_COPY`` above. PUBLIC has no rights on it; its own role
+  ``<name>`` (LOGIN, NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS, a member of
+  ``OWNER_ROLE`` so it may ALTER/DROP the cloned tables, at most ``CONNECTION_LIMIT``
+  connections) gets CONNECT and TEMPORARY on that database only. A role sees other roles'
+  query texts in ``pg_stat_activity`` and may cancel or terminate their backends only if it has
+  their privileges: one role per session, so no session reaches another.
+- **Drop**: ``DROP DATABASE … WITH (FORCE)`` (ends any backend still on it), then ``DROP ROLE``.
+- **Liveness**: the process that creates a scratch database holds a session-level advisory lock
+  named after it on its admin connection for the scratch database's life; ``orphans`` lists the
+  scratch databases and roles whose lock is free (their process died) — they are dropped by the
+  next process that sweeps the server.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg2
+from psycopg2 import errors, sql
+from sqlalchemy.engine import URL
+
+from ..types import SessionError
+
+OWNER_ROLE = "sqlrl_owner"
+CONNECTION_LIMIT = 2
+FILE_COPY_ABOVE_BYTES = 256 * 2**20  # WAL_LOG copies block by block; FILE_COPY wins for big bases
+LOCK_CLASS = 0x7371  # advisory locks (LOCK_CLASS, key): the first int4 marks them as sqlrl's
+REVOKED_FUNCTIONS = (
+    "pg_terminate_backend", "pg_cancel_backend", "pg_reload_conf", "pg_rotate_logfile",
+    "pg_read_file", "pg_read_binary_file", "pg_ls_dir", "pg_stat_file", "pg_ls_logdir",
+    "pg_ls_waldir", "pg_ls_tmpdir", "pg_ls_archive_statusdir", "pg_current_logfile",
+    "lo_import", "lo_export", "pg_promote", "pg_switch_wal", "pg_create_restore_point",
+    "pg_backup_start", "pg_backup_stop", "pg_start_backup", "pg_stop_backup",
+    "pg_log_backend_memory_contexts", "set_config",
+)
+_ROLE_ATTRS = "NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS"
+
+
+def lock_key(name: str) -> int:
+    """The advisory-lock key of scratch database ``name`` (its random hex part, as an int4)."""
+    tail = name.rsplit("_", 1)[-1]
+    value = int(tail[:8], 16)
+    return value - 2**32 if value >= 2**31 else value
+
+
+class PostgresAdmin:
+    dialect = "postgresql"
+
+    def connect(self, url: URL, database: str | None = None) -> Any:
+        from .postgresql import connect_kwargs
+        try:
+            conn = psycopg2.connect(**connect_kwargs(url, database))
+        except psycopg2.Error as exc:
+            raise SessionError(f"cannot connect to PostgreSQL as admin: {exc}".strip()) from exc
+        conn.autocommit = True
+        return conn
+
+    # -- bases -------------------------------------------------------------------------------------
+
+    def prepare_server(self, url: URL) -> None:
+        """Create ``OWNER_ROLE`` (or reset its attributes) and take every escalating built-in
+        role from it; check that the admin may create roles and databases."""
+        conn = self.connect(url)
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SELECT rolsuper, rolcreaterole, rolcreatedb FROM pg_roles "
+                            "WHERE rolname = current_user")
+                superuser, createrole, createdb = cur.fetchone()
+                if not (superuser or (createrole and createdb)):
+                    raise SessionError(
+                        f"the PostgreSQL account {conn.info.user!r} cannot create roles and "
+                        "databases: sqlrl needs an admin URL (a superuser, or CREATEROLE and "
+                        "CREATEDB) to give every session its own database and role")
+                owner = sql.Identifier(OWNER_ROLE)
+                try:
+                    cur.execute(sql.SQL("CREATE ROLE {} NOLOGIN " + _ROLE_ATTRS).format(owner))
+                except (errors.DuplicateObject, errors.UniqueViolation):
+                    cur.execute(sql.SQL("ALTER ROLE {} NOLOGIN " + _ROLE_ATTRS).format(owner))
+                cur.execute("SELECT r.rolname FROM pg_auth_members m JOIN pg_roles r "
+                            "ON r.oid = m.roleid WHERE m.member = (SELECT oid FROM pg_roles "
+                            "WHERE rolname = %s)", (OWNER_ROLE,))
+                for (granted,) in cur.fetchall():
+                    cur.execute(sql.SQL("REVOKE {} FROM {}").format(sql.Identifier(granted), owner))
+        finally:
+            conn.close()
+
+    def create_database(self, url: URL, name: str, replace: bool) -> None:
+        conn = self.connect(url)
+        try:
+            with conn.cursor() as cur:
+                if replace:
+                    cur.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+                        sql.Identifier(name)))
+                cur.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,))
+                if cur.fetchone() is None:
+                    try:
+                        cur.execute(sql.SQL("CREATE DATABASE {} TEMPLATE template0 ENCODING 'UTF8'")
+                                    .format(sql.Identifier(name)))
+                    except (errors.DuplicateDatabase, errors.UniqueViolation):
+                        pass  # created concurrently
+        finally:
+            conn.close()
+
+    def seal(self, url: URL, name: str) -> None:
+        ident, owner = sql.Identifier(name), sql.Identifier(OWNER_ROLE)
+        conn = self.connect(url, name)
+        try:
+            with conn.cursor() as cur:
+                cur.execute(sql.SQL("REVOKE ALL ON DATABASE {} FROM PUBLIC").format(ident))
+                cur.execute("SELECT nspname FROM pg_namespace WHERE nspname NOT LIKE 'pg\\_%' "
+                            "AND nspname <> 'information_schema'")
+                for (schema,) in cur.fetchall():
+                    cur.execute(sql.SQL("GRANT USAGE, CREATE ON SCHEMA {} TO {}").format(
+                        sql.Identifier(schema), owner))
+                self._hand_over_relations(cur)
+                cur.execute("SELECT p.oid::regprocedure::text FROM pg_proc p "
+                            "JOIN pg_namespace n ON n.oid = p.pronamespace "
+                            "WHERE n.nspname = 'pg_catalog' AND p.proname = ANY(%s)",
+                            (list(REVOKED_FUNCTIONS),))
+                for (signature,) in cur.fetchall():
+                    cur.execute(f"REVOKE EXECUTE ON FUNCTION {signature} FROM PUBLIC")
+        finally:
+            conn.close()
+
+    @staticmethod
+    def _hand_over_relations(cur: Any) -> None:
+        kinds = {"r": "TABLE", "p": "TABLE", "v": "VIEW", "m": "MATERIALIZED VIEW",
+                 "f": "FOREIGN TABLE", "S": "SEQUENCE"}
+        # Tables first: ALTER TABLE … OWNER also moves the sequences their columns own.
+        for relkinds in (("r", "p", "v", "m", "f"), ("S",)):
+            cur.execute(
+                "SELECT n.nspname, c.relname, c.relkind FROM pg_class c "
+                "JOIN pg_namespace n ON n.oid = c.relnamespace "
+                "WHERE c.relkind = ANY(%s) AND n.nspname NOT LIKE 'pg\\_%%' "
+                "AND n.nspname <> 'information_schema' "
+                "AND pg_get_userbyid(c.relowner) <> %s "
+                "AND NOT EXISTS (SELECT 1 FROM pg_depend d WHERE d.classid = 'pg_class'::regclass "
+                "  AND d.objid = c.oid AND d.deptype IN ('a', 'i') AND c.relkind = 'S')",
+                (list(relkinds), OWNER_ROLE))
+            for schema, rel, kind in cur.fetchall():
+                cur.execute(sql.SQL("ALTER {} {}.{} OWNER TO {}").format(
+                    sql.SQL(kinds[kind]), sql.Identifier(schema), sql.Identifier(rel),
+                    sql.Identifier(OWNER_ROLE)))
+
+    def drop_database(self, url: URL, name: str) -> None:
+        conn = self.connect(url)
+        try:
+            with conn.cursor() as cur:
+                cur.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+                    sql.Identifier(name)))
+        finally:
+            conn.close()
+
+    # -- scratch databases (on one long-lived admin connection of sqlrl.db.scratch) -------------
+
+    def base_size(self, conn: Any, base: str) -> int:
+        with conn.cursor() as cur:
+            cur.execute("SELECT pg_database_size(%s)", (base,))
+            return int(cur.fetchone()[0])
+
+    def hold(self, conn: Any, name: str) -> bool:
+        with conn.cursor() as cur:
+            cur.execute("SELECT pg_try_advisory_lock(%s, %s)", (LOCK_CLASS, lock_key(name)))
+            return bool(cur.fetchone()[0])
+
+    def unhold(self, conn: Any, name: str) -> None:
+        with conn.cursor() as cur:
+            cur.execute("SELECT pg_advisory_unlock(%s, %s)", (LOCK_CLASS, lock_key(name)))
+
+    def create_scratch(self, conn: Any, base: str, name: str, password: str,
+                       base_bytes: int) -> None:
+        ident = sql.Identifier(name)
+        strategy = "FILE_COPY" if base_bytes > FILE_COPY_ABOVE_BYTES else "WAL_LOG"
+        with conn.cursor() as cur:
+            cur.execute(sql.SQL("CREATE ROLE {} LOGIN " + _ROLE_ATTRS + " CONNECTION LIMIT "
+                                + str(CONNECTION_LIMIT) + " PASSWORD {} IN ROLE {}").format(
+                ident, sql.Literal(password), sql.Identifier(OWNER_ROLE)))
+            try:
+                cur.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {} STRATEGY " + strategy).format(
+                    ident, sql.Identifier(base)))
+            except errors.ObjectInUse as exc:
+                raise SessionError(
+                    f"cannot clone the base {base!r}: other connections are open on it "
+                    f"({' '.join(str(exc).split())}). Sessions clone the base, which PostgreSQL "
+                    "allows only while nobody is connected to it: close them") from exc
+            cur.execute(sql.SQL("REVOKE ALL ON DATABASE {} FROM PUBLIC").format(ident))
+            cur.execute(sql.SQL("GRANT CONNECT, TEMPORARY ON DATABASE {} TO {}").format(ident, ident))
+
+    def drop_scratch(self, conn: Any, name: str) -> None:
+        ident = sql.Identifier(name)
+        with conn.cursor() as cur:
+            cur.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(ident))
+            cur.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(ident))
+
+    def scratch_names(self, conn: Any, prefix: str) -> list[str]:
+        pattern = prefix.replace("_", "\\_") + "%"
+        with conn.cursor() as cur:
+            cur.execute("SELECT datname FROM pg_database WHERE datname LIKE %s UNION "
+                        "SELECT rolname FROM pg_roles WHERE rolname LIKE %s", (pattern, pattern))
+            return sorted(row[0] for row in cur.fetchall())
+
+    @staticmethod
+    def is_lost(conn: Any) -> bool:
+        """True when the admin connection is gone (after an error on it)."""
+        return bool(conn.closed)
