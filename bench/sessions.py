@@ -214,6 +214,14 @@ def steady_state(url: str, threads: int = 8, per_thread: int = 10, hold_s: float
             f"{key}_lease_p50_ms": statistics.median(leases), f"{key}_lease_p90_ms": pct(leases, 0.9)}
 
 
+def server_url(dialect: str, sqlite_path: str, db_id: str) -> str | None:
+    admin = os.environ.get(ADMIN_ENV[dialect])
+    if not admin:
+        return None
+    from sqlrl.db.loader import load_sqlite
+    return load_sqlite(sqlite_path, admin, f"bench_{db_id}".lower(), replace=True).session_url
+
+
 def run(spider: Path, dialects: list[str], reps: int, disk_dir: str) -> list[dict]:
     rows = []
     for dialect in dialects:

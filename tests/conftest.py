@@ -45,6 +45,28 @@ def agent_database(admin_url: str, name: str):
         provision.drop_database(admin_url, name)
 
 
+def sealed_base(admin_url: str, name: str, statements: list[str]):
+    """A base `name` (replaced if it exists) built by the admin with `statements`, then sealed:
+    yields (the admin URL of the base, its session URL); drops the base afterwards."""
+    from sqlrl.db import provision
+    from sqlrl.db.url import dialect_name, parse_url
+
+    admin_db = provision.create_database(admin_url, name, replace=True)
+    ops = provision.admin_ops(dialect_name(parse_url(admin_url)))
+    conn = ops.connect(parse_url(admin_url), name)
+    try:
+        with conn.cursor() as cur:
+            for sql in statements:
+                cur.execute(sql)
+    finally:
+        conn.close()  # sessions clone the base: PostgreSQL needs it free of connections
+    provision.seal_database(admin_url, name)
+    try:
+        yield admin_db, provision.session_url(admin_url, name)
+    finally:
+        provision.drop_database(admin_url, name)
+
+
 @pytest.fixture(scope="session")
 def pg_admin_url() -> str:
     return _server_url("SQLRL_PG_ADMIN_URL", "PostgreSQL server")

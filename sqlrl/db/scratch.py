@@ -464,5 +464,6 @@ def _close(conn: Any, adapter: Any = None) -> None:
 
 
 SCRATCH = ScratchManager(prefill=int(os.environ.get("SQLRL_SCRATCH_PREFILL", "2")),
-                         max_ready=int(os.environ.get("SQLRL_SCRATCH_MAX_READY", "16")))
+                         max_ready=int(os.environ.get("SQLRL_SCRATCH_MAX_READY", "16")),
+                         threads=int(os.environ.get("SQLRL_SCRATCH_THREADS", "2")))
 atexit.register(SCRATCH.shutdown)

@@ -19,6 +19,7 @@ import pytest
 from sqlrl.db import ErrorKind, Limits, open_session, provision
 from sqlrl.db.executor import set_text_filter
 from sqlrl.db.scratch import SCRATCH
+from tests.conftest import sealed_base
 
 PID = os.getpid()
 TARGET = f"/tmp/sqlrl_filter_off_{PID}"  # no file or directory may appear here
@@ -49,17 +50,8 @@ def _refused(result):
 
 @pytest.fixture
 def pg_base(pg_admin_url):
-    from tests.dialects.test_postgresql import BASE_SQL, _admin
-    name = f"sqlrl_off_{PID}"
-    admin_db = provision.create_database(pg_admin_url, name, replace=True)
-    conn = _admin(admin_db)
-    with conn.cursor() as cur:
-        for sql in BASE_SQL:
-            cur.execute(sql)
-    conn.close()
-    provision.seal_database(pg_admin_url, name)
-    yield admin_db, provision.session_url(pg_admin_url, name)
-    provision.drop_database(pg_admin_url, name)
+    from tests.dialects.test_postgresql import BASE_SQL
+    yield from sealed_base(pg_admin_url, f"sqlrl_off_{PID}", BASE_SQL)
 
 
 @pytest.mark.postgres
@@ -125,17 +117,10 @@ def test_postgresql_contains_a_session_with_the_filter_off(pg_admin_url, pg_base
 
 @pytest.fixture
 def my_base(mysql_admin_url):
-    from tests.dialects.test_mysql import BASE_SQL, _admin
+    from tests.dialects.test_mysql import BASE_SQL
     name = f"sqlrl_off_{PID}"
-    provision.create_database(mysql_admin_url, name, replace=True)
-    conn = _admin(mysql_admin_url, name)
-    with conn.cursor() as cur:
-        for sql in BASE_SQL:
-            cur.execute(sql)
-    conn.close()
-    provision.seal_database(mysql_admin_url, name)
-    yield name, provision.session_url(mysql_admin_url, name)
-    provision.drop_database(mysql_admin_url, name)
+    for _, url in sealed_base(mysql_admin_url, name, BASE_SQL):
+        yield name, url
 
 
 @pytest.mark.mysql

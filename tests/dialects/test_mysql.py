@@ -19,6 +19,7 @@ from sqlrl.db import provision
 from sqlrl.db.dialects import mysql as my_adapter
 from sqlrl.db.scratch import SCRATCH
 from sqlrl.db.url import parse_url
+from tests.conftest import sealed_base
 
 pytestmark = pytest.mark.mysql
 
@@ -88,16 +89,8 @@ def my(mysql_admin_url):
 def db(my, request):
     tag = hashlib.md5(request.node.name.encode()).hexdigest()[:8]
     name = f"sqlrl_t_{os.getpid()}_{tag}"
-    provision.create_database(my, name, replace=True)
-    conn = _admin(my, name)
-    with conn.cursor() as cur:
-        for sql in BASE_SQL:
-            cur.execute(sql)
-    conn.close()
-    provision.seal_database(my, name)
-    url = provision.session_url(my, name)
-    yield SimpleNamespace(name=name, url=url, server=my)
-    provision.drop_database(my, name)
+    for _, url in sealed_base(my, name, BASE_SQL):
+        yield SimpleNamespace(name=name, url=url, server=my)
 
 
 def scratch_databases(db):

@@ -19,6 +19,7 @@ from sqlrl.db import provision
 from sqlrl.db.dialects import postgresql as pg_adapter
 from sqlrl.db.scratch import SCRATCH
 from sqlrl.db.url import parse_url
+from tests.conftest import sealed_base
 
 pytestmark = pytest.mark.postgres
 
@@ -93,15 +94,8 @@ def pg(pg_admin_url):
 def db(pg, request):
     tag = hashlib.md5(request.node.name.encode()).hexdigest()[:8]
     name = f"sqlrl_t_{os.getpid()}_{tag}"
-    admin_db = provision.create_database(pg, name, replace=True)
-    conn = _admin(admin_db)
-    with conn.cursor() as cur:
-        for sql in BASE_SQL:
-            cur.execute(sql)
-    conn.close()
-    provision.seal_database(pg, name)
-    yield SimpleNamespace(name=name, admin=admin_db, url=provision.session_url(pg, name), server=pg)
-    provision.drop_database(pg, name)
+    for admin_db, url in sealed_base(pg, name, BASE_SQL):
+        yield SimpleNamespace(name=name, admin=admin_db, url=url, server=pg)
 
 
 def ok(result):
