@@ -38,11 +38,11 @@ from typing import Any
 
 from sqlalchemy.engine import URL
 
-from .provision import SCRATCH_PREFIX, admin_ops
+from .admin_server import SWEEP_EVERY_S, AdminServer
+from .provision import SCRATCH_PREFIX
 from .types import Limits, SessionError
 from .url import dialect_name, parse_url, redact
 
-SWEEP_EVERY_S = 300.0
 FORGET_WAIT_S = 60.0
 
 
@@ -68,81 +68,9 @@ class _Item:
     source: "_Source"
 
 
-class _Server:
-    """One server seen with one admin account: a holder connection for the liveness locks and a
-    few admin connections for creating and dropping."""
-
-    def __init__(self, url: URL) -> None:
-        self.url = url._replace(database=None)  # (URL.set ignores None)
-        self.ops = admin_ops(dialect_name(url))
-        self.lock = threading.Lock()  # guards holder, held, idle
-        self.holder: Any = None
-        self.held: set[str] = set()
-        self.idle: list[Any] = []
-        self.last_sweep = -SWEEP_EVERY_S  # the first use sweeps
-
-    def run(self, fn: Any) -> Any:
-        """``fn(admin_connection)`` on an idle admin connection (opened when none is idle); a
-        connection found dead (the server restarted) is replaced and ``fn`` tried once more."""
-        for attempt in (1, 2):
-            with self.lock:
-                conn = self.idle.pop() if self.idle else None
-            if conn is None:
-                conn = self.ops.connect(self.url)
-            try:
-                result = fn(conn)
-            except BaseException:
-                lost = self.ops.is_lost(conn)
-                if lost:  # the server restarted: its other idle connections are dead too
-                    with self.lock:
-                        dead, self.idle = self.idle, []
-                    for other in [conn, *dead]:
-                        _close(other)
-                else:
-                    with self.lock:
-                        self.idle.append(conn)
-                if attempt == 2 or not lost:
-                    raise
-                continue
-            with self.lock:
-                self.idle.append(conn)
-            return result
-        raise AssertionError("unreachable")
-
-    def hold(self, name: str) -> bool:
-        with self.lock:
-            for attempt in (1, 2):
-                try:
-                    if self.holder is None:
-                        self.holder = self.ops.connect(self.url)
-                        for held in self.held:  # a new holder connection: take the locks again
-                            self.ops.hold(self.holder, held)
-                    if not self.ops.hold(self.holder, name):
-                        return False
-                    self.held.add(name)
-                    return True
-                except Exception:
-                    lost = self.holder is None or self.ops.is_lost(self.holder)
-                    _close(self.holder)
-                    self.holder = None
-                    if attempt == 2 or not lost:
-                        raise
-        return False
-
-    def unhold(self, name: str) -> None:
-        with self.lock:
-            self.held.discard(name)
-            if self.holder is not None:
-                try:
-                    self.ops.unhold(self.holder, name)
-                except Exception:
-                    _close(self.holder)
-                    self.holder = None
-
-
 @dataclass
 class _Source:
-    server: _Server
+    server: AdminServer
     url: URL  # the session URL (admin credentials, the base as database)
     base: str
     limits: Limits
@@ -161,7 +89,7 @@ class ScratchManager:
         self.max_ready = max_ready
         self._threads = threads
         self._lock = threading.Condition()
-        self._servers: dict[tuple[Any, ...], _Server] = {}
+        self._servers: dict[tuple[Any, ...], AdminServer] = {}
         self._sources: dict[tuple[Any, ...], _Source] = {}
         self._live: dict[int, _Item] = {}
         self._counts: collections.Counter = collections.Counter()
@@ -251,7 +179,7 @@ class ScratchManager:
         """Drop now the scratch databases and roles on ``url``'s server whose owning process is
         gone (``url``: an admin URL); returns how many. Also runs on its own at first use of a
         server and every ``SWEEP_EVERY_S``."""
-        server = _Server(parse_url(url))
+        server = AdminServer(parse_url(url))
         try:
             before = self.stats().orphans_dropped
             self._sweep(server)
@@ -309,7 +237,7 @@ class ScratchManager:
                 return source
             server = self._servers.get(key[0])
         if server is None:  # first use of this server: check the admin and the server's settings
-            server = _Server(url)
+            server = AdminServer(url)
             server.ops.prepare_server(server.url)
             with self._lock:
                 server = self._servers.setdefault(key[0], server)
@@ -399,7 +327,7 @@ class ScratchManager:
                 server.last_sweep = -SWEEP_EVERY_S  # sweep it up at the next chance
         self._maybe_sweep(server)
 
-    def _maybe_sweep(self, server: _Server) -> None:
+    def _maybe_sweep(self, server: AdminServer) -> None:
         with server.lock:
             due = time.monotonic() - server.last_sweep >= SWEEP_EVERY_S
             if due:
@@ -407,7 +335,7 @@ class ScratchManager:
         if due:
             self._background(self._sweep, server)
 
-    def _sweep(self, server: _Server) -> None:
+    def _sweep(self, server: AdminServer) -> None:
         """Drop scratch databases and roles on ``server`` whose owning process is gone."""
         try:
             names = server.run(lambda admin: server.ops.scratch_names(admin, SCRATCH_PREFIX))
