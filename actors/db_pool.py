@@ -9,8 +9,8 @@ Ray-free core (``sqlrl/db/{lease,shard,partition}.py``; docs/pool.md). This modu
   are not retried (``max_task_retries=0``): a restarted shard has a new incarnation and no leases,
   so a caller's next call on an old lease returns a typed ``session-lost`` result; a call in flight
   when the shard died returns one too (blocking variants) — never a hang: every blocking call waits
-  at most ``call_timeout_s``. Sessions die with the process (SQLite memory, server connections
-  closed by the server, MariaDB scratch databases swept by the account's next connection).
+  at most ``call_timeout_s``. Sessions die with the process (SQLite memory; a server session's
+  clone and role are orphans, dropped by the next sweep of any process using that server).
 - **A client** that hides shard addressing: blocking methods, ``*_async`` variants that return
   ``ray.ObjectRef`` (a completed ``concurrent.futures.Future`` in-process), ``resolve`` for either,
   and ``session()`` as a context manager that always releases.

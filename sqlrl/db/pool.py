@@ -7,10 +7,11 @@ Modelled on SQLAlchemy's ``QueuePool`` (``lib/sqlalchemy/pool/{base,impl,events}
   and returns a ``Session``; the session's ``close()`` checks the connection back in. Connections
   are pooled per (URL, limits): a server connection keeps the timeout it was opened with, so
   sessions asking for other limits get connections opened with those.
-- **Reset on return** is an explicit mode: ``"reset"`` ends the session's workspace (rollback,
-  scratch database dropped, ...) and keeps the connection warm; ``"discard"`` ends the workspace
-  and closes the connection. Engines whose reset is no cheaper than a new connection (SQLite)
-  always discard.
+- **Reset on return** is an explicit mode: ``"reset"`` ends the session's workspace and keeps the
+  connection warm when the engine says it is reusable; ``"discard"`` ends the workspace and closes
+  the connection. Server engines never reuse a connection (it belongs to one session's database
+  and role, ``sqlrl.db.scratch``): "opening" one takes a prepared clone, "closing" it drops the
+  clone.
 - **Pre-ping** (optional, on by default): an idle connection is pinged before reuse; a dead one is
   invalidated and replaced, so a restarted server costs one failed ping, not a failed trajectory.
 - **Invalidation**: a session whose connection died mid-use (``session-lost``) returns it as

@@ -139,7 +139,7 @@ class ShardCore:
                 return self.lease(request)
             except LeaseError as exc:
                 return exc
-        # opening a session is I/O on a server (MariaDB clones a scratch database): in parallel
+        # opening a session is I/O on a server (a clone may be made on the spot): in parallel
         return self._map(one, requests, parallel=True)
 
     def release_many(self, leases: tuple[Lease, ...]) -> tuple[bool, ...]:
