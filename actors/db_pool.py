@@ -18,14 +18,17 @@ Ray-free core (``sqlrl/db/{lease,shard,partition}.py``; docs/pool.md). This modu
   shards as plain ``ShardCore`` objects in the caller's process (each with its TTL reaper thread,
   stopped by ``shutdown``), the same client, no cluster.
 - **Metrics** (``ray.util.metrics``, tagged by shard): ``sqlrl_db_<counter>`` counters,
-  ``sqlrl_db_active_sessions`` gauge, ``sqlrl_db_execute_ms`` histogram; on the dashboard's
-  Prometheus endpoint with Ray's ``ray_`` prefix.
+  ``sqlrl_db_active_sessions`` gauge, ``sqlrl_db_execute_ms`` histogram; on the client side (in a
+  Ray process, tagged by role) ``sqlrl_db_lease_wait_ms``, the time a ``lease``/``lease_many`` call
+  took until granted, retries on a full or restarting shard included. Prometheus shows them with
+  Ray's ``ray_`` prefix (docs/monitoring.md).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping, Sequence
@@ -106,6 +109,24 @@ class _RayMetrics:
             self._active.set(value)
         elif name in self._counters:
             self._counters[name].inc(value)
+
+
+_LEASE_WAIT: dict[str, Any] = {}  # this process's lease-wait histogram, made on first use
+_LEASE_WAIT_LOCK = threading.Lock()
+
+
+def _record_lease_wait(role: str, since: float, in_process: bool) -> None:
+    if in_process or not ray.is_initialized():
+        return
+    with _LEASE_WAIT_LOCK:
+        hist = _LEASE_WAIT.get("histogram")
+        if hist is None:
+            from ray.util import metrics
+
+            hist = _LEASE_WAIT["histogram"] = metrics.Histogram(
+                "sqlrl_db_lease_wait_ms", "time a DB-pool lease call waited until granted (ms)",
+                boundaries=LATENCY_BOUNDARIES_MS, tag_keys=("role",))
+    hist.observe((time.monotonic() - since) * 1e3, tags={"role": role})
 
 
 class DBPoolGroup:
@@ -215,6 +236,13 @@ class DBPoolClient:
         """Lease a session on ``db`` (catalog id or URL). ``key`` (e.g. the trajectory id) picks
         among this caller's shards. Retries a full or restarting shard until ``lease_wait_s``;
         raises ``LeaseError`` otherwise."""
+        since = time.monotonic()
+        lease = self._lease_retrying(db, dialect, key, preprocess_sql, limits, worker_id)
+        _record_lease_wait(self.role, since, self._in_process)
+        return lease
+
+    def _lease_retrying(self, db: str, dialect: str | None, key: str | None, preprocess_sql: Any,
+                        limits: Limits | None, worker_id: str | None) -> Lease:
         request, shard = self._request(db, dialect, key, preprocess_sql, limits, worker_id)
         deadline = time.monotonic() + self._lease_wait
         delay = 0.01
@@ -271,6 +299,7 @@ class DBPoolClient:
         trip per shard; requests a shard refused as full or restarting are retried one by one
         (``lease``). Raises ``LeaseError`` for any other refusal, after releasing what was
         granted — all or nothing."""
+        since = time.monotonic()
         by_shard: dict[int, list[int]] = {}
         requests, shards = [], []
         for i, (db, dialect, key, *rest) in enumerate(dbs):
@@ -295,11 +324,12 @@ class DBPoolClient:
                     if v.kind not in _RETRIED:
                         raise LeaseError(v.kind, v.message)
                     db, dialect, key, *rest = dbs[i]
-                    out[i] = self.lease(db, dialect, key=key, limits=limits,
-                                        preprocess_sql=rest[0] if rest else preprocess_sql)
+                    out[i] = self._lease_retrying(db, dialect, key, rest[0] if rest else preprocess_sql,
+                                                  limits, None)
         except LeaseError:
             self.release_many([v for v in out if isinstance(v, Lease)])
             raise
+        _record_lease_wait(self.role, since, self._in_process)
         return out
 
     def release_many(self, leases: Sequence[Lease]) -> list[bool]:

@@ -2,7 +2,7 @@
 (thin: the engine is ``sqlrl.learn.engine``, checkpoints ``sqlrl.learn.checkpoint``).
 
 - ``LearnerGroup(model, optim, n=0)`` runs one unsharded ``Learner`` in this process (no Ray).
-  ``n >= 1`` starts ``n`` Ray actors (``num_cpus``/``num_gpus`` each) that join one process group
+  ``n >= 1`` starts ``n`` Ray actors (``num_cpus``/``num_gpus``/custom ``resources`` each) that join one process group
   (gloo on CPU, NCCL on GPU: ``backend="auto"``) on a port of ``master_addr`` the driver picked, and
   shard the model with FSDP2 (``n=1`` too: a one-rank FSDP group). Ranks are never restarted: a
   process group cannot take a new member.
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from sqlrl.learn.optim import OptimConfig
 
@@ -75,7 +75,8 @@ class LearnerRank:
 class LearnerGroup:
     def __init__(self, model: str | os.PathLike = "tiny", optim: OptimConfig | None = None, n: int = 0, *,
                  mixed_precision: str = "fp32", reference: bool = False, seed: int = 0,
-                 num_cpus: float = 1.0, num_gpus: float = 0.0, master_addr: str = "127.0.0.1",
+                 num_cpus: float = 1.0, num_gpus: float = 0.0, resources: Mapping[str, float] | None = None,
+                 master_addr: str = "127.0.0.1",
                  backend: str = "auto", timeout_s: float = 1800.0) -> None:
         from sqlrl.learn.fsdp import MIXED_PRECISION
         from sqlrl.policy.load import resolve_path
@@ -104,7 +105,8 @@ class LearnerGroup:
         from sqlrl.learn.fsdp import DistConfig, free_port
 
         port = free_port(master_addr)
-        remote = ray.remote(LearnerRank).options(num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=0,
+        remote = ray.remote(LearnerRank).options(num_cpus=num_cpus, num_gpus=num_gpus,
+                                                 resources=dict(resources or {}) or None, max_restarts=0,
                                                  max_task_retries=0)
         self.ranks = [remote.remote(os.fspath(model), self.optim,
                                     DistConfig(rank=r, world_size=n, master_addr=master_addr,

@@ -54,6 +54,7 @@ class RewardGroupConfig:
     n_actors: int = 2  # 0: in-process
     threads: int = 4  # items scored concurrently per actor
     num_cpus_per_actor: float = 0.25
+    resources: Mapping[str, float] = field(default_factory=dict)  # custom Ray resources per actor
     limits: Limits = field(default_factory=lambda: Limits(timeout_s=10.0, max_rows=10_000))
     critic_test_timeout_s: float = 30.0
     batch_timeout_s: float = 300.0  # the longest the group waits for one actor's share
@@ -128,7 +129,8 @@ class RewardGroup:
             import ray
 
             remote = ray.remote(RewardScorer).options(
-                num_cpus=config.num_cpus_per_actor, max_restarts=-1, max_task_retries=0,
+                num_cpus=config.num_cpus_per_actor, resources=dict(config.resources) or None,
+                max_restarts=-1, max_task_retries=0,
                 max_concurrency=2)  # stats() / incarnation_id() get through while score() runs
             self.actors = [remote.remote(self._catalog, config, pool_client)
                            for _ in range(config.n_actors)]

@@ -54,6 +54,7 @@ class RolloutConfig:
     n_workers: int = 0  # 0: in-process
     num_cpus: float = 1.0
     num_gpus: float = 0.0
+    resources: Mapping[str, float] = field(default_factory=dict)  # custom Ray resources per worker
     timeout_s: float = 1800.0  # the longest the group waits for one worker's batch
 
     def __post_init__(self) -> None:
@@ -141,8 +142,8 @@ class RolloutGroup:
         import ray
 
         remote = ray.remote(RolloutWorker).options(
-            num_cpus=config.num_cpus, num_gpus=config.num_gpus, max_restarts=-1,
-            max_task_retries=0)
+            num_cpus=config.num_cpus, num_gpus=config.num_gpus, resources=dict(config.resources) or None,
+            max_restarts=-1, max_task_retries=0)
         self.workers = [remote.remote(i, config, pool.client(i) if pool else None, schemas)
                         for i in range(config.n_workers)]
 

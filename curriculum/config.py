@@ -14,17 +14,22 @@ Guarantees:
   validated by ``curriculum.mixing.MixtureConfig``.
 - Defaults are the micro-scale main job on the embedded default (SmolLM2-135M, generated data,
   in-process); the GPU path is the same config with ``cluster`` and ``rollout.backend`` changed.
+- ``cluster.placement`` names a profile of ``deploy/placement.yaml`` (what each kind of actor asks
+  Ray for; ``curriculum/placement.py``); an unknown one is an error naming the known profiles.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Sequence
+from typing import TYPE_CHECKING, Literal, Sequence
 
 from sqlrl.config import load_config
 from sqlrl.learn.config import GRPOConfig, SFTConfig
 from sqlrl.learn.optim import OptimConfig
+
+if TYPE_CHECKING:
+    from curriculum.placement import Profile
 
 STAGES = ("stage1", "stage2", "stage3", "stage4")
 STAGE_TITLES = {"stage1": "reasoning SFT", "stage2": "tool-use SFT", "stage3": "reasoning GRPO",
@@ -64,11 +69,24 @@ class DataConfig:
 class ClusterConfig:
     ray: bool = False  # False: everything in-process; True: Ray actors (ray job submit sets address)
     address: str | None = None  # None: RAY_ADDRESS or a local instance
+    # What each kind of actor asks Ray for (CPUs, GPUs, custom resources): a profile of
+    # deploy/placement.yaml (curriculum/placement.py), the file the cluster definitions are checked against.
+    placement: str = "cpu"
     rollout_workers: int = 1
     learner_ranks: int = 1
     reward_actors: int = 1
-    rollout_num_cpus: float = 1.0
-    learner_num_cpus: float = 1.0
+    rollout_num_cpus: float | None = None  # None: the placement profile's; a number overrides it
+    learner_num_cpus: float | None = None
+
+    def __post_init__(self) -> None:
+        self.asks()  # an unknown profile or a broken placement file fails here, naming what is known
+
+    def asks(self) -> "Profile":
+        """The placement profile with this run's CPU overrides applied."""
+        from curriculum.placement import load_profile
+
+        return load_profile(self.placement).with_cpus(rollout=self.rollout_num_cpus,
+                                                      learner=self.learner_num_cpus)
 
 
 @dataclass(frozen=True)

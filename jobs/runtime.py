@@ -11,6 +11,8 @@ Each ``jobs/stage*.py`` reads top to bottom with these pieces:
 - ``Runtime(cfg, data)``: the DB-session pool (rollout + reward partitions), the reward group and,
   on demand, rollout and learner groups — Ray actors when ``cluster.ray`` (``ray job submit``
   sets ``RAY_ADDRESS``), in-process otherwise; the same code either way. ``close()`` shuts all down.
+  Each actor asks Ray for what ``cluster.placement`` (a profile of ``deploy/placement.yaml``, the
+  file the cluster definitions are checked against) says for its kind.
 - ``train_sft`` / ``train_grpo``: the update loops; every step's metrics go to ``MetricsLogger``
   (JSONL, TensorBoard, PNG, and Ray gauges for the dashboard when Ray is up).
 - ``evaluate``: greedy rollouts of a checkpoint on the eval tasks, scored by the same rewards:
@@ -230,11 +232,15 @@ class Runtime:
                          ignore_reinit_error=True, log_to_driver=False)
         dialects = "+".join(sorted({d for v in data.catalog.values() for d in v}))
         workers = cfg.cluster.rollout_workers if self.ray else 0
+        self.asks = cfg.cluster.asks()  # deploy/placement.yaml: what each actor asks Ray for
+        shard, reward = self.asks.db_shard, self.asks.reward
         self.pool = DBPoolGroup(DBPoolConfig(
             rollout_workers=max(1, workers), per_worker={dialects: 1}, reward={dialects: 1},
-            in_process=not self.ray, shard=ShardConfig(catalog=Catalog(dict(data.catalog)))))
+            in_process=not self.ray, shard=ShardConfig(catalog=Catalog(dict(data.catalog))),
+            num_cpus_per_shard=shard.num_cpus, resources=dict(shard.resources)))
         self.rewards = RewardGroup(data.catalog, RewardGroupConfig(
-            n_actors=cfg.cluster.reward_actors if self.ray else 0), self.pool.client(role="reward"))
+            n_actors=cfg.cluster.reward_actors if self.ray else 0, num_cpus_per_actor=reward.num_cpus,
+            resources=dict(reward.resources)), self.pool.client(role="reward"))
         self._groups: list[Any] = []
 
     def rollout_group(self, model: str, mode: str, *, temperature: float, top_p: float = 1.0,
@@ -248,9 +254,11 @@ class Runtime:
                           max_total_tokens=r.max_total_tokens,
                           sampling=SamplingParams(temperature=temperature, top_p=top_p,
                                                   max_new_tokens=r.max_new_tokens, seed=seed))
+        ask = self.asks.rollout
         group = RolloutGroup(RolloutConfig(model=model, backend=r.backend, loop=loop,
                                            n_workers=self.cfg.cluster.rollout_workers if self.ray else 0,
-                                           num_cpus=self.cfg.cluster.rollout_num_cpus),
+                                           num_cpus=ask.num_cpus, num_gpus=ask.num_gpus,
+                                           resources=dict(ask.resources)),
                              self.pool, self.data.schemas)
         self._groups.append(group)
         return group
@@ -258,9 +266,11 @@ class Runtime:
     def learner(self, model: str, optim: Any, *, reference: bool = False) -> Any:
         from actors.learner import LearnerGroup
 
+        ask = self.asks.learner
         group = LearnerGroup(model, optim, n=self.cfg.cluster.learner_ranks if self.ray else 0,
                              mixed_precision=self.cfg.model.mixed_precision, reference=reference,
-                             seed=self.cfg.data.seed, num_cpus=self.cfg.cluster.learner_num_cpus)
+                             seed=self.cfg.data.seed, num_cpus=ask.num_cpus, num_gpus=ask.num_gpus,
+                             resources=dict(ask.resources))
         self._groups.append(group)
         return group
 

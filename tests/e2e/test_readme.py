@@ -181,6 +181,11 @@ RULES: list[tuple[str, Here | Elsewhere | NotHere]] = [
         "scripts/ray_stages.sh submits all four the same way (absolute run_dir and synth_dir, micro sizes "
         "for tiny); the Job API test submits stages 1 and 4", run_by=(RAY_STAGES, STAGE_JOBS_TEST))),
     (r"ray stop", Elsewhere("scripts/ray_stages.sh stops the cluster it started", run_by=(RAY_STAGES,))),
+    # monitoring: starts Prometheus and a Ray head on fixed ports, so it runs in its own test, on free ports
+    (r"bash scripts/monitor\.sh (start|stop)", Elsewhere(
+        "the monitoring test runs start, a job, the page in Chromium, then stop (its own ports)",
+        run_by=(("tests/e2e/test_monitoring.py", ('"scripts/monitor.sh", "start"', '"scripts/monitor.sh", "stop"',
+                                                  "screenshot(")),))),
     (r"bash scripts/ray_stages\.sh \[tiny\|smollm2-135m\]", Elsewhere(
         "run with the tiny model (its default)", run_by=((".ci/run", ("bash scripts/ray_stages.sh",)),),
         does=(RAY_STAGES,))),
