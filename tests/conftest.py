@@ -45,6 +45,21 @@ def agent_database(admin_url: str, name: str):
         provision.drop_database(admin_url, name)
 
 
+def scratch_names(admin_url: str) -> set[str]:
+    """The per-session scratch databases and roles/users on the server now (any process's).
+    Tests compare against a baseline taken first: other processes (Ray actors of earlier tests,
+    killed subprocesses) may hold or have left clones of their own."""
+    from sqlrl.db.provision import SCRATCH_PREFIX, admin_ops
+    from sqlrl.db.url import dialect_name, parse_url
+    url = parse_url(admin_url)
+    ops = admin_ops(dialect_name(url))
+    conn = ops.connect(url)
+    try:
+        return set(ops.scratch_names(conn, SCRATCH_PREFIX))
+    finally:
+        conn.close()
+
+
 def sealed_base(admin_url: str, name: str, statements: list[str]):
     """A base `name` (replaced if it exists) built by the admin with `statements`, then sealed:
     yields (the admin URL of the base, its session URL); drops the base afterwards."""

@@ -33,6 +33,7 @@ class AdminServer:
         self.lock = threading.Lock()  # guards holder, held, idle
         self.holder: Any = None
         self.held: set[str] = set()
+        self.failed: set[str] = set()  # scratch databases whose drop failed (server down): retried
         self.idle: list[Any] = []
         self.last_sweep = -SWEEP_EVERY_S  # the first use sweeps
 

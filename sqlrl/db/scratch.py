@@ -317,14 +317,20 @@ class ScratchManager:
                 server.run(lambda admin: server.ops.drop_scratch(admin, item.name))
             ok = True
         except Exception:
-            ok = False  # left to a sweep (its lock is released below)
+            ok = False  # retried after the server's next successful drop (or by a sweep)
         server.unhold(item.name)
         with self._lock:
             if count:
                 self._counts["dropped" if ok else "drop_errors"] += 1
-        if not ok:
-            with server.lock:
-                server.last_sweep = -SWEEP_EVERY_S  # sweep it up at the next chance
+        with server.lock:
+            if not ok:
+                server.failed.add(item.name)
+            retry = ok and bool(server.failed)
+            if retry:
+                failed, server.failed = server.failed, set()
+        if retry:  # the server answers again: drop what could not be dropped before
+            for name in failed:
+                self._background(self._drop, _Item(name, None, item.source))
         self._maybe_sweep(server)
 
     def _maybe_sweep(self, server: AdminServer) -> None:

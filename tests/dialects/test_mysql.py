@@ -19,7 +19,7 @@ from sqlrl.db import provision
 from sqlrl.db.dialects import mysql as my_adapter
 from sqlrl.db.scratch import SCRATCH
 from sqlrl.db.url import parse_url
-from tests.conftest import sealed_base
+from tests.conftest import scratch_names, sealed_base
 
 pytestmark = pytest.mark.mysql
 
@@ -90,15 +90,14 @@ def db(my, request):
     tag = hashlib.md5(request.node.name.encode()).hexdigest()[:8]
     name = f"sqlrl_t_{os.getpid()}_{tag}"
     for _, url in sealed_base(my, name, BASE_SQL):
-        yield SimpleNamespace(name=name, url=url, server=my)
+        yield SimpleNamespace(name=name, url=url, server=my, baseline=scratch_names(my))
 
 
 def scratch_databases(db):
     """Scratch databases on the server that this process does not hold (ready or in use): the
     leftovers of sessions that ended. Waits for the background drops first."""
     assert SCRATCH.settle()
-    names = {r[0] for r in admin_query(db.server, "SHOW DATABASES LIKE 'sqlrl\\_s\\_%'")}
-    return sorted(names - SCRATCH.held_names())
+    return sorted(scratch_names(db.server) - db.baseline - SCRATCH.held_names())
 
 
 def ok(result):

@@ -19,7 +19,7 @@ from sqlrl.db import provision
 from sqlrl.db.dialects import postgresql as pg_adapter
 from sqlrl.db.scratch import SCRATCH
 from sqlrl.db.url import parse_url
-from tests.conftest import sealed_base
+from tests.conftest import scratch_names, sealed_base
 
 pytestmark = pytest.mark.postgres
 
@@ -95,7 +95,8 @@ def db(pg, request):
     tag = hashlib.md5(request.node.name.encode()).hexdigest()[:8]
     name = f"sqlrl_t_{os.getpid()}_{tag}"
     for admin_db, url in sealed_base(pg, name, BASE_SQL):
-        yield SimpleNamespace(name=name, admin=admin_db, url=url, server=pg)
+        yield SimpleNamespace(name=name, admin=admin_db, url=url, server=pg,
+                              baseline=scratch_names(pg))
 
 
 def ok(result):
@@ -320,8 +321,9 @@ def _session_advisory_locks(db):
 
 
 def _scratch_databases(db):
-    return {name for (name,) in admin_query(
-        db.admin, "SELECT datname FROM pg_database WHERE datname LIKE 'sqlrl\\_s\\_%'")}
+    """Scratch databases and roles that appeared since the test began (waits for drops first)."""
+    assert SCRATCH.settle()
+    return scratch_names(db.server) - db.baseline
 
 
 def test_every_session_gets_a_fresh_database_and_role(db):

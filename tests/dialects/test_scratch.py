@@ -21,20 +21,9 @@ import pytest
 
 from sqlrl.db import open_session, provision
 from sqlrl.db.scratch import SCRATCH
+from tests.conftest import scratch_names
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _scratch_names(admin_url: str) -> set[str]:
-    from sqlrl.db.provision import SCRATCH_PREFIX, admin_ops
-    from sqlrl.db.url import dialect_name, parse_url
-    url = parse_url(admin_url)
-    ops = admin_ops(dialect_name(url))
-    conn = ops.connect(url)
-    try:
-        return set(ops.scratch_names(conn, SCRATCH_PREFIX))
-    finally:
-        conn.close()
 
 
 @pytest.fixture(params=["postgresql", "mysql"])
@@ -61,9 +50,10 @@ def small_queue():
 def test_clones_are_prepared_ahead_once_a_base_is_reused(bases, small_queue):
     admin, urls = bases
     url = urls[0]
+    baseline = scratch_names(admin)  # other processes' clones, if any
     open_session(url).close()
     assert SCRATCH.settle()
-    assert not (_scratch_names(admin) - SCRATCH.held_names())  # dropped after close
+    assert not (scratch_names(admin) - baseline - SCRATCH.held_names())  # dropped after close
     ready_before = SCRATCH.stats().ready
     open_session(url).close()  # the second take of this base: clones ahead from now on
     assert SCRATCH.settle()
@@ -85,13 +75,13 @@ def test_the_ready_queue_is_bounded_and_forgotten_with_its_base(bases, small_que
         assert SCRATCH.stats().ready <= 3
     held = SCRATCH.held_names()
     assert len(held) == SCRATCH.stats().ready <= 3  # the oldest base's clones were given up
-    assert held <= _scratch_names(admin)
+    assert held <= scratch_names(admin)
     from sqlrl.db.url import parse_url
     for url in urls:
         SCRATCH.forget(url, parse_url(url).database)
     assert SCRATCH.settle()
     assert not (SCRATCH.held_names() & held)
-    assert not (held & _scratch_names(admin))  # dropped on the server too
+    assert not (held & scratch_names(admin))  # dropped on the server too
 
 
 CHILD = textwrap.dedent("""
@@ -122,23 +112,23 @@ def test_a_killed_process_leaves_orphans_that_a_sweep_drops(bases):
     admin, urls = bases
     proc, names = _child(urls[0], exit_normally=False)
     try:
-        assert len(names) >= 2 and names <= _scratch_names(admin)
+        assert len(names) >= 2 and names <= scratch_names(admin)
         SCRATCH.sweep(admin)
-        assert names <= _scratch_names(admin)  # alive: its liveness locks protect its clones
+        assert names <= scratch_names(admin)  # alive: its liveness locks protect its clones
     finally:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
     # the locks died with the process (its admin connection closed): a sweep drops its clones
     for _ in range(100):  # the server notices the closed connection asynchronously
         SCRATCH.sweep(admin)
-        if not (names & _scratch_names(admin)):
+        if not (names & scratch_names(admin)):
             break
         time.sleep(0.1)
-    assert not (names & _scratch_names(admin))
+    assert not (names & scratch_names(admin))
 
 
 def test_a_process_that_exits_drops_its_clones(bases):
     admin, urls = bases
     proc, names = _child(urls[1], exit_normally=True)
     assert proc.wait(timeout=120) == 0
-    assert names and not (names & _scratch_names(admin))
+    assert names and not (names & scratch_names(admin))
