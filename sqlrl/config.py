@@ -58,6 +58,11 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: Sequenc
     return _build(cls, data, "")
 
 
+def from_mapping(cls: type[T], data: Mapping[str, Any]) -> T:
+    """``cls`` built from a plain mapping with the same strict checks as ``load_config``."""
+    return _build(cls, data, "")
+
+
 def to_dict(cfg: Any) -> dict[str, Any]:
     def plain(v: Any) -> Any:
         if dataclasses.is_dataclass(v):

@@ -7,6 +7,9 @@
 - ``trajectory``: frozen ``Trajectory`` / ``Turn`` (ids, loss mask, behaviour logprobs, timings).
 - ``loop``: ``AgentLoop(tasks, sessions, backend, chat_format, config).run()`` -- a batch of
   rollouts as explicit state machines, one ``backend.generate`` call per round.
+- ``request``: unlabelled ``GenerateRequest`` / ``DebugRequest`` (no gold answer needed).
+- ``agent``: ``Agent`` -- policy + backend + chat format + loop + ``SessionSource`` in one place
+  (what rollout workers and the serve app both wrap).
 """
 
 from .chat_format import ChatFormat, ChatFormatError, HFChatFormat
@@ -14,8 +17,11 @@ from .loop import FATAL_ERROR_KINDS, AgentLoop, LoopConfig, LoopStateError, Roll
 from .parsers import PARSERS, HermesParser, ParsedTurn, get_parser
 from .prompts import DIALECT_NAMES, MODES, build_messages, tools_for
 from .trajectory import STOP_REASONS, Trajectory, Turn
+from .request import AgentRequest, DebugRequest, GenerateRequest, request_from_task
+from .agent import Agent, AgentConfig, LocalSessions, SessionSource, error_trajectories
 
-__all__ = ["AgentLoop", "ChatFormat", "ChatFormatError", "DIALECT_NAMES", "FATAL_ERROR_KINDS",
+__all__ = ["Agent", "AgentConfig", "AgentRequest", "DebugRequest", "GenerateRequest",
+           "LocalSessions", "SessionSource", "error_trajectories", "request_from_task", "AgentLoop", "ChatFormat", "ChatFormatError", "DIALECT_NAMES", "FATAL_ERROR_KINDS",
            "HFChatFormat", "HermesParser", "LoopConfig", "LoopStateError", "MODES", "PARSERS",
            "ParsedTurn", "RolloutState", "STOP_REASONS", "State", "Trajectory", "Turn",
            "build_messages", "get_parser", "tools_for"]

@@ -40,11 +40,11 @@ def tools_for(mode: str) -> list[dict[str, Any]] | None:
     return tool_schemas() if mode == "agentic" else None
 
 
-def build_messages(task: Task, schema: DatabaseSchema | None, mode: str = "agentic",
+def build_messages(task: Task | Any, schema: DatabaseSchema | None, mode: str = "agentic",
                    dialect: str | None = None, parser: str = "hermes") -> list[dict[str, Any]]:
     _check_mode(mode)
     dialect = norm_dialect(dialect or task.dialect)
-    user = _USER[type(task).kind](task)
+    user = _USER[task.kind](task)  # a labelled task or an unlabelled request (agent/request.py)
     return [{"role": "system", "content": _system(task, schema, mode, dialect, parser)},
             {"role": "user", "content": user}]
 
@@ -54,10 +54,10 @@ def _check_mode(mode: str) -> None:
         raise ValueError(f"unknown mode {mode!r}; known: {', '.join(MODES)}")
 
 
-def _system(task: Task, schema: DatabaseSchema | None, mode: str, dialect: str, parser: str) -> str:
+def _system(task: Task | Any, schema: DatabaseSchema | None, mode: str, dialect: str, parser: str) -> str:
     name = DIALECT_NAMES[dialect]
     job = ("fix a user's SQL so that it does what they need"
-           if isinstance(task, CriticTask) else "answer questions with SQL queries")
+           if task.kind == CriticTask.kind else "answer questions with SQL queries")
     parts = [f"You are an expert {name} database engineer. Your job: {job}. "
              f"Write SQL for {name} only."]
     if schema is not None and schema.tables:

@@ -1,6 +1,6 @@
 """A stand-in Ray Serve app for tests/e2e/test_monitoring.py, run as a Ray job.
 
-sqlrl's own serving app (``serve.app:app``) comes with the serving issue. Until then, this echo
+sqlrl's own serving app is ``serve.app:build_app``; this echo
 deployment makes Ray Serve emit its built-in metrics (replica processing latency, HTTP requests and
 their latency), so that the console page's serving graphs are checked against real series. It is
 not sqlrl's serving app and says nothing about it.

@@ -189,6 +189,14 @@ RULES: list[tuple[str, Here | Elsewhere | NotHere]] = [
     (r"bash scripts/ray_stages\.sh \[tiny\|smollm2-135m\]", Elsewhere(
         "run with the tiny model (its default)", run_by=((".ci/run", ("bash scripts/ray_stages.sh",)),),
         does=(RAY_STAGES,))),
+    # serving: a Serve app on fixed ports; the serve test deploys the same app on its own ports
+    (r"serve run serve/config\.yaml", Elsewhere(
+        "the serve test deploys serve.app:build_app (the file's import_path) on a real Serve; the file "
+        "passes Ray's own schema", run_by=(("tests/e2e/test_serve.py", ("build_app(", "serve.run(")),
+                                          ("tests/unit/test_serve_config.py", ('"serve/config.yaml"', "ServeDeploySchema"))))),
+    (r"curl -s http://127\.0\.0\.1:8000/v1/(sql/generate|chat/completions) .*", Elsewhere(
+        "the serve test makes the same requests over HTTP", run_by=(("tests/e2e/test_serve.py", (
+            '"/v1/sql/generate"', '"/v1/chat/completions"')),))),
     # cannot run here
     (r"uv pip sync locks/gpu\.txt", NotHere(
         "needs Linux x86-64 with an NVIDIA GPU: locks/gpu.txt is compiled here but UNVERIFIED (docs/install.md)")),

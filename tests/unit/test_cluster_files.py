@@ -222,7 +222,9 @@ def test_rayservice_manifest():
     assert DNS_1035.fullmatch(doc["metadata"]["name"]) and len(doc["metadata"]["name"]) <= 47
     check_kuberay_cluster(doc["spec"]["rayClusterConfig"], "rayservice")
     apps = yaml.safe_load(doc["spec"]["serveConfigV2"])["applications"]
-    assert [a["import_path"] for a in apps] == ["serve.app:app"]  # planned: added by the serving issue
+    assert [a["import_path"] for a in apps] == ["serve.app:build_app"]
+    from serve.config import load_serve_config
+    load_serve_config(apps[0]["args"])  # the app's own validation of its args
     _, workers = group_nodes(doc["spec"]["rayClusterConfig"])
     serve = load_profile("gpu").serve
     replicas = [("serve", serve)] * len(workers)

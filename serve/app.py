@@ -1,0 +1,204 @@
+"""The serve application: a FastAPI ingress in front of one ``ModelServer`` deployment per model.
+
+    serve run serve/config.yaml                    # the Serve config file (validated by a test)
+    python -m jobs.serve --model talon=runs/main/stage4/final --database shop=sqlite:///...
+
+Endpoints (OpenAI's error shape and status codes for every failure):
+- ``GET /v1/models``; ``POST /v1/chat/completions`` (non-streaming, or ``stream: true``: SSE
+  ``chat.completion.chunk`` events and ``data: [DONE]``);
+- ``POST /v1/sql/debug`` (Talon) and ``POST /v1/sql/generate`` (Zeno): the agent runs
+  server-side against a database named in the config (``serve/engine.py``);
+- ``GET /healthz`` (no key needed).
+
+Order of checks for every ``/v1`` request: body size (413, before the body is parsed), API key
+(401), rate limit (429 + ``Retry-After``), JSON and schema (400), model / database exists (404),
+clamps, then the model deployment. A full model queue (``max_queued_requests``) gives 503, the
+end-to-end timeout (``limits.request_timeout_s``) 504.
+
+``build_app(args)`` is the application builder ``serve run`` calls with the config's ``args``.
+"""
+
+
+
+import asyncio
+import json
+import time
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from ray import serve
+from ray.serve.exceptions import BackPressureError
+
+from . import metrics
+from .config import ServeConfig, load_serve_config
+from .engine import SQL_BODIES
+from .limits import RateLimiter, check_api_key
+from .model_server import ModelServer
+from .openai_chat import APIError, ChatRequest, error_body, stream_chunks
+
+api = FastAPI(title="sqlrl serve", docs_url=None, redoc_url=None)
+
+
+def _error(exc: APIError) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+
+def _validation_message(exc: Exception) -> tuple[str, str | None]:
+    errors = getattr(exc, "errors", lambda: [])()
+    if errors:
+        e = errors[0]
+        loc = ".".join(str(x) for x in e.get("loc", ()) if x != "body")
+        return f"{loc}: {e.get('msg')}" if loc else str(e.get("msg")), loc or None
+    return str(exc), None
+
+
+@serve.deployment(max_ongoing_requests=256)
+@serve.ingress(api)
+class Ingress:
+    def __init__(self, config: dict[str, Any], models: dict[str, Any]) -> None:
+        self.config: ServeConfig = load_serve_config(config)
+        self.models = models  # name -> DeploymentHandle of its ModelServer
+        lim = self.config.limits
+        self.limiter = RateLimiter(lim.rate_limit_per_minute, lim.rate_limit_burst)
+        self.keys = self.config.auth.keys()
+
+    async def _admit(self, request: Request) -> dict[str, Any]:
+        """Size, key, rate, JSON -- the checks every /v1 POST passes before any model work."""
+        lim = self.config.limits
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > lim.max_body_bytes:
+            raise APIError(413, f"request body of {length} bytes exceeds {lim.max_body_bytes}")
+        self._auth(request)
+        body = b""
+        async for part in request.stream():
+            body += part
+            if len(body) > lim.max_body_bytes:
+                raise APIError(413, f"request body exceeds {lim.max_body_bytes} bytes")
+        try:
+            data = json.loads(body or b"null")
+        except ValueError as exc:
+            raise APIError(400, f"the body is not valid JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise APIError(400, "the body must be a JSON object")
+        return data
+
+    def _auth(self, request: Request) -> None:
+        key = check_api_key(request.headers.get("authorization"), self.keys,
+                            self.config.auth.required)
+        self.limiter.take(key)
+
+    def _handle(self, name: str | None) -> Any:
+        if not name or name not in self.models:
+            raise APIError(404, f"the model {name!r} does not exist; served: "
+                           f"{', '.join(sorted(self.models))}", param="model", code="model_not_found")
+        return self.models[name]
+
+    async def _call(self, response: Any) -> tuple:
+        timeout = self.config.limits.request_timeout_s
+        try:
+            return await asyncio.wait_for(response, timeout=timeout)
+        except BackPressureError:
+            raise APIError(503, "the model's request queue is full; retry later",
+                           code="queue_full") from None
+        except asyncio.TimeoutError:
+            response.cancel()
+            raise APIError(504, f"the request did not finish within {timeout} s",
+                           code="timeout") from None
+
+    async def _run(self, endpoint: str, request: Request, work) -> Any:
+        t0 = time.perf_counter()
+        model, status = "-", 500
+        try:
+            model, response = await work()
+            status = getattr(response, "status_code", 200)
+            return response
+        except APIError as exc:
+            status = exc.status
+            return _error(exc)
+        except Exception as exc:  # a bug or a dead replica: still OpenAI's shape
+            return JSONResponse(error_body(500, f"{type(exc).__name__}: {exc}"), status_code=500)
+        finally:
+            metrics.record("requests", 1, endpoint=endpoint, model=model, status=str(status))
+            metrics.record("latency", (time.perf_counter() - t0) * 1000.0, endpoint=endpoint,
+                           model=model)
+
+    @api.get("/healthz")
+    async def healthz(self) -> dict:
+        return {"status": "ok"}
+
+    @api.get("/v1/models")
+    async def list_models(self, request: Request) -> Any:
+        async def work():
+            self._auth(request)
+            return "-", JSONResponse({"object": "list", "data": [
+                {"id": name, "object": "model", "created": 0, "owned_by": "sqlrl"}
+                for name in sorted(self.models)]})
+        return await self._run("models", request, work)
+
+    @api.post("/v1/chat/completions")
+    async def chat_completions(self, request: Request) -> Any:
+        async def work():
+            data = await self._admit(request)
+            try:
+                req = ChatRequest.model_validate(data)
+            except Exception as exc:
+                msg, param = _validation_message(exc)
+                raise APIError(400, msg, param=param) from None
+            handle = self._handle(req.model)
+            kind, status, result = await self._call(handle.chat.remote(data))
+            if kind == "error":
+                raise APIError(status, result["error"]["message"], param=result["error"]["param"],
+                               code=result["error"]["code"])
+            if not req.stream:
+                return req.model, JSONResponse(result)
+            include = bool((req.stream_options or {}).get("include_usage"))
+
+            async def events():
+                for chunk in stream_chunks(result, include):
+                    yield f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
+                yield "data: [DONE]\n\n"
+            return req.model, StreamingResponse(events(), media_type="text/event-stream")
+        return await self._run("chat", request, work)
+
+    async def _sql(self, kind: str, request: Request) -> Any:
+        async def work():
+            data = await self._admit(request)
+            try:
+                body = SQL_BODIES[kind].model_validate(data)
+            except Exception as exc:
+                msg, param = _validation_message(exc)
+                raise APIError(400, msg, param=param) from None
+            name = body.model or self.config.sql_models.get(kind)
+            handle = self._handle(name)
+            state, status, result = await self._call(handle.sql.remote(kind, data))
+            if state == "error":
+                return name, JSONResponse(result, status_code=status)
+            return name, JSONResponse(result)
+        return await self._run(f"sql_{kind}", request, work)
+
+    @api.post("/v1/sql/debug")
+    async def sql_debug(self, request: Request) -> Any:
+        return await self._sql("debug", request)
+
+    @api.post("/v1/sql/generate")
+    async def sql_generate(self, request: Request) -> Any:
+        return await self._sql("generate", request)
+
+
+def model_deployment(name: str, config: ServeConfig, raw: dict[str, Any]) -> Any:
+    spec = config.models[name]
+    return serve.deployment(ModelServer).options(
+        name=f"model-{name}", num_replicas=spec.num_replicas,
+        max_ongoing_requests=spec.max_ongoing_requests,
+        max_queued_requests=spec.max_queued_requests,
+        ray_actor_options={"num_cpus": spec.num_cpus, "num_gpus": spec.num_gpus},
+    ).bind(name, raw)
+
+
+def build_app(args: dict[str, Any]) -> Any:
+    """The application for ``serve run`` / ``serve.run``: ``args`` is a ``ServeConfig`` mapping."""
+    config = load_serve_config(args)
+    raw = json.loads(json.dumps(args))  # plain values for the replicas
+    models = {name: model_deployment(name, config, raw) for name in config.models}
+    return Ingress.bind(raw, models)

@@ -1,0 +1,64 @@
+"""What a public endpoint needs before any model work: API keys, per-key rate limits, clamps.
+
+- ``check_api_key(authorization, keys, required)``: ``Authorization: Bearer <key>`` against the
+  configured keys (constant-time compare); returns the key (the rate-limit bucket) or raises
+  ``APIError(401)``. With ``required=False`` every caller shares the bucket ``"anonymous"``.
+- ``RateLimiter(per_minute, burst)``: a token bucket per key; ``take(key)`` raises
+  ``APIError(429)`` with a ``Retry-After`` header (whole seconds until a token is back).
+  State is per ingress replica (N replicas allow N times the rate; say so when you scale out).
+- ``clamp(value, maximum)``: client numbers are clamped to the configured maxima, never trusted.
+
+Guarantees: pure Python, injectable clock, no Ray.
+"""
+
+from __future__ import annotations
+
+import hmac
+import math
+import threading
+import time
+from typing import Callable
+
+from .openai_chat import APIError
+
+
+def check_api_key(authorization: str | None, keys: frozenset[str], required: bool = True) -> str:
+    if not required:
+        return "anonymous"
+    scheme, _, token = (authorization or "").partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
+        raise APIError(401, "missing API key: send 'Authorization: Bearer <key>'",
+                       code="invalid_api_key")
+    if not any(hmac.compare_digest(token.encode(), k.encode()) for k in keys):
+        raise APIError(401, "invalid API key", code="invalid_api_key")
+    return token
+
+
+class RateLimiter:
+    def __init__(self, per_minute: float, burst: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.rate = per_minute / 60.0
+        self.burst = max(1, int(burst))
+        self.clock = clock
+        self._buckets: dict[str, tuple[float, float]] = {}  # key -> (tokens, last time)
+        self._lock = threading.Lock()
+
+    def take(self, key: str) -> None:
+        if self.rate <= 0:
+            return
+        with self._lock:
+            now = self.clock()
+            tokens, last = self._buckets.get(key, (float(self.burst), now))
+            tokens = min(float(self.burst), tokens + (now - last) * self.rate)
+            if tokens < 1.0:
+                self._buckets[key] = (tokens, now)
+                wait = math.ceil((1.0 - tokens) / self.rate)
+                raise APIError(429, f"rate limit reached for this API key; retry after {wait} s",
+                               code="rate_limit_exceeded", headers={"Retry-After": str(wait)})
+            self._buckets[key] = (tokens - 1.0, now)
+
+
+def clamp(value: int | None, maximum: int, default: int | None = None) -> int:
+    if value is None:
+        value = default if default is not None else maximum
+    return max(1, min(int(value), int(maximum)))

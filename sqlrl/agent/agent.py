@@ -1,0 +1,168 @@
+"""``Agent``: policy + backend + chat format + loop + session source, composed in one place.
+
+Training (``actors/rollout.py``) and serving (``serve/``) both wrap this class; neither composes
+the parts itself.
+
+    agent = Agent.build(AgentConfig(model="tiny", loop=LoopConfig(max_turns=4)),
+                        sessions=LocalSessions({"shop": {"sqlite": "sqlite:///shop.sqlite"}}),
+                        schemas={"shop": schema})
+    trajectories = agent.run([GenerateRequest("r1", "shop", "How many orders?")])
+
+- ``run(items)`` takes labelled tasks or unlabelled requests (``sqlrl.agent.request``): the loop
+  needs no gold answer. In agentic mode it opens one session per item from the session source
+  (``SessionSource.open_many``; the item's ``preprocess_sql`` applied), runs ``AgentLoop`` over
+  the whole batch (one ``backend.generate`` per round), and closes every session in ``finally``.
+- ``SessionSource`` is the one seam for where sessions come from: ``LocalSessions`` opens a fresh
+  ``sqlrl.db`` session per item from a catalog ``{db_id: {dialect: url}}`` (SQLite paths; for
+  PostgreSQL / MariaDB the session URL of a sealed base, so each session runs in its own clone as
+  its own role); the Ray pool's client is another (see actors/rollout.py).
+- ``with_backend(b)`` gives the same agent over another backend (serve wraps its batching queue so
+  concurrent requests' rounds share one generation call).
+
+Guarantees: ``run`` never raises for an item: a refused session, a failing loop or a failing close
+gives ``stop_reason="error"`` trajectories with the message (``error_trajectories``); sessions are
+closed whatever happens; a request's ``schema`` overrides the source's schema for its ``db_id``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any, Mapping, Protocol, Sequence
+
+from sqlrl.db.types import Limits
+from sqlrl.tasks.schema import DatabaseSchema
+
+from .chat_format import ChatFormat, HFChatFormat
+from .loop import AgentLoop, LoopConfig
+from .trajectory import Trajectory
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    model: str = "tiny"  # a sqlrl.policy.load MODELS name or a checkpoint folder
+    dtype: str = "float32"
+    backend: str = "hf"  # a sqlrl.policy.backends BACKENDS name
+    backend_options: Mapping[str, Any] = field(default_factory=dict)
+    loop: LoopConfig = field(default_factory=LoopConfig)
+
+
+class SessionSource(Protocol):
+    def open_many(self, items: Sequence[Any], keys: Sequence[str]) -> list[Any]:
+        """One fresh session per item (``db_id``, ``dialect``, ``preprocess_sql``); raises when
+        any cannot be opened, after closing those that were."""
+
+    def close_many(self, sessions: Sequence[Any]) -> None: ...
+
+
+class LocalSessions:
+    """Fresh ``sqlrl.db.open_session`` sessions from a catalog ``{db_id: {dialect: url}}``."""
+
+    def __init__(self, catalog: Mapping[str, Mapping[str, str]], limits: Limits | None = None) -> None:
+        self.catalog = {k: dict(v) for k, v in catalog.items()}
+        self.limits = limits or Limits()
+
+    def url(self, db_id: str, dialect: str) -> str:
+        urls = self.catalog.get(db_id)
+        if not urls:
+            raise LookupError(f"unknown database {db_id!r}")
+        if dialect not in urls:
+            raise LookupError(f"database {db_id!r} has no {dialect} copy (has: {', '.join(urls)})")
+        return urls[dialect]
+
+    def open_many(self, items: Sequence[Any], keys: Sequence[str]) -> list[Any]:
+        from sqlrl.db import open_session
+
+        opened: list[Any] = []
+        try:
+            for item in items:
+                opened.append(open_session(self.url(item.db_id, item.dialect), limits=self.limits,
+                                           preprocess_sql=tuple(getattr(item, "preprocess_sql", ()))))
+        except BaseException:
+            self.close_many(opened)
+            raise
+        return opened
+
+    def close_many(self, sessions: Sequence[Any]) -> None:
+        for s in sessions:
+            try:
+                s.close()
+            except Exception:  # closing is best effort; the session layer sweeps orphans
+                pass
+
+
+def error_trajectories(items: Sequence[Any], mode: str, message: str, version: int = 0
+                       ) -> list[Trajectory]:
+    return [Trajectory(task_id=t.task_id, mode=mode, messages=(), token_ids=(), loss_mask=(),
+                       old_logprobs=(), prompt_length=0, turns=(), n_tool_calls=0,
+                       n_tool_errors=0, n_malformed=0, submitted_sql=None, stop_reason="error",
+                       policy_version=version, error=message) for t in items]
+
+
+class Agent:
+    def __init__(self, policy: Any, backend: Any, chat_format: ChatFormat,
+                 loop: LoopConfig = LoopConfig(), sessions: SessionSource | None = None,
+                 schemas: Mapping[str, DatabaseSchema] | None = None, version: int = 0) -> None:
+        self.policy, self.backend, self.chat_format = policy, backend, chat_format
+        self.loop, self.sessions = loop, sessions
+        self.schemas = dict(schemas or {})
+        self.version = version
+        self._batches = 0
+
+    @classmethod
+    def build(cls, config: AgentConfig, sessions: SessionSource | None = None,
+              schemas: Mapping[str, DatabaseSchema] | None = None) -> "Agent":
+        from sqlrl.policy.backends import make_backend
+        from sqlrl.policy.load import load_policy
+
+        policy = load_policy(config.model, dtype=config.dtype)
+        backend = make_backend(config.backend, policy, **dict(config.backend_options))
+        return cls(policy, backend, HFChatFormat(policy.tokenizer), config.loop, sessions, schemas)
+
+    def with_backend(self, backend: Any) -> "Agent":
+        return Agent(self.policy, backend, self.chat_format, self.loop, self.sessions,
+                     self.schemas, self.version)
+
+    def run(self, items: Sequence[Any], *, loop: LoopConfig | None = None,
+            keys: Sequence[str] | None = None) -> list[Trajectory]:
+        """Roll out every item (task or request) once; one trajectory per item, in order."""
+        config = loop or self.loop
+        items = list(items)
+        if not items:
+            return []
+        self._batches += 1
+        keys = list(keys) if keys is not None else [f"b{self._batches}/{i}" for i in range(len(items))]
+        sessions: list[Any] | None = None
+        try:
+            if config.mode == "agentic":
+                if self.sessions is None:
+                    return error_trajectories(items, config.mode, "agentic rollouts need a "
+                                              "session source", self.version)
+                try:
+                    sessions = list(self.sessions.open_many(items, keys))
+                except Exception as exc:
+                    return error_trajectories(items, config.mode,
+                                              f"could not open sessions: {exc}", self.version)
+            schemas = [getattr(t, "schema", None) or self.schemas.get(t.db_id) for t in items]
+            try:
+                return AgentLoop(items, sessions, self.backend, self.chat_format, config,
+                                 schemas=schemas, policy_version=self.version).run()
+            except Exception as exc:  # a bug in a layer below: typed results, never lost items
+                return error_trajectories(items, config.mode, f"{type(exc).__name__}: {exc}",
+                                          self.version)
+        finally:
+            if sessions:
+                self.sessions.close_many(sessions)  # type: ignore[union-attr]
+
+    def update_weights(self, state_dict: Mapping[str, Any], version: int) -> int:
+        """Load new weights (a full state dict); returns the version now served."""
+        missing, unexpected = self.policy.model.load_state_dict(dict(state_dict), strict=False)
+        if missing or unexpected:
+            raise ValueError(f"weights do not fit this model: missing {list(missing)[:5]}, "
+                             f"unexpected {list(unexpected)[:5]}")
+        getattr(self.backend, "clear_cache", lambda: None)()  # cached KV is of the old weights
+        self.version = version
+        return version
+
+    def configured(self, **changes: Any) -> LoopConfig:
+        """This agent's loop config with fields replaced (``max_turns=…``, ``sampling=…``)."""
+        return replace(self.loop, **changes)

@@ -1,0 +1,48 @@
+"""The generation backends by name: one place to add one (``BACKENDS``).
+
+``make_backend(name, policy, **options)`` builds a ``GenerationBackend`` for a loaded ``Policy``:
+
+- ``"hf"``: ``HFBackend`` (transformers; CPU, or GPU with a CUDA torch) -- options go to it
+  (``prefix_cache``, ``max_cached_tokens``);
+- ``"vllm"``: ``VLLMBackend`` on the policy's folder (GPU machines; **unverified here**: vLLM's
+  CUDA build cannot run on these CPU machines) -- options go to ``vllm.LLM``;
+- ``"scripted"``: ``ScriptedBackend`` (``sqlrl.policy.scripted``), canned turns through the real
+  tokenizer, for tests, demos and benchmarks of everything around the model.
+
+Guarantees: an unknown name raises ``ValueError`` naming the known ones; backends are imported
+lazily (importing this module loads neither torch nor vLLM).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from .types import GenerationBackend
+
+
+def _hf(policy: Any, **options: Any) -> GenerationBackend:
+    from .hf_backend import HFBackend
+
+    return HFBackend(policy, **options)
+
+
+def _vllm(policy: Any, **options: Any) -> GenerationBackend:
+    from .vllm_backend import VLLMBackend
+
+    return VLLMBackend(policy.path, **options)
+
+
+def _scripted(policy: Any, **options: Any) -> GenerationBackend:
+    from .scripted import ScriptedBackend
+
+    return ScriptedBackend(policy.tokenizer, policy.eos_token_ids, **options)
+
+
+BACKENDS: dict[str, Callable[..., GenerationBackend]] = {
+    "hf": _hf, "vllm": _vllm, "scripted": _scripted}
+
+
+def make_backend(name: str, policy: Any, **options: Any) -> GenerationBackend:
+    if name not in BACKENDS:
+        raise ValueError(f"unknown backend {name!r}; known: {', '.join(BACKENDS)}")
+    return BACKENDS[name](policy, **options)
