@@ -1,5 +1,6 @@
-"""Rollout workers: a policy replica + the agent loop + sessions from the worker's own pool
-partition (thin: the loop is ``sqlrl.agent``, the model and backends ``sqlrl.policy``).
+"""Rollout workers: a ``sqlrl.agent.Agent`` (policy replica + backend + chat format + loop, the
+same composition serving uses) over sessions from the worker's own pool partition
+(``PoolSessions``, the Ray pool's ``SessionSource``).
 
 - ``RolloutWorker.rollout(tasks)`` leases one session per task from this worker's shards
   (``DBPoolClient.lease_many``, one round trip per shard, the task's ``preprocess_sql`` applied),
@@ -13,36 +14,25 @@ partition (thin: the loop is ``sqlrl.agent``, the model and backends ``sqlrl.pol
   tasks are split into contiguous chunks (a GRPO group stays on one worker when the group size
   divides the chunk); a worker that dies or does not answer within ``timeout_s`` yields error
   trajectories for its chunk, never a hang, and is restarted by Ray.
-- Backends are a registry (``BACKENDS``): ``"hf"`` (transformers, CPU or GPU) and ``"vllm"`` (GPU
-  machines only — unverified here, see sqlrl/policy/vllm_backend.py). The GPU path is this same
-  code with ``backend="vllm"`` and ``num_gpus`` set.
+- Backends are the registry ``sqlrl.policy.backends.BACKENDS``: ``"hf"`` (transformers, CPU or
+  GPU), ``"vllm"`` (GPU machines only — unverified here, see sqlrl/policy/vllm_backend.py) and
+  ``"scripted"``. The GPU path is this same code with ``backend="vllm"`` and ``num_gpus`` set.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from actors.db_pool import LeasedSession
-from sqlrl.agent.chat_format import HFChatFormat
-from sqlrl.agent.loop import AgentLoop, LoopConfig
+from sqlrl.agent.agent import Agent, AgentConfig, error_trajectories
+from sqlrl.agent.loop import LoopConfig
 from sqlrl.agent.trajectory import Trajectory
+from sqlrl.policy.backends import BACKENDS
 
-
-def _hf(policy: Any) -> Any:
-    from sqlrl.policy.hf_backend import HFBackend
-
-    return HFBackend(policy)
-
-
-def _vllm(policy: Any) -> Any:
-    from sqlrl.policy.vllm_backend import VLLMBackend
-
-    return VLLMBackend(policy.path)
-
-
-BACKENDS: dict[str, Callable[[Any], Any]] = {"hf": _hf, "vllm": _vllm}
+__all__ = ["BACKENDS", "PoolSessions", "RolloutConfig", "RolloutGroup", "RolloutWorker",
+           "error_trajectories"]
 
 
 @dataclass(frozen=True)
@@ -62,72 +52,61 @@ class RolloutConfig:
             raise ValueError(f"unknown backend {self.backend!r}; known: {', '.join(BACKENDS)}")
 
 
-def error_trajectories(tasks: Sequence[Any], mode: str, message: str, version: int = 0
-                       ) -> list[Trajectory]:
-    return [Trajectory(task_id=t.task_id, mode=mode, messages=(), token_ids=(), loss_mask=(),
-                       old_logprobs=(), prompt_length=0, turns=(), n_tool_calls=0,
-                       n_tool_errors=0, n_malformed=0, submitted_sql=None, stop_reason="error",
-                       policy_version=version, error=message) for t in tasks]
+class PoolSessions:
+    """The Ray pool as the agent's ``SessionSource``: one lease per item from this worker's shards
+    (``lease_many``: one round trip per shard, the item's ``preprocess_sql`` applied), all released
+    together (``release_many``)."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+
+    def open_many(self, items: Sequence[Any], keys: Sequence[str]) -> list[LeasedSession]:
+        leases = self.client.lease_many([(t.db_id, t.dialect, k, tuple(getattr(t, "preprocess_sql", ())))
+                                         for t, k in zip(items, keys)])
+        return [LeasedSession(self.client, lease) for lease in leases]
+
+    def close_many(self, sessions: Sequence[LeasedSession]) -> None:
+        self.client.release_many([s.lease for s in sessions])
 
 
 class RolloutWorker:
     def __init__(self, index: int, config: RolloutConfig, pool_client: Any = None,
                  schemas: Mapping[str, Any] | None = None) -> None:
-        from sqlrl.policy.load import load_policy
-
         self.index = index
         self.config = config
         self.pool = pool_client
-        self.schemas = dict(schemas or {})
-        self.policy = load_policy(config.model, dtype=config.dtype)
-        self.backend = BACKENDS[config.backend](self.policy)
-        self.chat = HFChatFormat(self.policy.tokenizer)
-        self.version = 0
+        self.agent = Agent.build(
+            AgentConfig(model=config.model, dtype=config.dtype, backend=config.backend,
+                        loop=config.loop),
+            sessions=PoolSessions(pool_client) if pool_client is not None else None,
+            schemas=schemas)
         self._batches = 0
 
+    # the agent's parts, for callers that inspect or swap them (benchmarks, tests)
+    policy = property(lambda self: self.agent.policy)
+    chat = property(lambda self: self.agent.chat_format)
+    version = property(lambda self: self.agent.version)
+
+    @property
+    def backend(self) -> Any:
+        return self.agent.backend
+
+    @backend.setter
+    def backend(self, backend: Any) -> None:
+        self.agent.backend = backend
+
     def rollout(self, tasks: Sequence[Any]) -> list[Trajectory]:
-        mode = self.config.loop.mode
-        if not tasks:
-            return []
+        """Never raises for a task: a refused lease or a failing loop gives error trajectories."""
         self._batches += 1
-        leases: list[Any] = []
-        try:
-            if mode == "agentic":
-                if self.pool is None:
-                    return error_trajectories(tasks, mode, "agentic rollouts need a DB pool client",
-                                              self.version)
-                keys = [f"w{self.index}/b{self._batches}/{i}" for i in range(len(tasks))]
-                try:
-                    leases = self.pool.lease_many([(t.db_id, t.dialect, k, tuple(getattr(t, "preprocess_sql", ())))
-                                                   for t, k in zip(tasks, keys)])
-                except Exception as exc:  # a LeaseError: the batch cannot start
-                    return error_trajectories(tasks, mode, f"could not lease sessions: {exc}",
-                                              self.version)
-                sessions: list[Any] | None = [LeasedSession(self.pool, l) for l in leases]
-            else:
-                sessions = None
-            try:
-                loop = AgentLoop(tasks, sessions, self.backend, self.chat, self.config.loop,
-                                 schemas=self.schemas, policy_version=self.version)
-                return loop.run()
-            except Exception as exc:  # a bug in a layer below: typed results, never lost tasks
-                return error_trajectories(tasks, mode, f"{type(exc).__name__}: {exc}", self.version)
-        finally:
-            if leases:
-                self.pool.release_many(leases)
+        return self.agent.run(tasks, keys=[f"w{self.index}/b{self._batches}/{i}"
+                                           for i in range(len(tasks))])
 
     def update_weights(self, state_dict: Mapping[str, Any], version: int) -> int:
         """Load the learner's weights (a full state dict); returns the version now served."""
-        missing, unexpected = self.policy.model.load_state_dict(dict(state_dict), strict=False)
-        if missing or unexpected:
-            raise ValueError(f"weights do not fit this model: missing {list(missing)[:5]}, "
-                             f"unexpected {list(unexpected)[:5]}")
-        getattr(self.backend, "clear_cache", lambda: None)()  # cached KV is of the old weights
-        self.version = version
-        return version
+        return self.agent.update_weights(state_dict, version)
 
     def get_version(self) -> int:
-        return self.version
+        return self.agent.version
 
 
 class RolloutGroup:
