@@ -90,6 +90,8 @@ def server():
                    "rate_limit_burst": 40, "request_timeout_s": 120.0},
         "auth": {"api_keys": KEYS},
     }
+    if ray.is_initialized():  # another module's cluster (tests/actors' session one): this module
+        ray.shutdown()        # starts its own, private one, and shuts it down at the end
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
              namespace="sqlrl-serve-tests", _temp_dir=f"/tmp/sqlrl-srv-{os.getpid()}")
     port = free_port()
