@@ -25,20 +25,12 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Union
 
 from sqlrl.tasks.schema import DatabaseSchema
-from sqlrl.tasks.types import CriticTask, Task, TaskError, Text2SQLTask, norm_dialect
-
-
-def _require(name: str, value: Any) -> None:
-    if not isinstance(value, str) or not value.strip():
-        raise TaskError(f"{name} must be a non-empty string, got {value!r}")
+from sqlrl.tasks.types import (CriticTask, Task, TaskError, Text2SQLTask, norm_dialect,
+                               require_text, str_tuple)
 
 
 def _sql_tuple(name: str, value: Any) -> tuple[str, ...]:
-    if isinstance(value, str):
-        value = (value,)
-    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
-        raise TaskError(f"{name} must be a string or a list of strings")
-    return tuple(v for v in value if v.strip())
+    return tuple(v for v in str_tuple(name, value) if v.strip())
 
 
 @dataclass(frozen=True)
@@ -56,7 +48,7 @@ class GenerateRequest:
 
     def __post_init__(self) -> None:
         for name in ("request_id", "db_id", "question"):
-            _require(name, getattr(self, name))
+            require_text(name, getattr(self, name))
         if not isinstance(self.evidence, str):
             raise TaskError("evidence must be a string")
         object.__setattr__(self, "dialect", norm_dialect(self.dialect))
@@ -82,7 +74,7 @@ class DebugRequest:
 
     def __post_init__(self) -> None:
         for name in ("request_id", "db_id", "query"):
-            _require(name, getattr(self, name))
+            require_text(name, getattr(self, name))
         object.__setattr__(self, "issue_sql", _sql_tuple("issue_sql", self.issue_sql))
         if not self.issue_sql:
             raise TaskError("issue_sql must hold at least one statement")

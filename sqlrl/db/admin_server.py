@@ -17,6 +17,7 @@ from typing import Any
 
 from sqlalchemy.engine import URL
 
+from .dialects.base import close_quietly
 from .provision import admin_ops
 from .url import dialect_name
 
@@ -94,14 +95,3 @@ class AdminServer:
                 except Exception:
                     close_quietly(self.holder)
                     self.holder = None
-
-
-
-
-def close_quietly(conn: Any) -> None:
-    if conn is None:
-        return
-    try:
-        conn.close()
-    except Exception:
-        pass

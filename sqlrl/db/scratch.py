@@ -39,6 +39,7 @@ from typing import Any
 from sqlalchemy.engine import URL
 
 from .admin_server import SWEEP_EVERY_S, AdminServer
+from .dialects.base import close_quietly
 from .provision import SCRATCH_PREFIX
 from .types import Limits, SessionError
 from .url import dialect_name, parse_url, redact
@@ -389,12 +390,14 @@ def _source_key(url: URL, limits: Limits) -> tuple[Any, ...]:
 
 
 def _close(conn: Any, adapter: Any = None) -> None:
-    if conn is None:
-        return
-    try:
-        (adapter.close_agent if adapter is not None else type(conn).close)(conn)
-    except Exception:
-        pass
+    """Close an agent connection through its adapter (quietly: it may be dead already)."""
+    if conn is not None and adapter is not None:
+        try:
+            adapter.close_agent(conn)
+        except Exception:
+            pass
+    elif conn is not None:
+        close_quietly(conn)
 
 
 SCRATCH = ScratchManager(prefill=int(os.environ.get("SQLRL_SCRATCH_PREFILL", "2")),

@@ -53,7 +53,8 @@ def norm_difficulty(value: str | None) -> str | None:
     return d
 
 
-def _str_tuple(name: str, value: Any) -> tuple[str, ...]:
+def str_tuple(name: str, value: Any) -> tuple[str, ...]:
+    """``value`` (None, a string or a list of strings) as a tuple; else ``TaskError``."""
     if value is None:
         return ()
     if isinstance(value, str):
@@ -63,7 +64,8 @@ def _str_tuple(name: str, value: Any) -> tuple[str, ...]:
     return tuple(value)
 
 
-def _require(name: str, value: Any) -> None:
+def require_text(name: str, value: Any) -> None:
+    """``TaskError`` unless ``value`` is a non-empty string."""
     if not isinstance(value, str) or not value.strip():
         raise TaskError(f"{name} must be a non-empty string, got {value!r}")
 
@@ -85,7 +87,7 @@ class Text2SQLTask:
 
     def __post_init__(self) -> None:
         for name in ("task_id", "db_id", "question", "gold_sql"):
-            _require(name, getattr(self, name))
+            require_text(name, getattr(self, name))
         object.__setattr__(self, "dialect", norm_dialect(self.dialect))
         object.__setattr__(self, "difficulty", norm_difficulty(self.difficulty))
 
@@ -129,9 +131,9 @@ class CriticTask:
 
     def __post_init__(self) -> None:
         for name in ("instance_id", "db_id", "query"):
-            _require(name, getattr(self, name))
+            require_text(name, getattr(self, name))
         for name in ("issue_sql", "sol_sql", "preprocess_sql", "clean_up_sql", "test_cases"):
-            object.__setattr__(self, name, _str_tuple(name, getattr(self, name)))
+            object.__setattr__(self, name, str_tuple(name, getattr(self, name)))
         if not self.issue_sql:
             raise TaskError("issue_sql must hold at least one statement")
         if not self.sol_sql:
