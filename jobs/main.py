@@ -203,7 +203,15 @@ def main(argv: list[str] | None = None) -> int:
         print(table_title(data.source), md, sep="\n", end="", flush=True)
     console.print(f"total {total / 60:.1f} min; checkpoints in {run_dir}/<stage>/final; "
                   f"curves in {run_dir}/curves; metrics in {run_dir}/metrics.jsonl", markup=False)
+    console.print(f"serve the trained model (docs/serving.md):\n  {serve_command(run_dir / stages[-1] / 'final', data.catalog)}",
+                  markup=False, highlight=False, soft_wrap=True)
     return 0
+
+
+def serve_command(final: Path, catalog: dict) -> str:
+    """The command that serves ``final`` as Zeno (both SQL endpoints) on the run's SQLite databases."""
+    dbs = [f"--database {db}={urls['sqlite']}" for db, urls in sorted(catalog.items()) if "sqlite" in urls]
+    return " ".join(["SQLRL_SERVE_API_KEYS=<key> python -m jobs.serve", f"--model zeno={final.resolve()}", *dbs])
 
 
 if __name__ == "__main__":

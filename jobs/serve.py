@@ -5,6 +5,7 @@
     ray job submit --working-dir . -- python -m jobs.serve --model zeno=$PWD/runs/main/stage4/final ...
 
 ``--model NAME=PATH`` (repeatable; PATH a checkpoint folder or a named model such as ``tiny``),
+With one model and no ``sql_models`` in ``--config``, that model answers both SQL endpoints.
 ``--database NAME=URL`` (repeatable; a SQLite URL, or the session URL of a sealed PostgreSQL /
 MariaDB base), ``--config FILE`` (a YAML mapping of ``serve.config.ServeConfig``; the flags add to
 it), ``--backend hf|vllm`` (vLLM: GPU machines, unverified here). API keys come from
@@ -43,6 +44,9 @@ def build_args(a: argparse.Namespace) -> dict[str, Any]:
     dbs = args.setdefault("databases", {})
     for name, url in pairs(a.database, "--database").items():
         dbs[name] = {"url": url}
+    if "sql_models" not in args and len(models) == 1:  # one model answers both SQL endpoints
+        only = next(iter(models))
+        args["sql_models"] = {"debug": only, "generate": only}
     if a.no_auth:
         args.setdefault("auth", {})["required"] = False
     return args

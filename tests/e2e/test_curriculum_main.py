@@ -53,6 +53,8 @@ def test_main_job_runs_the_four_stages_and_prints_the_table(tmp_path):
     stage2 = json.loads((run / "stage2" / "summary.json").read_text())
     assert stage2["config"]["model"]["init"] == "previous"  # started from stage 1's checkpoint
     AutoModelForCausalLM.from_pretrained(run / "stage4" / "final")  # loadable for serving
+    # the command that serves it, printed at the end (docs/serving.md)
+    assert f"python -m jobs.serve --model zeno={run / 'stage4' / 'final'} --database " in proc.stdout
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     rl = [r for r in rows if r["stage"] in ("stage3", "stage4")]
     assert rl and all({"reward_mean", "pass_rate", "time_rollout_s", "time_update_s", "time_sync_s",

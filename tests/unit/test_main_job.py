@@ -74,6 +74,8 @@ def test_a_fresh_run_prints_a_line_per_phase_and_the_table_once_in_full(fake, tm
     assert "| + stage4 agentic GRPO | — | — | 0.50 (format 1.00, n=4) | 0.00 / 1.00 |" in out
     assert "┃" not in out and "│" not in out  # no rich box drawing off a terminal
     assert json.loads((tmp_path / "run" / "results.json").read_text())["rows"][0]["name"] == "base (tiny)"
+    final = (tmp_path / "run" / "stage4" / "final").resolve()
+    assert f"SQLRL_SERVE_API_KEYS=<key> python -m jobs.serve --model zeno={final}" in out + err
 
 
 def test_a_run_dir_with_stage_results_is_refused_before_any_work(fake, tmp_path):

@@ -31,3 +31,33 @@ def test_bad_serve_configs_are_named():
         load_serve_config({"models": {"m": {"path": "tiny", "max_batch_size": 8, "max_ongoing_requests": 4}}})
     with pytest.raises(ConfigError, match="no models"):
         load_serve_config({})
+
+
+def test_jobs_serve_flags_build_the_app_args(tmp_path, monkeypatch):
+    from jobs.serve import build_args, main
+    from serve.config import load_serve_config
+
+    def args(*argv):
+        import argparse
+
+        ap = argparse.ArgumentParser()
+        for flag in ("--model", "--database"):
+            ap.add_argument(flag, action="append", default=[])
+        ap.add_argument("--config")
+        ap.add_argument("--backend", default="hf")
+        ap.add_argument("--no-auth", action="store_true")
+        return load_serve_config(build_args(ap.parse_args(argv)))
+
+    one = args("--model", "zeno=runs/main/stage4/final", "--database", "shop=sqlite:///x.sqlite")
+    assert one.sql_models == {"debug": "zeno", "generate": "zeno"}  # one model answers both endpoints
+    assert one.models["zeno"].path == "runs/main/stage4/final" and one.databases["shop"].url == "sqlite:///x.sqlite"
+    two = args("--model", "talon=a", "--model", "zeno=b", "--no-auth")
+    assert two.sql_models == {"debug": "talon", "generate": "zeno"} and not two.auth.required
+    conf = tmp_path / "c.yaml"
+    conf.write_text("sql_models: {debug: zeno, generate: zeno}\nmodels: {talon: {path: tiny}}\n")
+    assert args("--config", str(conf), "--model", "zeno=tiny").sql_models == {"debug": "zeno", "generate": "zeno"}
+    with pytest.raises(SystemExit, match="NAME=VALUE"):
+        args("--model", "zeno")
+    # no API keys and auth required: a clear refusal before Ray starts
+    monkeypatch.delenv("SQLRL_SERVE_API_KEYS", raising=False)
+    assert main(["--model", "zeno=tiny"]) == 2
