@@ -5,7 +5,7 @@
 
 Endpoints (OpenAI's error shape and status codes for every failure):
 - ``GET /v1/models``; ``POST /v1/chat/completions`` (non-streaming, or ``stream: true``: SSE
-  ``chat.completion.chunk`` events and ``data: [DONE]``);
+  ``chat.completion.chunk`` events token by token and ``data: [DONE]``);
 - ``POST /v1/sql/debug`` (Talon) and ``POST /v1/sql/generate`` (Zeno): the agent runs
   server-side against a database named in the config (``serve/engine.py``);
 - ``GET /healthz`` (no key needed).
@@ -35,7 +35,7 @@ from .config import ServeConfig, load_serve_config
 from .engine import SQL_BODIES
 from .limits import RateLimiter, check_api_key
 from .model_server import ModelServer
-from .openai_chat import APIError, ChatRequest, error_body, stream_chunks
+from .openai_chat import APIError, ChatRequest, error_body
 
 api = FastAPI(title="sqlrl serve", docs_url=None, redoc_url=None)
 
@@ -94,17 +94,20 @@ class Ingress:
                            f"{', '.join(sorted(self.models))}", param="model", code="model_not_found")
         return self.models[name]
 
-    async def _call(self, response: Any) -> tuple:
-        timeout = self.config.limits.request_timeout_s
+    def _deadline(self) -> float:
+        return time.monotonic() + self.config.limits.request_timeout_s
+
+    async def _call(self, awaitable: Any, cancel: Any, deadline: float) -> Any:
+        """Await a model call until ``deadline``: 503 when its queue is full, 504 past the deadline."""
         try:
-            return await asyncio.wait_for(response, timeout=timeout)
+            return await asyncio.wait_for(awaitable, timeout=max(0.0, deadline - time.monotonic()))
         except BackPressureError:
             raise APIError(503, "the model's request queue is full; retry later",
                            code="queue_full") from None
         except asyncio.TimeoutError:
-            response.cancel()
-            raise APIError(504, f"the request did not finish within {timeout} s",
-                           code="timeout") from None
+            cancel()
+            raise APIError(504, f"the request did not finish within "
+                           f"{self.config.limits.request_timeout_s} s", code="timeout") from None
 
     async def _run(self, endpoint: str, request: Request, work) -> Any:
         t0 = time.perf_counter()
@@ -146,20 +149,40 @@ class Ingress:
                 msg, param = _validation_message(exc)
                 raise APIError(400, msg, param=param) from None
             handle = self._handle(req.model)
-            kind, status, result = await self._call(handle.chat.remote(data))
+            deadline = self._deadline()
+            if req.stream:
+                return req.model, await self._stream(handle, data, deadline)
+            response = handle.chat.remote(data)
+            kind, status, result = await self._call(response, response.cancel, deadline)
             if kind == "error":
                 raise APIError(status, result["error"]["message"], param=result["error"]["param"],
                                code=result["error"]["code"])
-            if not req.stream:
-                return req.model, JSONResponse(result)
-            include = bool((req.stream_options or {}).get("include_usage"))
-
-            async def events():
-                for chunk in stream_chunks(result, include):
-                    yield f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
-                yield "data: [DONE]\n\n"
-            return req.model, StreamingResponse(events(), media_type="text/event-stream")
+            return req.model, JSONResponse(result)
         return await self._run("chat", request, work)
+
+    async def _stream(self, handle: Any, data: dict[str, Any], deadline: float) -> StreamingResponse:
+        """SSE from the replica's ``chat_stream``: errors before the first token are a normal
+        OpenAI error response; a failure or the deadline after it is an ``error`` event."""
+        gen = handle.options(stream=True).chat_stream.remote(data)
+        kind, status, result = await self._call(gen.__anext__(), gen.cancel, deadline)
+        if kind == "error":
+            raise APIError(status, result["error"]["message"], param=result["error"]["param"],
+                           code=result["error"]["code"])
+
+        async def events():
+            try:
+                while True:
+                    try:
+                        item = await self._call(gen.__anext__(), gen.cancel, deadline)
+                    except StopAsyncIteration:
+                        break
+                    yield f"data: {json.dumps(item, ensure_ascii=False)}\n\n"
+            except APIError as exc:
+                yield f"data: {json.dumps(exc.body())}\n\n"
+            except Exception as exc:  # the replica failed mid-stream
+                yield f"data: {json.dumps(error_body(500, f'{type(exc).__name__}: {exc}'))}\n\n"
+            yield "data: [DONE]\n\n"
+        return StreamingResponse(events(), media_type="text/event-stream")
 
     async def _sql(self, kind: str, request: Request) -> Any:
         async def work():
@@ -171,7 +194,8 @@ class Ingress:
                 raise APIError(400, msg, param=param) from None
             name = body.model or self.config.sql_models.get(kind)
             handle = self._handle(name)
-            state, status, result = await self._call(handle.sql.remote(kind, data))
+            response = handle.sql.remote(kind, data)
+            state, status, result = await self._call(response, response.cancel, self._deadline())
             if state == "error":
                 return name, JSONResponse(result, status_code=status)
             return name, JSONResponse(result)

@@ -35,7 +35,7 @@ class ModelSpec:
     backend_options: dict[str, Any] = field(default_factory=dict)
     dtype: str = "float32"
     max_batch_size: int = 16  # prompts merged into one generation call (@serve.batch)
-    batch_wait_timeout_s: float = 0.005
+    batch_wait_timeout_s: float = 0.0  # Serve's window; requests arriving while the model works are merged anyway
     max_ongoing_requests: int = 32  # per replica; >= max_batch_size so a batch can fill
     max_queued_requests: int = 64  # beyond this the caller gets 503
     num_replicas: int = 1

@@ -4,7 +4,7 @@ The Serve deployment (``serve/model_server.py``) owns an engine and gives it a `
 function that goes through its dynamic-batching queue; the benchmark and unit tests give it the
 backend directly. Everything here is synchronous and thread-safe as long as ``generate`` is.
 
-- ``chat(req, generate)``: an OpenAI chat completion (``serve.openai_chat``): messages rendered
+- ``chat_plan(req)`` + ``chat(req, generate)``: an OpenAI chat completion (``serve.openai_chat``): messages rendered
   with the model's tool chat template (+ the forced tool-call prefix), one generation call for
   all ``n`` choices, hermes tool calls returned as structured ``tool_calls``, ``usage`` counted
   in tokens.
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -39,10 +39,23 @@ from sqlrl.tasks.types import TaskError
 
 from .config import LimitsSpec, ServeConfig
 from .limits import clamp
-from .openai_chat import (APIError, ChatRequest, completion, cut_at_stop, finish_reason,
-                          parse_reply, prepare)
+from .openai_chat import APIError, ChatRequest, completion, prepare
+from .streaming import finish_reason, message, split_reply, visible
 
 Generate = Callable[[Sequence[Sequence[int]], SamplingParams], list[Generation]]
+
+
+@dataclass(frozen=True)
+class ChatPlan:
+    ids: list[int]  # the rendered prompt (+ the forced tool-call prefix)
+    params: SamplingParams
+    prefix: str  # text the turn is forced to start with (tool_choice)
+    stops: tuple[str, ...]  # the client's stop strings + the end-of-turn text
+    tool_names: tuple[str, ...]
+
+
+def context_error(exc: Exception) -> APIError:
+    return APIError(400, str(exc), param="messages", code="context_length_exceeded")
 
 
 class SQLBody(BaseModel):
@@ -124,7 +137,8 @@ class ModelEngine:
 
     # -- chat completions ------------------------------------------------------------------------
 
-    def chat(self, req: ChatRequest, generate: Generate) -> dict[str, Any]:
+    def chat_plan(self, req: ChatRequest) -> ChatPlan:
+        """The prompt and sampling of a chat completion (400 for messages the template refuses)."""
         p = prepare(req)
         try:
             ids = self.chat_format.prompt_ids(p.messages, p.tools)
@@ -138,24 +152,26 @@ class ModelEngine:
                            self.limits.default_max_tokens)
         params = SamplingParams(n=n, temperature=req.temperature, top_p=req.top_p,
                                 max_new_tokens=max_tokens, stop=p.stop, seed=req.seed)
-        try:
-            gens = generate([ids], params)
-        except ValueError as exc:  # prompt too long for the model, bad ids
-            raise APIError(400, str(exc), param="messages", code="context_length_exceeded") from None
-        choices, completion_tokens = [], 0
         eot = self.chat_format.end_of_turn
+        return ChatPlan(ids, params, p.prefix, p.stop + ((eot,) if eot else ()), p.tool_names)
+
+    def chat(self, req: ChatRequest, generate: Generate) -> dict[str, Any]:
+        plan = self.chat_plan(req)
+        try:
+            gens = generate([plan.ids], plan.params)
+        except ValueError as exc:  # prompt too long for the model, bad ids
+            raise context_error(exc) from None
+        return self.chat_result(plan, gens)
+
+    def chat_result(self, plan: ChatPlan, gens: Sequence[Generation]) -> dict[str, Any]:
+        """The ``chat.completion`` for the ``n`` generations of ``plan``."""
+        choices = []
         for i, g in enumerate(gens):
-            text = p.prefix + g.text
-            text = text[:-len(eot)] if eot and text.endswith(eot) else text
-            text, stopped = cut_at_stop(text, p.stop)
-            content, calls = parse_reply(text, p.tool_names)
-            message: dict[str, Any] = {"role": "assistant", "content": content}
-            if calls:
-                message["tool_calls"] = calls
-            choices.append({"index": i, "message": message, "logprobs": None,
-                            "finish_reason": finish_reason(g.finish_reason, stopped, calls)})
-            completion_tokens += len(g.token_ids)
-        return completion(self.name, choices, len(ids), completion_tokens)
+            text, stopped = visible(plan.prefix + g.text, plan.stops)
+            content, calls = split_reply(text, plan.tool_names)
+            choices.append({"index": i, "message": message(content, calls), "logprobs": None,
+                            "finish_reason": finish_reason(g.finish_reason, stopped, bool(calls))})
+        return completion(self.name, choices, len(plan.ids), sum(len(g.token_ids) for g in gens))
 
     # -- the SQL agent ---------------------------------------------------------------------------
 

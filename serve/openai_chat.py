@@ -11,10 +11,9 @@
   tools to render, and the **forced prefix**: ``tool_choice="required"`` starts the assistant
   turn with ``<tool_call>``, a named function with ``<tool_call>{"name": "<fn>", "arguments": ``
   -- so the choice is enforced by the prompt, not hoped for; ``none`` renders no tools.
-- ``parse_reply(text, tool_names)``: hermes ``<tool_call>`` blocks naming a requested tool ->
-  ``tool_calls`` (``id``, ``type: function``, ``function.name``, ``function.arguments`` as a JSON
-  string); the rest is ``content``. ``finish_reason`` is ``tool_calls`` when there are calls.
-- ``stream_chunks(...)``: the ``chat.completion.chunk`` sequence for a finished choice set.
+- ``completion(...)`` / ``chunk(...)``: the ``chat.completion`` and ``chat.completion.chunk``
+  objects. Reading the model's turn (content and hermes tool calls, finished or streaming) is
+  ``serve/streaming.py``.
 
 Guarantees: nothing a model writes raises (unparseable blocks stay in ``content``); bad client
 input raises ``APIError(400)`` naming the parameter.
@@ -23,13 +22,14 @@ input raises ``APIError(400)`` naming the parameter.
 from __future__ import annotations
 
 import json
-import re
 import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from .streaming import TOOL_OPEN
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "not_found_error", 408: "timeout", 413: "invalid_request_error",
@@ -71,8 +71,6 @@ class ChatRequest(BaseModel):
     stream_options: dict[str, Any] | None = None
 
 
-TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
-_BLOCK = re.compile(re.escape(TOOL_OPEN) + r"(.*?)" + re.escape(TOOL_CLOSE), re.S)
 
 
 @dataclass(frozen=True)
@@ -175,42 +173,6 @@ def prepare(req: ChatRequest) -> Prepared:
     return Prepared(_messages(req.messages), tools, names if tools else (), prefix, stop)
 
 
-def cut_at_stop(text: str, stop: tuple[str, ...]) -> tuple[str, bool]:
-    """``text`` up to (not including) the first stop string, and whether one was found."""
-    cuts = [i for i in (text.find(s) for s in stop) if i >= 0]
-    return (text[:min(cuts)], True) if cuts else (text, False)
-
-
-def parse_reply(text: str, tool_names: tuple[str, ...]) -> tuple[str | None, list[dict[str, Any]]]:
-    """(content, tool_calls) of one assistant turn in the hermes format."""
-    calls: list[dict[str, Any]] = []
-    kept: list[str] = []
-    pos = 0
-    for m in _BLOCK.finditer(text):
-        try:
-            obj = json.loads(m.group(1))
-        except ValueError:
-            continue
-        if (not isinstance(obj, dict) or obj.get("name") not in tool_names
-                or not isinstance(obj.get("arguments", {}), dict)):
-            continue
-        kept.append(text[pos:m.start()])
-        pos = m.end()
-        calls.append({"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-                      "function": {"name": obj["name"],
-                                   "arguments": json.dumps(obj.get("arguments", {}),
-                                                           ensure_ascii=False)}})
-    kept.append(text[pos:])
-    content = "".join(kept).strip() if calls else text
-    return (content or None) if calls else content, calls
-
-
-def finish_reason(backend_reason: str, stopped: bool, calls: list[Any]) -> str:
-    if calls:
-        return "tool_calls"
-    return "length" if backend_reason == "length" and not stopped else "stop"
-
-
 def completion(model: str, choices: list[dict[str, Any]], prompt_tokens: int,
                completion_tokens: int, *, seed: int | None = None) -> dict[str, Any]:
     return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",
@@ -220,34 +182,13 @@ def completion(model: str, choices: list[dict[str, Any]], prompt_tokens: int,
                       "total_tokens": prompt_tokens + completion_tokens}}
 
 
-def _pieces(text: str, size: int = 16) -> list[str]:
-    return [text[i:i + size] for i in range(0, len(text), size)] or []
-
-
-def stream_chunks(result: dict[str, Any], include_usage: bool) -> list[dict[str, Any]]:
-    """``chat.completion.chunk`` objects for a finished completion (``[DONE]`` is the caller's)."""
-    base = {"id": result["id"], "object": "chat.completion.chunk", "created": result["created"],
-            "model": result["model"], "system_fingerprint": None}
-    chunks: list[dict[str, Any]] = []
-
-    def chunk(index: int, delta: dict[str, Any], reason: str | None = None) -> None:
-        chunks.append({**base, "choices": [{"index": index, "delta": delta, "logprobs": None,
-                                            "finish_reason": reason}]})
-
-    for choice in result["choices"]:
-        i, msg = choice["index"], choice["message"]
-        chunk(i, {"role": "assistant", "content": ""})
-        for piece in _pieces(msg.get("content") or ""):
-            chunk(i, {"content": piece})
-        for k, call in enumerate(msg.get("tool_calls") or []):
-            chunk(i, {"tool_calls": [{"index": k, "id": call["id"], "type": "function",
-                                      "function": {"name": call["function"]["name"],
-                                                   "arguments": ""}}]})
-            for piece in _pieces(call["function"]["arguments"]):
-                chunk(i, {"tool_calls": [{"index": k, "function": {"arguments": piece}}]})
-        chunk(i, {}, choice["finish_reason"])
-    if include_usage:
-        chunks.append({**base, "choices": [], "usage": result["usage"]})
-    return chunks
-
-
+def chunk(completion_id: str, created: int, model: str, index: int | None, delta: dict[str, Any] | None,
+          reason: str | None = None, usage: dict[str, int] | None = None) -> dict[str, Any]:
+    """One ``chat.completion.chunk``: a choice's delta (``index``), or the usage chunk (no choices)."""
+    out: dict[str, Any] = {"id": completion_id, "object": "chat.completion.chunk", "created": created,
+                           "model": model, "system_fingerprint": None, "choices": []}
+    if index is not None:
+        out["choices"] = [{"index": index, "delta": delta or {}, "logprobs": None, "finish_reason": reason}]
+    if usage is not None:
+        out["usage"] = usage
+    return out

@@ -9,6 +9,11 @@
 - ``"scripted"``: ``ScriptedBackend`` (``sqlrl.policy.scripted``), canned turns through the real
   tokenizer, for tests, demos and benchmarks of everything around the model.
 
+``generate_streaming(backend, prompts, params, on_token)``: ``on_token(row, token_id)`` for every
+generated token (row = prompt_index * n + sample) -- as it is sampled on backends that say
+``streams_tokens`` (hf, scripted), after the call on the others (vllm: its offline ``LLM`` API
+returns whole completions; token streaming there would need its async engine -- not done).
+
 Guarantees: an unknown name raises ``ValueError`` naming the known ones; backends are imported
 lazily (importing this module loads neither torch nor vLLM).
 """
@@ -40,6 +45,17 @@ def _scripted(policy: Any, **options: Any) -> GenerationBackend:
 
 BACKENDS: dict[str, Callable[..., GenerationBackend]] = {
     "hf": _hf, "vllm": _vllm, "scripted": _scripted}
+
+
+def generate_streaming(backend: Any, prompts: Any, params: Any,
+                       on_token: Callable[[int, int], None]) -> list[Any]:
+    if getattr(backend, "streams_tokens", False):
+        return backend.generate(prompts, params, on_token=on_token)
+    gens = backend.generate(prompts, params)
+    for row, g in enumerate(gens):
+        for tok in g.token_ids:
+            on_token(row, tok)
+    return gens
 
 
 def make_backend(name: str, policy: Any, **options: Any) -> GenerationBackend:

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import functools
 import random
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from .prefix_cache import PrefixHit, PrefixKVCache, common_prefix_length
 from .types import Generation, SamplingParams
@@ -254,7 +254,11 @@ class HFBackend:
         return ids.to(device), mask.to(device), positions.to(device)
 
     # ------------------------------------------------------------------ generation
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
+    streams_tokens = True  # generate(..., on_token=) is called as every token is sampled
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, *,
+                 on_token: Callable[[int, int], None] | None = None) -> list[Generation]:
+        """``on_token(row, token_id)``: called for every sampled token, row = prompt_index * n + sample."""
         import torch
 
         prompts = self._check(prompts, "prompt")
@@ -317,6 +321,8 @@ class HFBackend:
                 for b, (r, tok, lp) in enumerate(zip(active, tokens.tolist(), chosen)):
                     out_ids[r].append(tok)
                     out_lp[r].append(lp)
+                    if on_token is not None:
+                        on_token(r, tok)
                     if tok in self.eos_ids:
                         reasons[r] = "eos"
                     elif stops and self._hits_stop(out_ids[r], stops, window):

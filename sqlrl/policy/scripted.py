@@ -8,7 +8,10 @@ token (``finish_reason "eos"``), cut at ``max_new_tokens`` (``"length"``).
 
 ``gate_file``: when set, ``generate`` waits until that file exists (polling every 10 ms, at most
 ``gate_timeout_s``) before answering -- a cross-process event that lets tests hold requests in
-flight without sleeping for a guessed time.
+flight without sleeping for a guessed time. With ``gate_after_tokens: k`` it waits after
+reporting the first k tokens of an answer instead (a generation caught half-way, for streaming).
+
+``generate(..., on_token=)`` reports each answer's tokens in order (``streams_tokens``).
 
 Guarantees: deterministic; log-probs are 0.0 (it is not a model); never loads torch.
 """
@@ -17,7 +20,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from .types import Generation, SamplingParams
 
@@ -28,7 +31,7 @@ class ScriptedBackend:
     def __init__(self, tokenizer: Any, eos_token_ids: Sequence[int] = (), *,
                  script: Sequence[Mapping[str, Any]] = (), default: str = "I cannot help with that.",
                  end_of_turn: str = "<|im_end|>", gate_file: str | None = None,
-                 gate_timeout_s: float = 120.0) -> None:
+                 gate_timeout_s: float = 120.0, gate_after_tokens: int = 0) -> None:
         self.tokenizer = tokenizer
         self.rules = [(str(r["match"]), [str(t) for t in r["turns"]]) for r in script]
         if any(not turns for _, turns in self.rules):
@@ -36,6 +39,7 @@ class ScriptedBackend:
         self.default = default
         self.end_ids = tokenizer.encode(end_of_turn, add_special_tokens=False)
         self.gate_file, self.gate_timeout_s = gate_file, gate_timeout_s
+        self.gate_after_tokens = gate_after_tokens
         self.calls: list[int] = []  # prompts per generate call
 
     def _wait_gate(self) -> None:
@@ -52,8 +56,12 @@ class ScriptedBackend:
                 return turns[min(k, len(turns) - 1)]
         return self.default
 
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
-        self._wait_gate()
+    streams_tokens = True
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, *,
+                 on_token: Callable[[int, int], None] | None = None) -> list[Generation]:
+        if not self.gate_after_tokens:
+            self._wait_gate()
         self.calls.append(len(prompts))
         out = []
         for p in prompts:
@@ -64,5 +72,10 @@ class ScriptedBackend:
                 ids, reason = ids[:params.max_new_tokens], "length"
             decoded = self.tokenizer.decode(ids, skip_special_tokens=True)  # as HFBackend
             for _ in range(params.n):
+                for k, tok in enumerate(ids):
+                    if self.gate_after_tokens and k == self.gate_after_tokens:
+                        self._wait_gate()
+                    if on_token is not None:
+                        on_token(len(out), tok)
                 out.append(Generation(tuple(ids), (0.0,) * len(ids), decoded, reason))
         return out

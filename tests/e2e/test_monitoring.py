@@ -1,7 +1,7 @@
 """Monitoring end to end (docs/monitoring.md): ``scripts/monitor.sh start`` brings up its own Ray head
 (private ports and temp dir) and Debian's Prometheus, which scrapes Ray's own service discovery. A
-short tiny-model stage-4 job runs through ``ray job submit``, and so does a stand-in Ray Serve app
-(sqlrl's serving app comes later). The test then checks four things:
+short tiny-model stage-4 job runs through ``ray job submit``, and so does sqlrl's serving app
+under load (``tests/e2e/serve_load.py``: ``python -m jobs.serve``, then chat and SQL requests). The test then checks four things:
 
 1. Prometheus' HTTP API holds series for every group of the console page. It polls the API: an
    event with a deadline, never a fixed sleep.
@@ -51,6 +51,10 @@ SERIES = {
                              "ray_sqlrl_db_active_sessions"],
     "serving latency": ["ray_serve_deployment_processing_latency_ms_bucket",
                         "ray_serve_http_request_latency_ms_bucket", "ray_serve_num_http_requests_total"],
+    "sqlrl serving": ["ray_sqlrl_serve_requests_total", "ray_sqlrl_serve_latency_ms_bucket",
+                      "ray_sqlrl_serve_generated_tokens_total", "ray_sqlrl_serve_tokens_per_s",
+                      "ray_sqlrl_serve_batch_size_bucket", "ray_sqlrl_serve_agent_turns_count",
+                      "ray_sqlrl_serve_tool_calls_count"],
 }
 JOB = ["python", "-m", "jobs.stage4_agentic_rl", "--config", "jobs/configs/stage4.yaml", "cluster.ray=true",
        "model.init=tiny", "data.n_per_domain=20", "data.train_size=4", "data.eval_size=2", "eval.enabled=false",
@@ -159,7 +163,7 @@ def test_monitor_shows_a_training_run_in_the_browser(monitor_env, tmp_path):
 
     train = submit(env, [*JOB, f"run_dir={tmp_path}/run", f"data.synth_dir={tmp_path}/synth"])
     wait_job(env, train)
-    serving = submit(env, ["python", "tests/e2e/serve_standin.py", env["SERVE_PORT"], "20"])
+    serving = submit(env, ["python", "tests/e2e/serve_load.py", env["SERVE_PORT"], "20"])  # jobs.serve
     wait_job(env, serving)
 
     deadline = time.monotonic() + 120  # the last scrapes after the jobs ended

@@ -2,11 +2,16 @@
 official ``openai`` client and raw HTTP.
 
 Models: ``tiny`` (the random-init tiny model on the HF backend: real generation, batching),
-``script`` (the scripted backend over the tiny tokenizer: deterministic tool calls and SQL agents,
-serving as Talon and Zeno) and ``gated`` (scripted, waits for a gate file: holds requests in
-flight so queue limits and batching are checked by events, never by wall time). The gated
-model admits 8 requests at once (4 for a full batch, room for the test's own ``stats`` calls); its
-batch waits up to 20 s to fill, so four requests sent one after another form one batch.
+``smol`` (SmolLM2-135M: a real instruct model, chat and the SQL agent), ``script`` (the scripted
+backend over the tiny tokenizer: deterministic tool calls and SQL agents, serving as Talon and
+Zeno), ``gated`` (scripted, waits for a gate file: holds requests in flight so queue limits and
+batching are checked by events, never by wall time) and ``trickle`` (scripted, stops after three
+tokens until its gate opens: streaming is shown token by token by an event, not a clock). The
+gated model admits 8 requests at once (4 for a full batch, room for the test's own ``stats``
+calls); its batch waits up to 20 s to fill, so four requests sent one after another form one
+batch. A second application (``/short``) has a 1 s end-to-end timeout and a model that never
+answers: the 504 path. Databases: a generated SQLite ``shop`` and, with the servers of
+scripts/dbservers.sh, the same data loaded into sealed PostgreSQL and MariaDB bases.
 """
 
 from __future__ import annotations
@@ -46,6 +51,11 @@ SCRIPT = [
         sql_call("execute_sql", "ATTACH DATABASE '/tmp/sqlrl-evil.db' AS evil"),
         sql_call("execute_sql", "DROP TABLE customers"),
         sql_call("submit_solution", "DELETE FROM orders")]},
+    {"match": "ESCAPE THE SERVER", "turns": [
+        sql_call("execute_sql", "SELECT pg_read_file('/etc/hostname')"),
+        sql_call("execute_sql", "SELECT LOAD_FILE('/etc/hostname')"),
+        sql_call("execute_sql", "DROP TABLE customers"),
+        sql_call("submit_solution", "SELECT count(*) FROM customers")]},
     {"match": "SELECT nme FROM customers", "turns": [
         sql_call("execute_sql", "SELECT nme FROM customers LIMIT 1"),
         sql_call("submit_solution", "SELECT name FROM customers ORDER BY customer_id LIMIT 3")]},
@@ -71,25 +81,47 @@ def server():
     tmp = Path(tempfile.mkdtemp(prefix="sqlrl-serve-"))
     db = tmp / "shop.sqlite"
     build_demo_database(str(db))
-    gate = tmp / "gate"
+    gate, trickle = tmp / "gate", tmp / "trickle-gate"
+    databases = {"shop": {"url": f"sqlite:///{db}"}}
+    servers = {}  # dialect -> admin URL of the servers this run has
+    for dialect, var in (("postgresql", "SQLRL_PG_ADMIN_URL"), ("mysql", "SQLRL_MYSQL_ADMIN_URL")):
+        if os.environ.get(var):
+            from sqlrl.db import provision
+            from sqlrl.db.loader import load_sqlite
+
+            provision.prepare_server(os.environ[var])
+            report = load_sqlite(str(db), os.environ[var], "sqlrl_serve_shop", replace=True)
+            databases[f"shop_{dialect}"] = {"url": report.session_url, "schema_sqlite": str(db)}
+            servers[dialect] = os.environ[var]
     args = {
         "models": {
             "tiny": {"path": "tiny", "max_batch_size": 16, "max_ongoing_requests": 32,
                      "num_cpus": 0.1},
+            "smol": {"path": "smollm2-135m", "num_cpus": 0.1, "torch_threads": 2},
             "script": {"path": "tiny", "backend": "scripted", "backend_options": {"script": SCRIPT},
                        "num_cpus": 0.1},
             "gated": {"path": "tiny", "backend": "scripted", "num_cpus": 0.1,
                       "backend_options": {"script": SCRIPT, "gate_file": str(gate)},
                       "max_batch_size": 4, "max_ongoing_requests": 8, "max_queued_requests": 2,
                       "batch_wait_timeout_s": 20.0},
+            "trickle": {"path": "tiny", "backend": "scripted", "num_cpus": 0.1, "backend_options": {
+                "script": SCRIPT, "gate_file": str(trickle), "gate_after_tokens": 3}},
+            "merge": {"path": "tiny", "backend": "scripted", "num_cpus": 0.1, "max_batch_size": 8,
+                      "max_ongoing_requests": 8, "backend_options": {"script": SCRIPT,
+                                                                     "gate_file": str(tmp / "merge-gate")}},
         },
-        "databases": {"shop": {"url": f"sqlite:///{db}"}},
+        "databases": databases,
         "sql_models": {"debug": "script", "generate": "script"},
         "limits": {"max_body_bytes": 100_000, "max_tokens": 96, "default_max_tokens": 64,
                    "max_n": 2, "max_samples": 3, "max_turns": 4, "rate_limit_per_minute": 1.0,
                    "rate_limit_burst": 40, "request_timeout_s": 120.0},
         "auth": {"api_keys": KEYS},
     }
+    short = {"models": {"stuck": {"path": "tiny", "backend": "scripted", "num_cpus": 0.1, "backend_options": {
+                 "gate_file": str(tmp / "never"), "gate_timeout_s": 30.0}}},
+             "databases": {"shop": {"url": f"sqlite:///{db}"}},
+             "sql_models": {"debug": "stuck", "generate": "stuck"},
+             "limits": {"request_timeout_s": 1.0}, "auth": {"api_keys": KEYS}}
     if ray.is_initialized():  # another module's cluster (tests/actors' session one): this module
         ray.shutdown()        # starts its own, private one, and shuts it down at the end
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
@@ -97,9 +129,16 @@ def server():
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     serve.run(build_app(args), name="sqlrl", route_prefix="/")
-    yield {"url": f"http://127.0.0.1:{port}", "db": db, "gate": gate, "serve": serve}
+    serve.run(build_app(short), name="short", route_prefix="/short")
+    yield {"url": f"http://127.0.0.1:{port}", "db": db, "gate": gate, "trickle": trickle,
+           "merge_gate": tmp / "merge-gate",
+           "serve": serve, "servers": servers}
     serve.shutdown()
     ray.shutdown()
+    for admin_url in servers.values():
+        from sqlrl.db import provision
+
+        provision.drop_database(admin_url, "sqlrl_serve_shop")
 
 
 def client(server, key: str = "k-main", **kw) -> "openai.OpenAI":
@@ -134,7 +173,7 @@ def sha(path: Path) -> str:
 
 def test_models_listing(server):
     models = client(server).models.list()
-    assert sorted(m.id for m in models.data) == ["gated", "script", "tiny"]
+    assert sorted(m.id for m in models.data) == ["gated", "merge", "script", "smol", "tiny", "trickle"]
 
 
 def test_chat_completion_on_the_tiny_model(server):
@@ -211,6 +250,56 @@ def test_streaming(server):
     assert raw.text.rstrip().endswith("data: [DONE]")
 
 
+def test_streaming_is_token_by_token_and_matches_the_full_answer(server):
+    """The trickle model stops after three tokens until its gate opens: content that arrives while
+    the gate is shut was sent before the generation finished."""
+    server["trickle"].unlink(missing_ok=True)
+    c = client(server, "k-stream")
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]
+    msgs = [{"role": "user", "content": "weather in Paris"}]
+    stream = c.chat.completions.create(model="trickle", stream=True, tools=tools, messages=msgs)
+    chunks = iter(stream)
+    early = ""
+    for chunk in chunks:  # until the first content: the generation is still held by the gate
+        early += "".join(ch.delta.content or "" for ch in chunk.choices)
+        if early:
+            break
+    assert early and not server["trickle"].exists()
+    assert "Let me check.".startswith(early)  # part of the turn, not the whole of it
+    server["trickle"].touch()
+    content, calls, reasons = early, {}, []
+    for chunk in chunks:
+        for ch in chunk.choices:
+            content += ch.delta.content or ""
+            for t in ch.delta.tool_calls or []:
+                calls.setdefault(t.index, {"name": "", "arguments": "", "id": None})
+                calls[t.index]["name"] += t.function.name or ""
+                calls[t.index]["arguments"] += t.function.arguments or ""
+                calls[t.index]["id"] = calls[t.index]["id"] or t.id
+            reasons += [ch.finish_reason] if ch.finish_reason else []
+    full = c.chat.completions.create(model="trickle", tools=tools, messages=msgs).choices[0]
+    assert content == full.message.content == "Let me check." and reasons == [full.finish_reason]
+    assert [(v["name"], json.loads(v["arguments"])) for v in calls.values()] == [
+        (t.function.name, json.loads(t.function.arguments)) for t in full.message.tool_calls]
+    assert calls[0]["id"].startswith("call_")
+
+
+def test_stream_errors_before_the_first_token_are_plain_errors(server):
+    r = post(server, "/v1/chat/completions", {"model": "tiny", "stream": True, "max_tokens": 5,
+             "messages": [{"role": "user", "content": "x " * 34000}]}, "k-bad")
+    err = assert_openai_error(r, 400)  # longer than the tiny model's 32768 positions
+    assert err["code"] == "context_length_exceeded"
+
+
+def test_end_to_end_timeout_gives_504(server):
+    msgs = [{"role": "user", "content": "hello"}]
+    for path, body in (("/short/v1/chat/completions", {"model": "stuck", "messages": msgs}),
+                       ("/short/v1/chat/completions", {"model": "stuck", "messages": msgs, "stream": True}),
+                       ("/short/v1/sql/generate", {"database": "shop", "question": "How many?"})):
+        err = assert_openai_error(post(server, path, body, "k-bad"), 504)
+        assert err["code"] == "timeout" and err["type"] == "timeout"
+
+
 # -- SQL endpoints ------------------------------------------------------------------------------
 
 def test_sql_generate(server):
@@ -251,6 +340,51 @@ def test_hostile_sql_is_contained_and_reported(server):
                  "k-sql").json()
     assert again["result"]["rows"] == [[60]]  # the DROP TABLE of the other request is invisible
     assert sha(server["db"]) == before
+
+
+def server_db(server, dialect: str) -> str:
+    if dialect not in server["servers"]:
+        from tests.conftest import _server_url
+
+        _server_url({"postgresql": "SQLRL_PG_ADMIN_URL", "mysql": "SQLRL_MYSQL_ADMIN_URL"}[dialect],
+                    f"{dialect} server")
+    return f"shop_{dialect}"
+
+
+@pytest.mark.parametrize("dialect", ["postgresql", "mysql"])
+def test_sql_endpoints_on_sealed_server_bases(server, dialect):
+    """Each request's session is its own clone and role: a DROP TABLE in one request is not seen by
+    the next, file functions are refused by the server, the base and other sessions untouched."""
+    name = server_db(server, dialect)
+    r = post(server, "/v1/sql/generate", {"database": name, "question": "How many customers?"}, "k-sql")
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["dialect"] == dialect and out["result"]["rows"] == [[60]]
+    r = post(server, "/v1/sql/debug", {"database": name, "issue_sql": "SELECT nme FROM customers",
+                                       "problem": "I want the first three customer names.", "samples": 2},
+             "k-sql")
+    assert r.status_code == 200, r.text
+    assert len(r.json()["result"]["rows"]) == 3 and r.json()["vote"]["votes"] == 2
+    hostile = post(server, "/v1/sql/generate", {"database": name, "question": "ESCAPE THE SERVER"}, "k-sql").json()
+    turns = hostile["trajectories"][0]["turns"]
+    assert turns[0]["error"] and turns[1]["error"]  # file functions: refused
+    assert turns[2]["error"] is None  # DROP TABLE ran -- in this request's own clone
+    assert hostile["result"]["rows"] == [[60]]  # the preview runs on another fresh clone
+    again = post(server, "/v1/sql/generate", {"database": name, "question": "How many customers?"}, "k-sql")
+    assert again.json()["result"]["rows"] == [[60]]
+
+
+def test_smollm2_through_serve(server):
+    """A real instruct model behind the same API: a chat answer and a server-side agent run."""
+    c = client(server, "k-chat", timeout=300)
+    r = c.chat.completions.create(model="smol", max_tokens=12, temperature=0,
+                                  messages=[{"role": "user", "content": "Say hello."}])
+    assert r.choices[0].message.content and r.usage.completion_tokens > 0
+    out = post(server, "/v1/sql/generate", {"database": "shop", "question": "How many customers are there?",
+                                           "model": "smol", "max_turns": 2, "max_tokens": 48}, "k-sql")
+    assert out.status_code == 200, out.text
+    t = out.json()["trajectories"][0]
+    assert t["generated_tokens"] > 0 and 1 <= t["n_turns"] <= 2 and t["stop_reason"]
 
 
 # -- limits and errors --------------------------------------------------------------------------
@@ -337,6 +471,22 @@ def test_dynamic_batching_merges_concurrent_requests(server):
     # usually [4]; in one of five runs a request finished before the 4th arrived (Ray released its
     # batch before the 20 s wait or the 4 items; cause not established), so assert merging only
     assert sum(sizes) == 4 and max(sizes) > 1, sizes
+
+
+def test_requests_arriving_during_a_generation_share_the_next_call(server):
+    """Serve's own @serve.batch would queue them as separate batches behind the running one; the
+    replica's runner merges every pending batch into the next generation call."""
+    body = {"model": "merge", "messages": [{"role": "user", "content": "weather"}]}
+    before = len(stats(server, "merge")["batch_sizes"])
+    with ThreadPoolExecutor(4) as ex:
+        first = ex.submit(post, server, "/v1/chat/completions", body, "k-burst")
+        wait_for(lambda: len(stats(server, "merge")["batch_sizes"]) > before, "the first generation started")
+        rest = [ex.submit(post, server, "/v1/chat/completions", body, "k-burst") for _ in range(3)]
+        wait_for(lambda: stats(server, "merge")["pending"] == 3, "three requests waiting for the model")
+        server["merge_gate"].touch()
+        codes = [f.result().status_code for f in [first, *rest]]
+    assert codes == [200] * 4
+    assert stats(server, "merge")["batch_sizes"][before:] == [1, 3]
 
 
 def test_queue_full_gives_503_and_the_rest_are_answered(server):

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from serve.limits import RateLimiter, check_api_key, clamp
-from serve.openai_chat import APIError, ChatRequest, parse_reply, prepare, stream_chunks
+from serve.openai_chat import APIError, ChatRequest, prepare
 from sqlrl.agent import (Agent, DebugRequest, GenerateRequest, LocalSessions, LoopConfig,
                          request_from_task)
 from sqlrl.agent.prompts import build_messages
@@ -87,22 +87,6 @@ def test_prepare_tool_choice_and_messages():
     assert p.messages[0]["content"] == "ab"
     assert p.messages[1]["tool_calls"][0]["function"]["arguments"] == {"city": "P"}
     assert p.stop == ("END",)
-
-
-def test_parse_reply_and_stream_chunks():
-    text = 'thinking\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "P"}}\n</tool_call>'
-    content, calls = parse_reply(text, ("get_weather",))
-    assert content == "thinking" and calls[0]["function"]["name"] == "get_weather"
-    assert json.loads(calls[0]["function"]["arguments"]) == {"city": "P"}
-    assert parse_reply(text, ("other",)) == (text, [])  # an unrequested tool stays text
-    assert parse_reply("<tool_call>{bad json</tool_call>", ("get_weather",))[1] == []
-    result = {"id": "x", "created": 0, "model": "m", "usage": {"prompt_tokens": 1},
-              "choices": [{"index": 0, "finish_reason": "tool_calls",
-                           "message": {"content": "hi", "tool_calls": calls}}]}
-    chunks = stream_chunks(result, include_usage=True)
-    args = "".join(tc["function"].get("arguments", "") for c in chunks for ch in c["choices"]
-                   for tc in ch["delta"].get("tool_calls", []))
-    assert json.loads(args) == {"city": "P"} and chunks[-1]["usage"] == {"prompt_tokens": 1}
 
 
 def test_api_keys_rate_limit_and_clamps():
