@@ -38,12 +38,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from sqlrl.db import open_session  # noqa: E402
+from sqlrl.db.dialects import descriptor  # noqa: E402
+from sqlrl.db.dialects.descriptor import dialect_of, sqlglot_name  # noqa: E402
+from sqlrl.db.loader import SOURCE_DIALECT  # noqa: E402
 from sqlrl.db.scratch import SCRATCH  # noqa: E402
 from sqlrl.db.url import parse_url  # noqa: E402
 
 DATABASES = {"small": "concert_singer", "largest": "sakila_1"}
-SQLGLOT = {"sqlite": "sqlite", "postgresql": "postgres", "mysql": "mysql"}
-ADMIN_ENV = {"postgresql": "SQLRL_PG_ADMIN_URL", "mysql": "SQLRL_MYSQL_ADMIN_URL"}
 
 
 def gold_queries(spider: Path, db_id: str) -> list[str]:
@@ -67,8 +68,9 @@ def median_ms(fn, n: int) -> float:
     return statistics.median(samples)
 
 
-def raw_call(dialect: str, conn, sql: str) -> None:
-    if dialect == "sqlite":
+def raw_call(conn, sql: str) -> None:
+    """The driver's cheapest call: its connection-level shortcut when it has one (sqlite3)."""
+    if hasattr(conn, "execute"):
         conn.execute(sql).fetchall()
     else:
         cur = conn.cursor()
@@ -84,18 +86,19 @@ def query_overheads(dialect: str, url: str, queries: list[str], reps: int) -> di
     raw_ms, ours_ms, ratios, used = [], [], [], 0
     try:
         for q in queries:
-            sql = q if dialect == "sqlite" else sqlglot.transpile(q, read="sqlite", write=SQLGLOT[dialect])[0]
+            sql = q if dialect == SOURCE_DIALECT else sqlglot.transpile(
+                q, read=sqlglot_name(SOURCE_DIALECT), write=sqlglot_name(dialect))[0]
             if not session.execute(sql).ok:
                 continue  # a gold query this dialect cannot run: not an overhead sample
             try:
-                raw_call(dialect, conn, sql)
+                raw_call(conn, sql)
             except Exception:
                 continue
             used += 1
             a, b = [], []
             for _ in range(reps):  # alternate so drift hits both sides equally
                 t0 = time.perf_counter()
-                raw_call(dialect, conn, sql)
+                raw_call(conn, sql)
                 a.append((time.perf_counter() - t0) * 1e3)
                 t0 = time.perf_counter()
                 session.execute(sql)
@@ -228,7 +231,7 @@ def steady_state(url: str, threads: int = 8, per_thread: int = 10, hold_s: float
 
 
 def server_url(dialect: str, sqlite_path: str, db_id: str) -> str | None:
-    admin = os.environ.get(ADMIN_ENV[dialect])
+    admin = os.environ.get(dialect_of(dialect).admin_url_env or "")
     if not admin:
         return None
     from sqlrl.db.loader import load_sqlite
@@ -243,13 +246,15 @@ def run(spider: Path, dialects: list[str], reps: int, disk_dir: str) -> list[dic
             if not path.exists():
                 rows.append({"dialect": dialect, "db": db_id, "skipped": "database file missing"})
                 continue
-            url = f"sqlite:///{path}" if dialect == "sqlite" else server_url(dialect, str(path), db_id)
+            engine = dialect_of(dialect)
+            url = (f"{engine.name}:///{path}" if engine.file_based
+                   else server_url(dialect, str(path), db_id))
             if url is None:
-                rows.append({"dialect": dialect, "db": db_id, "skipped": f"{ADMIN_ENV[dialect]} unset"})
+                rows.append({"dialect": dialect, "db": db_id, "skipped": f"{engine.admin_url_env} unset"})
                 continue
             open_session(url).close()  # warm caches (SQLite snapshot, server buffers)
             row = {"dialect": dialect, "db": db_id, "size": size, "bytes": path.stat().st_size}
-            if dialect == "sqlite":
+            if engine.file_based:
                 row["open_close_ms"] = median_ms(lambda: open_session(url).close(), 300)
                 for where, directory in (("disk", disk_dir), ("tmpfs", "/dev/shm")):
                     if not os.path.isdir(directory):
@@ -302,7 +307,7 @@ def print_table(rows: list[dict]) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--spider", default=str(ROOT.parent / "shared" / "data" / "spider"))
-    ap.add_argument("--dialects", default="sqlite,postgresql,mysql")
+    ap.add_argument("--dialects", default=",".join(d.name for d in descriptor.dialects() if d.verified))
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "sessions.json"))
     ap.add_argument("--disk-dir", default=str(ROOT / "bench"),

@@ -5,11 +5,11 @@
 in single-turn mode).
 
 Guarantees:
-- The system message states the role, the SQL dialect, the database schema as ``CREATE TABLE``
-  statements (``DatabaseSchema.to_create_sql`` in that dialect; a note to explore it when no
-  schema is given) and, per mode, how to answer: agentic -- the tools (names from
-  ``sqlrl.tools.TOOLS``), one call per turn in the parser's syntax, ``submit_solution`` ends the
-  episode; single -- ``<thought>…</thought><solution>…</solution>``, exactly the format
+- The system message states the role, the SQL dialect (its descriptor's ``display_name``), the
+  database schema as ``CREATE TABLE`` statements (``DatabaseSchema.to_create_sql`` in that dialect;
+  a note to explore it when no schema is given) and, per mode, how to answer: agentic -- the tools
+  (names from ``sqlrl.tools.TOOLS``), one call per turn in the parser's syntax, ``submit_solution``
+  ends the episode; single -- ``<thought>…</thought><solution>…</solution>``, exactly the format
   ``sqlrl.rewards.parse.extract_single`` accepts.
 - The user message holds what a user would give and nothing of the answer: for a
   ``CriticTask`` the problem (``task.query``) and the issue SQL -- never ``sol_sql``, test cases
@@ -20,8 +20,9 @@ Guarantees:
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Iterator, Mapping
 
+from sqlrl.db.dialects.descriptor import dialect_of, find, names
 from sqlrl.rewards.parse import STYLES
 from sqlrl.tasks.schema import DatabaseSchema
 from sqlrl.tasks.types import CriticTask, Task, Text2SQLTask, norm_dialect
@@ -30,8 +31,25 @@ from sqlrl.tools import TOOLS, tool_schemas
 from .parsers import get_parser
 
 MODES = ("agentic", "single")
-DIALECT_NAMES = {"sqlite": "SQLite", "postgresql": "PostgreSQL", "mysql": "MySQL",
-                 "mssql": "SQL Server (T-SQL)", "oracle": "Oracle"}
+
+
+class _DisplayNames(Mapping[str, str]):
+    """``DIALECT_NAMES[dialect]``: each registered engine's ``Dialect.display_name``, read live."""
+
+    def __getitem__(self, dialect: str) -> str:
+        engine = find(dialect)
+        if engine is None or engine.name != dialect:
+            raise KeyError(dialect)
+        return engine.display_name
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(names())
+
+    def __len__(self) -> int:
+        return len(names())
+
+
+DIALECT_NAMES: Mapping[str, str] = _DisplayNames()
 _STYLE = STYLES["birdrl"]
 
 
@@ -55,7 +73,7 @@ def _check_mode(mode: str) -> None:
 
 
 def _system(task: Task | Any, schema: DatabaseSchema | None, mode: str, dialect: str, parser: str) -> str:
-    name = DIALECT_NAMES[dialect]
+    name = dialect_of(dialect).display_name
     job = ("fix a user's SQL so that it does what they need"
            if task.kind == CriticTask.kind else "answer questions with SQL queries")
     parts = [f"You are an expert {name} database engineer. Your job: {job}. "

@@ -12,6 +12,8 @@ Guarantees:
 - Primary keys are created only when the data is unique and non-null; foreign keys are not created
   (benchmark data often violates them) — they stay documented in the source schema.
 - MariaDB/MySQL tables use ``utf8mb4_bin`` so ``=`` compares text case-sensitively, as SQLite does.
+- The targets are the engines whose descriptor declares ``load`` (``dialects/engines.py``: column
+  types, table options) and an ``admin`` class (its ``load_connection`` and ``insert_rows``).
 - The target database is sealed as a base (``provision.seal_database``: no agent account can
   reach it; every session works in its own clone); the report carries the session URL.
 """
@@ -28,6 +30,7 @@ from typing import Any, Callable, Iterable
 import sqlglot
 
 from . import provision
+from .dialects.descriptor import Dialect, LoadTypes, dialects, find
 from .types import SessionError
 from .url import dialect_name, parse_url, redact
 
@@ -141,63 +144,28 @@ def _fits_decimal(values: _Values, precision: int, scale: int) -> bool:
     return 0 < precision <= 65 and scale <= precision  # values are checked on insert by the server
 
 
-# --- engine specifics (a registry, not an if-chain) ------------------------------------------------
+# --- engine specifics: the target's descriptor (``dialects/engines.py``) ------------------------------
+
+SOURCE_DIALECT = "sqlite"  # what the loader reads: SQLite files (through the stdlib's sqlite3)
+
 
 @dataclass(frozen=True)
 class _Target:
-    quote: Callable[[str], str]
-    types: dict[str, str]
-    table_suffix: str
-    sqlglot: str
-    key_text_type: Callable[[int], str | None]  # a type usable in a primary key for text
-    connect: Callable[[Any, str], Any]
-    insert: Callable[[Any, str, list[str], list[tuple[Any, ...]]], None]
+    engine: Dialect  # quoting, sqlglot name, ``load``: the column types and table options
+    ops: Any  # the engine's admin operations: ``load_connection`` and ``insert_rows``
+
+    @property
+    def load(self) -> LoadTypes:
+        assert self.engine.load is not None
+        return self.engine.load
 
 
-def _pg_connect(url: Any, database: str) -> Any:
-    import psycopg2
-    from .dialects.postgresql import connect_kwargs
-    conn = psycopg2.connect(**connect_kwargs(url, database))
-    conn.autocommit = False
-    return conn
-
-
-def _pg_insert(conn: Any, table: str, columns: list[str], rows: list[tuple[Any, ...]]) -> None:
-    from psycopg2.extras import execute_values
-    with conn.cursor() as cur:
-        execute_values(cur, f"INSERT INTO {table} ({', '.join(columns)}) VALUES %s", rows,
-                       page_size=BATCH_ROWS)
-
-
-def _my_connect(url: Any, database: str) -> Any:
-    import pymysql
-    from .dialects.mysql import connect_kwargs
-    kw = connect_kwargs(url, database)
-    kw["autocommit"] = False
-    return pymysql.connect(**kw)
-
-
-def _my_insert(conn: Any, table: str, columns: list[str], rows: list[tuple[Any, ...]]) -> None:
-    marks = ", ".join(["%s"] * len(columns))
-    with conn.cursor() as cur:
-        cur.executemany(f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks})", rows)
-
-
-_TARGETS: dict[str, _Target] = {
-    "postgresql": _Target(
-        quote=lambda n: '"' + n.replace('"', '""') + '"',
-        types={"integer": "BIGINT", "real": "DOUBLE PRECISION", "text": "TEXT", "blob": "BYTEA",
-               "date": "DATE", "timestamp": "TIMESTAMP"},
-        table_suffix="", sqlglot="postgres", key_text_type=lambda n: "TEXT",
-        connect=_pg_connect, insert=_pg_insert),
-    "mysql": _Target(
-        quote=lambda n: "`" + n.replace("`", "``") + "`",
-        types={"integer": "BIGINT", "real": "DOUBLE", "text": "LONGTEXT", "blob": "LONGBLOB",
-               "date": "DATE", "timestamp": "DATETIME(6)"},
-        table_suffix=" DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin", sqlglot="mysql",
-        key_text_type=lambda n: f"VARCHAR({max(n, 1)})" if n <= 768 else None,
-        connect=_my_connect, insert=_my_insert),
-}
+def _target(dialect: str) -> _Target:
+    engine = find(dialect)
+    if engine is None or engine.load is None or engine.admin is None:
+        raise SessionError(f"the loader supports {', '.join(d.name for d in dialects() if d.load)}, "
+                           f"not {dialect!r}")
+    return _Target(engine, provision.admin_ops(engine.name))
 
 
 # --- loading ---------------------------------------------------------------------------------------
@@ -230,8 +198,8 @@ def _convert(kind: str) -> Callable[[Any], Any]:
 def _sql_type(target: _Target, kind: str, declared: str) -> str:
     if kind == "decimal":
         m = _DECIMAL.search(declared)
-        return f"NUMERIC({m.group(1)}, {m.group(2) or 0})" if m else target.types["real"]
-    return target.types[kind]
+        return f"NUMERIC({m.group(1)}, {m.group(2) or 0})" if m else target.load.types["real"]
+    return target.load.types[kind]
 
 
 def load_sqlite(sqlite_path: str, admin_url: str, name: str | None = None, *,
@@ -241,9 +209,7 @@ def load_sqlite(sqlite_path: str, admin_url: str, name: str | None = None, *,
     t0 = time.perf_counter()
     url = parse_url(admin_url)
     dialect = dialect_name(url)
-    target = _TARGETS.get(dialect)
-    if target is None:
-        raise SessionError(f"the loader supports {', '.join(_TARGETS)}, not {dialect!r}")
+    target = _target(dialect)
     name = name or re.sub(r"\W", "_", sqlite_path.rsplit("/", 1)[-1].rsplit(".", 1)[0]).lower()
     try:
         src = sqlite3.connect(f"file:{sqlite_path}?mode=ro", uri=True)
@@ -253,7 +219,7 @@ def load_sqlite(sqlite_path: str, admin_url: str, name: str | None = None, *,
     except sqlite3.Error as exc:
         raise SessionError(f"cannot read SQLite database {sqlite_path}: {exc}") from exc
     provision.create_database(admin_url, name, replace=replace)
-    conn = target.connect(url, name)
+    conn = target.ops.load_connection(url, name)
     plans: list[ColumnPlan] = []
     counts: list[tuple[str, int]] = []
     keyed: list[str] = []
@@ -271,19 +237,19 @@ def load_sqlite(sqlite_path: str, admin_url: str, name: str | None = None, *,
                 columns.append((col, col_target, kind, sql_type, values))
                 plans.append(ColumnPlan(table_target, col, col_target, declared or "", kind, sql_type, reason))
             key_sql = _primary_key(src, table, pk_cols, columns, target)
-            defs = [f"{target.quote(c[1])} {key_sql[1].get(c[0], c[3])}" for c in columns]
+            defs = [f"{target.engine.quote(c[1])} {key_sql[1].get(c[0], c[3])}" for c in columns]
             if key_sql[0]:
                 defs.append(key_sql[0])
                 keyed.append(table_target)
-            qt = target.quote(table_target)
+            qt = target.engine.quote(table_target)
             with conn.cursor() as cur:
-                cur.execute(f"CREATE TABLE {qt} ({', '.join(defs)}){target.table_suffix}")
+                cur.execute(f"CREATE TABLE {qt} ({', '.join(defs)}){target.load.table_suffix}")
             converters = [_convert(c[2]) for c in columns]
-            quoted = [target.quote(c[1]) for c in columns]
+            quoted = [target.engine.quote(c[1]) for c in columns]
             n = 0
             cursor = src.execute(f'SELECT {", ".join(chr(34) + c + chr(34) for c in names)} FROM "{table}"')
             while batch := cursor.fetchmany(BATCH_ROWS):
-                target.insert(conn, qt, quoted, [tuple(f(v) for f, v in zip(converters, row)) for row in batch])
+                target.ops.insert_rows(conn, qt, quoted, [tuple(f(v) for f, v in zip(converters, row)) for row in batch])
                 n += len(batch)
             counts.append((table_target, n))
         conn.commit()
@@ -318,11 +284,11 @@ def _primary_key(src: sqlite3.Connection, table: str, pk_cols: list[str], column
     for c in pk_cols:
         _, _, kind, _, values = by_source[c]
         if kind in ("text", "blob"):
-            key_type = target.key_text_type(values.max_len)
+            key_type = target.load.key_text_type(values.max_len)
             if key_type is None:
                 return "", {}
             overrides[c] = key_type
-    quoted = ", ".join(target.quote(by_source[c][1]) for c in pk_cols)
+    quoted = ", ".join(target.engine.quote(by_source[c][1]) for c in pk_cols)
     return f"PRIMARY KEY ({quoted})", overrides
 
 
@@ -330,7 +296,7 @@ def _copy_views(src: sqlite3.Connection, conn: Any, target: _Target) -> tuple[li
     views, skipped = [], []
     for view, sql in src.execute("SELECT name, sql FROM sqlite_master WHERE type = 'view' ORDER BY rowid"):
         try:
-            translated = sqlglot.transpile(sql, read="sqlite", write=target.sqlglot)[0]
+            translated = sqlglot.transpile(sql, read="sqlite", write=target.engine.sqlglot)[0]
             with conn.cursor() as cur:
                 cur.execute(translated)
             conn.commit()

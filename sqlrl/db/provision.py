@@ -1,8 +1,8 @@
 """Admin operations on database servers: the bases sessions clone, and the URLs they use.
 
 Every function takes an **admin** URL (an account that may create roles/users and databases) and
-dispatches on its dialect through ``ADMIN_MODULES`` (one module per engine:
-``dialects/postgresql_admin.py``, ``dialects/mysql_admin.py``).
+dispatches on its dialect to the admin class its descriptor names (``Dialect.admin`` in
+``dialects/engines.py``: ``dialects/postgresql_admin.py``, ``dialects/mysql_admin.py``).
 
     prepare_server(admin_url)                          # once per server (idempotent)
     url = create_database(admin_url, "shop")           # admin URL of database "shop"
@@ -21,20 +21,16 @@ All functions are idempotent (safe to repeat, and to race with another process d
 
 from __future__ import annotations
 
-import importlib
 import re
 from typing import Any
 
 from sqlalchemy.engine import URL
 
+from .dialects.descriptor import dialects, find
 from .types import SessionError
 from .url import dialect_name, parse_url
 
 SCRATCH_PREFIX = "sqlrl_s_"  # per-session scratch databases and their roles/users
-ADMIN_MODULES = {
-    "postgresql": ("sqlrl.db.dialects.postgresql_admin", "PostgresAdmin"),
-    "mysql": ("sqlrl.db.dialects.mysql_admin", "MySQLAdmin"),
-}
 _NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_$-]{0,62}$")
 _ADMINS: dict[str, Any] = {}
 
@@ -43,12 +39,12 @@ def admin_ops(dialect: str) -> Any:
     """The admin operations object of ``dialect`` (raises ``SessionError`` for an engine without
     server-side scratch databases)."""
     if dialect not in _ADMINS:
-        if dialect not in ADMIN_MODULES:
+        engine = find(dialect)
+        if engine is None or engine.admin is None:
             raise SessionError(f"no provisioning for dialect {dialect!r}; known: "
-                               f"{', '.join(ADMIN_MODULES)}")
-        module, cls = ADMIN_MODULES[dialect]
+                               f"{', '.join(d.name for d in dialects() if d.admin)}")
         try:
-            _ADMINS[dialect] = getattr(importlib.import_module(module), cls)()
+            _ADMINS[dialect] = engine.admin_ops()
         except ImportError as exc:
             raise SessionError(f"the {dialect} driver is not installed: {exc}") from exc
     return _ADMINS[dialect]

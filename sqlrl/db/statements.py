@@ -1,7 +1,8 @@
 """A call's SQL text as statements, read by the lexical rules of the engine that will run it.
 
-Each engine with a server of its own has one lexer, whose comment, quote and terminator rules are
-the server's (checked against the real servers by tests/dialects/test_lexer_differential.py):
+Each engine whose descriptor names a ``lexer`` (``dialects/engines.py``) has its call split by that
+module, whose comment, quote and terminator rules are the server's (checked against the real
+servers by tests/dialects/test_lexer_differential.py):
 
 - ``postgres``: ``dialects/postgresql_lex.py`` — pglast (libpg_query: PostgreSQL's own scanner and
   grammar); statements are classified by their parse node;
@@ -10,7 +11,7 @@ the server's (checked against the real servers by tests/dialects/test_lexer_diff
 - ``sqlite``: ``dialects/sqlite_lex.py`` — SQLite's tokenizer rules, statement ends by
   ``sqlite3.complete_statement`` (a trigger body keeps its ``;``).
 
-Other names (``tsql``, ``oracle``: unverified engines) use sqlglot's tokenizer for that dialect.
+Other engines (``tsql``, ``oracle``: unverified) use sqlglot's tokenizer for their dialect.
 
 Guarantees:
 - ``split`` never raises: text the engine's lexer cannot read (an unterminated string, say) comes
@@ -39,11 +40,6 @@ from typing import Any
 from sqlglot.dialects import Dialect
 from sqlglot.tokens import TokenType
 
-_LEXERS = {
-    "postgres": "sqlrl.db.dialects.postgresql_lex",
-    "mysql": "sqlrl.db.dialects.mysql_lex",
-    "sqlite": "sqlrl.db.dialects.sqlite_lex",
-}
 MAX_WORDS = 8  # leading words kept per statement
 
 
@@ -59,11 +55,20 @@ class Statement:
     node: Any = field(default=None, compare=False, repr=False)  # PostgreSQL: the parse tree (JSON)
 
 
+@lru_cache(maxsize=None)
+def _lexer(dialect: str) -> Any:
+    """The exact lexer module of the engine whose sqlglot name is ``dialect``, or None."""
+    from .dialects.descriptor import by_sqlglot
+
+    engine = by_sqlglot(dialect)
+    return importlib.import_module(engine.lexer) if engine is not None and engine.lexer else None
+
+
 def split(sql: str, dialect: str = "sqlite") -> list[Statement]:
     """``sql`` as statements, by the lexical rules of ``dialect`` (a sqlglot dialect name)."""
-    module = _LEXERS.get(dialect)
+    module = _lexer(dialect)
     if module is not None:
-        return importlib.import_module(module).split(sql)
+        return module.split(sql)
     return _generic_split(sql, dialect)
 
 
@@ -87,9 +92,9 @@ def as_statement(statement: "Statement | str", dialect: str = "sqlite") -> State
     """``statement`` itself, or a text read as one statement by ``dialect``'s lexer."""
     if isinstance(statement, Statement):
         return statement
-    module = _LEXERS.get(dialect)
+    module = _lexer(dialect)
     if module is not None:
-        return importlib.import_module(module).lex(statement)
+        return module.lex(statement)
     return _generic_lex(statement, dialect)
 
 

@@ -2,7 +2,8 @@
 ``mysql://user@host:port/db`` (``mariadb://`` is an alias), ``mssql+pyodbc://…``, ``oracle://…``.
 
 Parsing is SQLAlchemy's own ``make_url`` (so escaping and query strings behave as users expect);
-``dialect_name`` maps a URL to the key of sqlrl's dialect registry.
+``dialect_name`` maps a URL to the key of sqlrl's dialect registry (a scheme may be any name or
+alias of a registered engine: ``dialects/engines.py``).
 """
 
 from __future__ import annotations
@@ -11,9 +12,8 @@ from functools import lru_cache
 
 from sqlalchemy.engine import URL, make_url
 
+from .dialects.descriptor import find
 from .types import SessionError
-
-_ALIASES = {"postgres": "postgresql", "mariadb": "mysql", "sqlserver": "mssql"}
 
 
 def parse_url(url: str | URL) -> URL:
@@ -31,8 +31,11 @@ def _parse(url: str) -> URL:  # URLs are immutable: parse each text once
 
 
 def dialect_name(url: URL) -> str:
+    """The registered engine ``url``'s scheme names (``mariadb://`` -> ``mysql``); an unknown
+    scheme is returned as is (opening a session on it then names the known ones)."""
     backend = url.get_backend_name()
-    return _ALIASES.get(backend, backend)
+    found = find(backend)
+    return found.name if found is not None else backend
 
 
 def sqlite_url(path: str) -> str:

@@ -15,13 +15,14 @@ Guarantees:
   prediction is an error; the database is always the gold line's. Predictions pair with gold lines
   by their integer key ("0", "1", ...); other keys raise ``ValueError``.
 - The drivers the official evaluator uses run one statement per call on SQLite and MySQL (more is
-  an error) and several on PostgreSQL; that rule is kept (``SINGLE_STATEMENT``).
+  an error) and several on PostgreSQL; that rule is kept (``Dialect.one_statement_per_call``).
 - All SQL runs through ``sqlrl.db`` sessions (``spider.QueryRunner``: each distinct query once,
   a per-statement timeout, no query sees another's writes). Fail-closed: an erroring, timed-out or over-cap prediction scores 0. A
   gold that fails is flagged, reported in ``gold_errors`` and excluded from the denominators (the
   official script would count it as a 0).
 - Databases: SQLite at ``<db_root>/<db_id>/<db_id>.sqlite``; PostgreSQL/MySQL ``db_root`` is a
-  session URL, where ``{db_id}`` (if present) is replaced by the item's database (``DATABASE_URLS``).
+  session URL, where ``{db_id}`` (if present) is replaced by the item's database (``database_url``;
+  ``Dialect.file_based`` decides which).
 
 Known differences from the official script: its 30 s timeout covers the pair, ours each query;
 it runs prediction then gold on one connection, we run them apart (a prediction's writes cannot
@@ -37,6 +38,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
+from sqlrl.db.dialects.descriptor import dialect_of, dialects
 from sqlrl.db.statements import split_statements
 from sqlrl.tasks.types import norm_dialect
 
@@ -47,20 +49,13 @@ SEPARATOR = "\t----- bird -----\t"
 DIFFICULTY_ORDER = ("simple", "moderate", "challenging")
 
 
-def _sqlite_url(db_root: str, db_id: str) -> str:
-    return f"sqlite:///{(Path(db_root) / db_id / f'{db_id}.sqlite').resolve()}"
-
-
-def _server_url(db_root: str, db_id: str) -> str:
+def database_url(dialect: str, db_root: str, db_id: str) -> str:
+    """The session URL of database ``db_id``: ``<db_root>/<db_id>/<db_id>.sqlite`` (BIRD's
+    layout) for an engine whose databases are files, else ``db_root`` as a URL template."""
+    engine = dialect_of(dialect)
+    if engine.file_based:
+        return f"{engine.name}:///{(Path(db_root) / db_id / f'{db_id}.sqlite').resolve()}"
     return db_root.replace("{db_id}", db_id)
-
-
-#: dialect -> how a database's session URL is made from ``db_root`` and the db_id.
-DATABASE_URLS: dict[str, Callable[[str, str], str]] = {
-    "sqlite": _sqlite_url, "postgresql": _server_url, "mysql": _server_url}
-#: dialect -> (one statement per call only?, sqlglot dialect used to count statements).
-SINGLE_STATEMENT: dict[str, tuple[bool, str]] = {
-    "sqlite": (True, "sqlite"), "mysql": (True, "mysql"), "postgresql": (False, "postgres")}
 
 
 @dataclass(frozen=True)
@@ -174,10 +169,13 @@ def read_bird_difficulty(path: str | Path) -> list[str]:
 # -- labelling ------------------------------------------------------------------------------------
 
 def statement_rule(dialect: str) -> Callable[[str], str | None]:
-    single, sqlglot_dialect = SINGLE_STATEMENT[dialect]
+    """The official driver's rule (``Dialect.one_statement_per_call``): a prediction holding
+    several statements is a syntax error on SQLite and MySQL, runs on PostgreSQL."""
+    engine = dialect_of(dialect)
+    single = engine.one_statement_per_call
 
     def check(sql: str) -> str | None:
-        if single and len(split_statements(sql, sqlglot_dialect)) > 1:
+        if single and len(split_statements(sql, engine.sqlglot)) > 1:
             return f"syntax error: one statement at a time on {dialect} (as the official driver)"
         return None
     return check
@@ -193,9 +191,12 @@ def label_bird(pairs: Iterable[Sequence[Any]], db_root: str | Path, dialect: str
 
 
 def _dialect(name: str) -> str:
+    """The dialect's name; BIRD evaluation supports the verified engines (their official drivers'
+    one-statement rule is known)."""
     dialect = norm_dialect(name)
-    if dialect not in DATABASE_URLS:
-        raise ValueError(f"BIRD evaluation supports {', '.join(DATABASE_URLS)}; got {name!r}")
+    if not dialect_of(dialect).verified:
+        supported = ", ".join(d.name for d in dialects() if d.verified)
+        raise ValueError(f"BIRD evaluation supports {supported}; got {name!r}")
     return dialect
 
 
@@ -204,8 +205,7 @@ def _label(items: list[Sequence[Any]], db_root: str, dialect: str,
            progress: bool) -> list[BirdVerdict]:
     if difficulties is not None and len(difficulties) != len(items):
         raise ValueError(f"{len(difficulties)} difficulties for {len(items)} predictions")
-    to_url = DATABASE_URLS[dialect]
-    urls = [to_url(db_root, db_id) for db_id, _, _ in items]
+    urls = [database_url(dialect, db_root, db_id) for db_id, _, _ in items]
     golds = runner.run_many([(u, g) for u, (_, g, _) in zip(urls, items)],
                             stderr_progress("bird gold") if progress else None)
     preds = runner.run_many(
@@ -250,7 +250,7 @@ def evaluate_bird(pred_json_path: str | Path, gold_sql_path: str | Path, db_root
     if difficulties is not None and len(difficulties) != len(gold):
         raise ValueError(f"{questions_path} has {len(difficulties)} questions but {gold_sql_path} "
                          f"has {len(gold)} gold queries")
-    if dialect == "sqlite" and not Path(db_root).is_dir():
+    if dialect_of(dialect).file_based and not Path(db_root).is_dir():
         raise FileNotFoundError(f"BIRD database folder not found: {db_root}")
     with QueryRunner(eval_limits(timeout_s), workers, check=statement_rule(dialect)) as runner:
         verdicts = _label([(db, g, p) for (g, db), p in zip(gold, preds)], str(db_root), dialect,

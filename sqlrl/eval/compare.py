@@ -214,7 +214,6 @@ def spider_clean_pred(line: str) -> str:
 # -- sqlrl's engine-neutral result equality ---------------------------------------------------------
 
 _INT_TEXT = re.compile(r"-?(0|[1-9]\d{0,17})\Z")
-_SQLGLOT_READ = {"postgresql": "postgres", "mssql": "tsql"}
 
 
 def canonical_value(v: Any) -> Any:
@@ -242,11 +241,14 @@ def same_result(a: Sequence[Row], b: Sequence[Row], ordered: bool) -> bool:
 @lru_cache(maxsize=65536)
 def outer_order_by(sql: str, dialect: str = "sqlite") -> bool:
     """True when the outermost query of ``sql`` has ORDER BY (row order is part of the answer);
-    a subquery's ORDER BY does not count. Unparseable text falls back to a substring test."""
+    a subquery's ORDER BY does not count. Unparseable text falls back to a substring test.
+    ``dialect``: a sqlrl dialect name or alias, or a sqlglot dialect name."""
     import sqlglot
 
+    from sqlrl.db.dialects.descriptor import sqlglot_name
+
     try:
-        tree = sqlglot.parse_one(sql, read=_SQLGLOT_READ.get(dialect, dialect))
+        tree = sqlglot.parse_one(sql, read=sqlglot_name(dialect))
         return tree is not None and tree.args.get("order") is not None
     except Exception:
         return "order by" in " ".join(sql.lower().split())

@@ -445,12 +445,18 @@ def _namespace(channel: _Channel, job: dict[str, Any], state: dict[str, Any]) ->
     def performance_compare_by_qep(old_sqls: Any, sol_sqls: Any, db_path: Any = None,
                                    conn: Any = None) -> int:
         """BIRD-CRITIC's plan-cost comparison: 1 when ``sol_sqls``' summed EXPLAIN cost is lower.
-        PostgreSQL sums ``Total Cost`` of ``EXPLAIN (FORMAT JSON)``; SQLite counts 1.0 per DML
-        statement, as BIRD-CRITIC's SQLite version does; non-DML statements are executed. Unlike
+        Each DML statement's cost is its engine's ``Dialect.plan_cost`` (PostgreSQL: ``Total
+        Cost`` of ``EXPLAIN (FORMAT JSON)``; SQLite: 1.0 per statement, as BIRD-CRITIC's SQLite
+        version does); non-DML statements are executed. Unlike
         BIRD-CRITIC there is no BEGIN/ROLLBACK between the two sides (the session owns its
         transaction), so old_sqls' DDL is visible to sol_sqls."""
         if not old_sqls or not sol_sqls:
             return 0
+
+        from sqlrl.db.dialects.descriptor import by_sqlglot
+
+        engine = by_sqlglot(dialect)
+        plan_cost = engine.plan_cost if engine is not None else None
 
         def cost(sqls: Sequence[str]) -> float:
             total = 0.0
@@ -461,15 +467,10 @@ def _namespace(channel: _Channel, job: dict[str, Any], state: dict[str, Any]) ->
                     except DatabaseError:
                         pass
                     continue
-                if dialect == "sqlite":
-                    total += 1.0
-                elif dialect == "postgres":
-                    rows, _ = perform_query("EXPLAIN (FORMAT JSON) " + sql)
-                    plan = json.loads(rows[0][0]) if isinstance(rows[0][0], str) else rows[0][0]
-                    total += float(plan[0]["Plan"]["Total Cost"])
-                else:
+                if plan_cost is None:
                     raise NotImplementedError(f"performance_compare_by_qep is not implemented "
                                               f"for {dialect}")
+                total += plan_cost(lambda text: perform_query(text)[0], sql)
             return total
 
         return int(cost(sol_sqls) < cost(old_sqls))

@@ -1,15 +1,19 @@
 """Database schemas as values: tables, columns, primary and foreign keys, and CREATE TABLE text.
 
-Two sources: a Spider/BIRD ``tables.json`` entry (``DatabaseSchema.from_tables_json``) and a live
-SQLite file (``DatabaseSchema.from_sqlite``, read-only introspection through PRAGMAs; this is schema
-reading, not query execution -- agent and gold SQL run through ``sqlrl.db`` sessions only).
+The one schema model of sqlrl (``synth.bugs.SchemaInfo`` is an index over it). Three sources: a
+Spider/BIRD ``tables.json`` entry (``DatabaseSchema.from_tables_json``), a SQLite file
+(``DatabaseSchema.from_sqlite``, read-only through PRAGMAs: declaration order, primary and foreign
+keys; schema reading, not query execution -- agent and gold SQL run through ``sqlrl.db`` sessions
+only) and any engine through a session (``DatabaseSchema.from_url``: the query is the engine's
+``Dialect.columns_sql``, ``sqlrl/db/dialects/engines.py``).
 
 Guarantees:
 - ``ColumnSchema`` / ``ForeignKey`` / ``TableSchema`` / ``DatabaseSchema`` are frozen dataclasses
   of str / bool / tuples: hashable, picklable, safe across Ray actor boundaries.
 - ``to_create_sql(dialect)`` renders one ``CREATE TABLE`` statement per table (``;``-terminated,
   blank-line separated) in which every identifier that is not a plain word, or that is a reserved
-  word, is quoted the dialect's way; for SQLite the output executes on an empty database for every
+  word, is quoted the dialect's way (quote characters and reserved words: the engine's
+  descriptor); for SQLite the output executes on an empty database for every
   Spider and BIRD ``tables.json`` schema (tested). SQLite's internal ``sqlite_*`` tables (Spider
   lists ``sqlite_sequence``) are left out of the schema. Types are shown as declared;
   Spider's generic types (``number``, ``text``, ``time``, ``boolean``, ``others``) are mapped to
@@ -28,7 +32,11 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable
 
+from sqlrl.db.dialects.descriptor import Dialect, dialect_of, dialects, find
+
 from .types import TaskError, norm_dialect
+
+_MAX_COLUMNS = 100_000  # introspection reads one row per column
 
 __all__ = ["ColumnSchema", "ForeignKey", "TableSchema", "DatabaseSchema", "quote_identifier"]
 
@@ -62,11 +70,13 @@ class TableSchema:
         raise KeyError(f"table {self.name!r} has no column {name!r}")
 
     def to_create_sql(self, dialect: str = "sqlite") -> str:
-        dialect = norm_dialect(dialect)
-        q = lambda n: quote_identifier(n, dialect)  # noqa: E731
+        return self._create_sql(_engine(dialect))
+
+    def _create_sql(self, engine: Dialect) -> str:
+        q = engine.identifier
         lines = []
         for col in self.columns:
-            typ = _render_type(col.type, dialect)
+            typ = _render_type(col.type, engine)
             lines.append(" ".join(p for p in (q(col.name), typ, "NOT NULL" if col.not_null else "") if p))
         if self.primary_key:
             lines.append(f"PRIMARY KEY ({', '.join(q(c) for c in self.primary_key)})")
@@ -94,7 +104,8 @@ class DatabaseSchema:
 
     def to_create_sql(self, dialect: str = "sqlite") -> str:
         """One ``CREATE TABLE …;`` per table, in schema order, separated by a blank line."""
-        return "\n\n".join(t.to_create_sql(dialect) for t in self.tables)
+        engine = _engine(dialect)
+        return "\n\n".join(t._create_sql(engine) for t in self.tables)
 
     # -- sources ---------------------------------------------------------------------------------
 
@@ -189,63 +200,51 @@ class DatabaseSchema:
             tables.append(TableSchema(n, columns, pk_of[n.lower()], tuple(fks)))
         return cls(db_id or path.stem, tuple(tables))
 
+    @classmethod
+    def from_url(cls, url: str, db_id: str | None = None, timeout_s: float = 5.0) -> "DatabaseSchema":
+        """Introspect a database of any engine through a ``sqlrl.db`` session (on a server: the
+        session's own clone) with the engine's ``Dialect.columns_sql``: every table **and view**,
+        in name order, with column names, declared types and NOT NULL; no keys. Raises
+        ``ValueError`` for an engine without introspection, ``RuntimeError`` when it fails."""
+        from sqlrl.db import Limits, open_session
+        from sqlrl.db.url import dialect_name, parse_url
+
+        parsed = parse_url(url)
+        name = dialect_name(parsed)
+        engine = find(name)
+        if engine is None or engine.columns_sql is None:
+            raise ValueError(f"schema introspection is not implemented for dialect {name!r} "
+                             f"(supported: {', '.join(d.name for d in dialects() if d.columns_sql)})")
+        limits = Limits(timeout_s=timeout_s, max_rows=_MAX_COLUMNS, max_bytes=64 * 2**20)
+        with open_session(url, limits=limits) as session:
+            r = session.execute(engine.columns_sql)
+        if r.error:
+            raise RuntimeError(f"cannot read the schema: {r.error}")
+        if r.truncated:
+            raise RuntimeError(f"cannot read the schema: more than {_MAX_COLUMNS} columns")
+        tables: dict[str, list[ColumnSchema]] = {}
+        for table, column, declared, not_null in r.rows:
+            tables.setdefault(table, []).append(ColumnSchema(column, declared or "", bool(not_null)))
+        if db_id is None:
+            db_id = Path(parsed.database or "").stem if engine.file_based else parsed.database or ""
+        return cls(db_id, tuple(TableSchema(t, tuple(cols)) for t, cols in tables.items()))
+
 
 # -- rendering helpers ---------------------------------------------------------------------------
 
-_PLAIN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_QUOTES = {"sqlite": ('"', '"'), "postgresql": ('"', '"'), "oracle": ('"', '"'),
-           "mysql": ("`", "`"), "mssql": ("[", "]")}
-_SQLGLOT = {"sqlite": "sqlite", "postgresql": "postgres", "mysql": "mysql", "mssql": "tsql",
-            "oracle": "oracle"}
 # Spider's generic column types (tables.json) -> a SQL type per dialect family.
 _GENERIC_TYPES = {"number": "NUMERIC", "text": "TEXT", "time": "DATETIME", "boolean": "BOOLEAN",
                   "others": "TEXT"}
 
 
-# Words quoted when used as names: PostgreSQL's reserved words and SQLite's keywords (so a name
-# like ``order`` or ``key`` is always quoted), plus per-dialect extras; MySQL's list is sqlglot's.
-_RESERVED = frozenset("""
-ABORT ACTION ADD AFTER ALL ALTER ANALYSE ANALYZE AND ANY ARRAY AS ASC ASYMMETRIC ATTACH
-AUTHORIZATION AUTOINCREMENT BEFORE BEGIN BETWEEN BINARY BOTH BY CASCADE CASE CAST CHECK COLLATE
-COLLATION COLUMN COMMIT CONCURRENTLY CONFLICT CONSTRAINT CREATE CROSS CURRENT_CATALOG CURRENT_DATE
-CURRENT_ROLE CURRENT_SCHEMA CURRENT_TIME CURRENT_TIMESTAMP CURRENT_USER DATABASE DEFAULT DEFERRABLE
-DEFERRED DELETE DESC DETACH DISTINCT DO DROP EACH ELSE END ESCAPE EXCEPT EXCLUSIVE EXISTS EXPLAIN
-FAIL FALSE FETCH FOR FOREIGN FREEZE FROM FULL GLOB GRANT GROUP HAVING IF IGNORE ILIKE IMMEDIATE IN
-INDEX INDEXED INITIALLY INNER INSERT INSTEAD INTERSECT INTO IS ISNULL JOIN KEY LATERAL LEADING LEFT
-LIKE LIMIT LOCALTIME LOCALTIMESTAMP MATCH NATURAL NO NOT NOTHING NOTNULL NULL OF OFFSET ON ONLY OR
-ORDER OUTER OVERLAPS PLACING PLAN PRAGMA PRIMARY QUERY RAISE RECURSIVE REFERENCES REGEXP REINDEX
-RELEASE RENAME REPLACE RESTRICT RETURNING RIGHT ROLLBACK ROW ROWS SAVEPOINT SELECT SESSION_USER SET
-SIMILAR SOME SYMMETRIC TABLE TABLESAMPLE TEMP TEMPORARY THEN TO TRAILING TRANSACTION TRIGGER TRUE
-UNION UNIQUE UPDATE USER USING VACUUM VALUES VARIADIC VERBOSE VIEW VIRTUAL WHEN WHERE WINDOW WITH
-""".split())
-_EXTRA_RESERVED = {
-    "oracle": frozenset("ACCESS COMMENT DATE FILE LEVEL MODE NUMBER RESOURCE ROWID ROWNUM SIZE "
-                        "START UID".split()),
-    "mssql": frozenset("BACKUP BREAK BROWSE BULK CLUSTERED COMPUTE CONTAINS DENY DISK DUMP ERRLVL "
-                       "EXEC EXECUTE EXIT FILE FILLFACTOR FREETEXT IDENTITY KILL LINENO LOAD "
-                       "MERGE NATIONAL OPEN OPTION OVER PERCENT PIVOT PRINT PROC PROCEDURE PUBLIC "
-                       "READ RETURN REVERT REVOKE RULE SCHEMA SHUTDOWN STATISTICS TOP TRAN "
-                       "TRUNCATE UNPIVOT USE WAITFOR WHILE".split()),
-}
-
-
-@lru_cache(maxsize=None)
-def _keywords(dialect: str) -> frozenset[str]:
-    words = set(_RESERVED) | _EXTRA_RESERVED.get(dialect, frozenset())
-    if dialect == "mysql":
-        from sqlglot.dialects.mysql import MySQL
-
-        words |= {k.upper() for k in MySQL.Generator.RESERVED_KEYWORDS}
-    return frozenset(words)
-
-
 def quote_identifier(name: str, dialect: str = "sqlite") -> str:
-    """``name`` as the dialect writes it: bare when a plain non-keyword word, else quoted."""
-    dialect = norm_dialect(dialect)
-    if _PLAIN.match(name) and name.upper() not in _keywords(dialect):
-        return name
-    left, right = _QUOTES[dialect]
-    return f"{left}{name.replace(right, right + right)}{right}"
+    """``name`` as the dialect writes it: bare when a plain non-keyword word, else quoted with the
+    engine's quote characters (``Dialect.identifier``; keywords: ``Dialect.keywords``)."""
+    return _engine(dialect).identifier(name)
+
+
+def _engine(dialect: str) -> Dialect:
+    return dialect_of(norm_dialect(dialect))  # TaskError for an unknown name
 
 
 def _sqlite_quote(name: str) -> str:
@@ -253,17 +252,19 @@ def _sqlite_quote(name: str) -> str:
 
 
 @lru_cache(maxsize=4096)
-def _render_type(declared: str, dialect: str) -> str:
+def _render_type(declared: str, engine: Dialect) -> str:
+    """A column type as ``engine`` shows it: as declared where types are free text (SQLite),
+    else transpiled by sqlglot (declared types are read as SQLite's)."""
     t = declared.strip()
     if not t:
-        return "" if dialect == "sqlite" else "TEXT"
+        return "" if engine.declared_types else "TEXT"
     t = _GENERIC_TYPES.get(t.lower(), t)
-    if dialect == "sqlite":
+    if engine.declared_types:
         return t
     try:
         from sqlglot import exp
 
-        return exp.DataType.build(t, dialect="sqlite").sql(dialect=_SQLGLOT[dialect])
+        return exp.DataType.build(t, dialect="sqlite").sql(dialect=engine.sqlglot)
     except Exception:  # a type sqlglot does not know: show it as declared
         return t
 

@@ -20,27 +20,41 @@ Guarantees:
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, ClassVar, Union
 
-DIALECTS = ("sqlite", "postgresql", "mysql", "mssql", "oracle")
 DIFFICULTIES = ("simple", "moderate", "challenging")
 # Names other datasets use for the same difficulty levels (Spider hardness, BIRD-CRITIC levels).
 _DIFFICULTY_ALIASES = {"easy": "simple", "medium": "moderate", "hard": "challenging",
                        "extra": "challenging", "extra hard": "challenging"}
-_DIALECT_ALIASES = {"postgres": "postgresql", "pg": "postgresql", "mariadb": "mysql",
-                    "sqlserver": "mssql", "sql server": "mssql", "tsql": "mssql"}
 
 
 class TaskError(ValueError):
     """A task record is malformed; the message names the field (and the line, from the loaders)."""
 
 
+@lru_cache(maxsize=None)
+def _engines() -> Any:
+    """The dialect registry (``sqlrl.db.dialects.descriptor``), imported on first use: importing
+    ``sqlrl.db`` costs more than these types need until a dialect is named."""
+    return importlib.import_module("sqlrl.db.dialects.descriptor")
+
+
 def norm_dialect(value: str) -> str:
-    d = _DIALECT_ALIASES.get(str(value).strip().lower(), str(value).strip().lower())
-    if d not in DIALECTS:
-        raise TaskError(f"dialect {value!r} is not one of {', '.join(DIALECTS)}")
-    return d
+    """The registered engine named or aliased ``value`` (``sqlrl.db.dialects.engines``), by its
+    name; ``TaskError`` for any other text."""
+    engine = _engines().find(value)
+    if engine is None:
+        raise TaskError(f"dialect {value!r} is not one of {', '.join(_engines().names())}")
+    return engine.name
+
+
+def __getattr__(name: str) -> Any:  # ``DIALECTS``: the registered engines' names, read live
+    if name == "DIALECTS":
+        return _engines().names()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def norm_difficulty(value: str | None) -> str | None:

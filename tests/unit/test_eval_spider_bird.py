@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sqlrl.eval.bird import (DATABASE_URLS, evaluate_bird, label_bird, parse_bird_pred,
+from sqlrl.eval.bird import (database_url, evaluate_bird, label_bird, parse_bird_pred,
                              read_bird_difficulty, read_bird_pred, statement_rule)
 from sqlrl.eval.spider import evaluate_spider
 from tests.conftest import SHARED_DATA
@@ -212,9 +212,9 @@ def test_bird_statement_rule_per_dialect():
 
 
 def test_bird_server_urls_take_the_db_id():
-    assert DATABASE_URLS["postgresql"]("postgresql://u@127.0.0.1/{db_id}", "card") == \
+    assert database_url("postgresql", "postgresql://u@127.0.0.1/{db_id}", "card") == \
         "postgresql://u@127.0.0.1/card"
-    assert DATABASE_URLS["mysql"]("mysql://u@127.0.0.1/bird", "card") == "mysql://u@127.0.0.1/bird"
+    assert database_url("mysql", "mysql://u@127.0.0.1/bird", "card") == "mysql://u@127.0.0.1/bird"
 
 
 def test_bird_runaway_prediction_times_out(dbs):

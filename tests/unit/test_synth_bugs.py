@@ -248,7 +248,8 @@ def test_registry_covers_the_required_categories() -> None:
 def test_schema_from_url_reads_tables_views_and_types(demo_db_path: str) -> None:
     info = schema_from_url(f"sqlite:///{demo_db_path}")
     assert set(info.tables) == set(SHOP)
-    assert info.column("PRODUCTS", "Price") == ColumnInfo("price", "REAL")
+    # one schema model (tasks.schema): introspection also reads NOT NULL
+    assert info.column("PRODUCTS", "Price") == ColumnInfo("price", "REAL", not_null=True)
     assert info.table("Orders") == "orders" and info.table("nope") is None
     assert info.columns("nope") == ()
 

@@ -8,8 +8,8 @@ splitting, the sandbox's common rules, row caps, normalisation, timing — is th
 (``sqlrl.db.executor``) and identical for every engine.
 
 Adapters register themselves by name with ``@register_dialect``; ``get_dialect`` imports an
-adapter's module only when first asked for, so optional drivers (pyodbc, oracledb) are needed only
-by users of those engines.
+adapter's module (named by the engine's descriptor, ``descriptor.py`` / ``engines.py``) only when
+first asked for, so optional drivers (pyodbc, oracledb) are needed only by users of those engines.
 """
 
 from __future__ import annotations
@@ -22,12 +22,13 @@ from sqlalchemy.engine import URL
 
 from ..statements import Statement, as_statement
 from ..types import ErrorKind, Limits, SessionError
+from .descriptor import dialect_of, find, names
 
 
 @runtime_checkable
 class DialectAdapter(Protocol):
-    name: str  # registry key: "sqlite", "postgresql", "mysql", "mssql", "oracle"
-    sqlglot_dialect: str  # sqlglot's name for the engine (splitting, transpiling)
+    name: str  # registry key (set by ``@register_dialect``)
+    sqlglot_dialect: str  # sqlglot's name for the engine (set from its descriptor)
     isolation: str  # short name of the isolation mechanism (docs/sessions.md)
 
     def connect(self, url: URL, limits: Limits) -> Any:
@@ -55,41 +56,59 @@ class DialectAdapter(Protocol):
     def close(self, conn: Any) -> None: ...
 
 
-_MODULES = {
-    "sqlite": "sqlrl.db.dialects.sqlite",
-    "postgresql": "sqlrl.db.dialects.postgresql",
-    "mysql": "sqlrl.db.dialects.mysql",
-    "mssql": "sqlrl.db.dialects.mssql",
-    "oracle": "sqlrl.db.dialects.oracle",
-}
 _REGISTRY: dict[str, type] = {}
 _INSTANCES: dict[str, DialectAdapter] = {}
 
 
+class _FromDescriptor:
+    """A class attribute read from the engine's descriptor (``Dialect.<field>``) when used, so
+    the adapter module holds no copy of it."""
+
+    def __init__(self, field: str) -> None:
+        self.field = field
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        return getattr(dialect_of((owner or type(obj)).name), self.field)
+
+
 def register_dialect(name: str) -> Callable[[type], type]:
+    """Class decorator: the adapter of the engine ``name``; its ``name`` and ``sqlglot_dialect``
+    come from the engine's descriptor (``engines.py``)."""
     def deco(cls: type) -> type:
+        cls.name = name  # type: ignore[attr-defined]
+        cls.sqlglot_dialect = _FromDescriptor("sqlglot")  # type: ignore[attr-defined]
         _REGISTRY[name] = cls
         return cls
     return deco
 
 
 def available_dialects() -> tuple[str, ...]:
-    return tuple(_MODULES)
+    return names()
 
 
 def get_dialect(name: str) -> DialectAdapter:
-    """The (shared, stateless) adapter registered under ``name``."""
+    """The (shared, stateless) adapter of the dialect named (or aliased) ``name``: its
+    descriptor's ``adapter`` module is imported on first use and registers the class."""
     if name in _INSTANCES:
         return _INSTANCES[name]
-    if name not in _MODULES:
-        raise SessionError(f"unknown dialect {name!r}; known: {', '.join(_MODULES)}")
+    descriptor = find(name)
+    if descriptor is None:
+        raise SessionError(f"unknown dialect {name!r}; known: {', '.join(names())}")
     try:
-        importlib.import_module(_MODULES[name])
+        importlib.import_module(descriptor.adapter)
     except ImportError as exc:
-        raise SessionError(f"the {name} adapter needs a driver that is not installed: {exc}") from exc
-    adapter = _REGISTRY[name]()
+        raise SessionError(f"the {descriptor.name} adapter needs a driver that is not installed: "
+                           f"{exc}") from exc
+    adapter = _REGISTRY[descriptor.name]()
     _INSTANCES[name] = adapter
     return adapter
+
+
+def forget_adapter(name: str) -> None:
+    """Drop the cached adapter instance of ``name`` (``descriptor.unregister`` calls it; the
+    class stays registered, as its module stays imported)."""
+    for key in [k for k, a in _INSTANCES.items() if k == name or getattr(a, "name", None) == name]:
+        del _INSTANCES[key]
 
 
 # --- sandbox rules shared by every engine ------------------------------------------------------

@@ -518,8 +518,6 @@ class _Results:
 
 @register_dialect("mssql")
 class MSSQLDialect:
-    name = "mssql"
-    sqlglot_dialect = "tsql"
     isolation = "transaction"
 
     def connect(self, url: URL, limits: Limits) -> Any:

@@ -150,8 +150,6 @@ def privilege_problem(grant_lines: list[str], database: str) -> str | None:
 
 @register_dialect("mysql")
 class MySQLDialect:
-    name = "mysql"
-    sqlglot_dialect = "mysql"
     isolation = "scratch-database"
 
     def connect(self, url: URL, limits: Limits) -> Any:

@@ -116,6 +116,20 @@ class MySQLAdmin:
         if not out[0]:
             raise SessionError(f"no database {name!r} on this MariaDB/MySQL server")
 
+    def load_connection(self, url: URL, database: str) -> Any:
+        """A connection to ``database`` in one transaction, for ``sqlrl.db.loader``."""
+        from .mysql import connect_kwargs
+        kw = connect_kwargs(url, database)
+        kw["autocommit"] = False
+        return pymysql.connect(**kw)
+
+    def insert_rows(self, conn: Any, table: str, columns: list[str],
+                    rows: list[tuple[Any, ...]]) -> None:
+        """INSERT ``rows`` into ``table`` (quoted names); pymysql batches them into one statement."""
+        marks = ", ".join(["%s"] * len(columns))
+        with conn.cursor() as cur:
+            cur.executemany(f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks})", rows)
+
     def drop_database(self, url: URL, name: str) -> None:
         self._run(url, [(f"DROP DATABASE IF EXISTS {q(name)}", ())])
 

@@ -390,8 +390,6 @@ def oracle_denial(statement: str) -> str | None:
 
 @register_dialect("oracle")
 class OracleDialect:
-    name = "oracle"
-    sqlglot_dialect = "oracle"
     isolation = "transaction"
 
     def connect(self, url: URL, limits: Limits) -> Any:

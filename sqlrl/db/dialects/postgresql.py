@@ -155,8 +155,6 @@ _OWN_TEXT = re.compile(rf"BEGIN; DECLARE {_CURSOR} NO SCROLL CURSOR FOR|\s*;FETC
 
 @register_dialect("postgresql")
 class PostgreSQLDialect:
-    name = "postgresql"
-    sqlglot_dialect = "postgres"
     isolation = "scratch-database"
 
     # -- connections ---------------------------------------------------------------------------

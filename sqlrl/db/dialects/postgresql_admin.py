@@ -155,6 +155,21 @@ class PostgresAdmin:
                     sql.SQL(kinds[kind]), sql.Identifier(schema), sql.Identifier(rel),
                     sql.Identifier(OWNER_ROLE)))
 
+    def load_connection(self, url: URL, database: str) -> Any:
+        """A connection to ``database`` in one transaction, for ``sqlrl.db.loader``."""
+        from .postgresql import connect_kwargs
+        conn = psycopg2.connect(**connect_kwargs(url, database))
+        conn.autocommit = False
+        return conn
+
+    def insert_rows(self, conn: Any, table: str, columns: list[str],
+                    rows: list[tuple[Any, ...]]) -> None:
+        """INSERT ``rows`` into ``table`` (quoted names) in one round trip."""
+        from psycopg2.extras import execute_values
+        with conn.cursor() as cur:
+            execute_values(cur, f"INSERT INTO {table} ({', '.join(columns)}) VALUES %s", rows,
+                           page_size=max(len(rows), 1))
+
     def drop_database(self, url: URL, name: str) -> None:
         conn = self.connect(url)
         try:

@@ -154,8 +154,6 @@ def _tracking_authorizer(conn: _Connection) -> Any:
 
 @register_dialect("sqlite")
 class SQLiteDialect:
-    name = "sqlite"
-    sqlglot_dialect = "sqlite"
     isolation = "memory-copy"
 
     def connect(self, url: URL, limits: Limits) -> Any:

@@ -16,7 +16,10 @@ Guarantees:
   (the task's own, or for ``wrong_dialect`` the foreign dialect the construct comes from), or
   ``None`` for the syntax-error family, whose SQL sqlglot rejects (except ``syntax_trailing_comma``:
   sqlglot accepts trailing commas, the engines do not — its ``parse_dialect`` is ``None`` too).
-- Nothing here runs SQL except ``schema_from_url``, which introspects through ``sqlrl.db`` sessions.
+- Nothing here runs SQL except ``schema_from_url``, which introspects through a ``sqlrl.db`` session
+  (``DatabaseSchema.from_url``). Dialect names are read from the engines' descriptors
+  (``sqlrl/db/dialects/engines.py``); ``DIALECT_RULES`` is a catalogue of foreign constructs keyed
+  by sqlglot dialect, and an engine without rules simply gets no ``wrong_dialect`` bugs.
   Whether a mutation really changes the result is decided by execution (``critic_gen``).
 """
 
@@ -34,27 +37,20 @@ from sqlglot.dialects.dialect import Dialect
 from sqlglot.errors import SqlglotError
 from sqlglot.tokens import TokenType
 
-# sqlrl dialect name -> sqlglot dialect name
-SQLGLOT_DIALECT = {"sqlite": "sqlite", "postgresql": "postgres", "mysql": "mysql",
-                   "mssql": "tsql", "oracle": "oracle"}
+from sqlrl.db.dialects.descriptor import dialect_of
+
+from ..schema import ColumnSchema, DatabaseSchema
 
 
 def sqlglot_dialect(dialect: str) -> str:
-    try:
-        return SQLGLOT_DIALECT[dialect]
-    except KeyError:
-        raise ValueError(f"unknown dialect {dialect!r}; expected one of "
-                         f"{', '.join(SQLGLOT_DIALECT)}") from None
+    """sqlglot's name for the sqlrl ``dialect`` (its descriptor's); ``ValueError`` if unknown."""
+    return dialect_of(dialect).sqlglot
 
 
 # ----------------------------------------------------------------------------------------------
-# Schema information
+# Schema information: an index over the one schema model (``sqlrl.tasks.schema``)
 
-
-@dataclass(frozen=True)
-class ColumnInfo:
-    name: str
-    type: str = ""  # declared type, as the database reports it
+ColumnInfo = ColumnSchema  # the name injectors and tests use for a column (name, declared type)
 
 
 def type_class(declared: str) -> str:
@@ -73,13 +69,14 @@ def type_class(declared: str) -> str:
 
 @dataclass(frozen=True)
 class SchemaInfo:
-    """Tables (and views) -> columns with declared types, for one database in one dialect."""
+    """Tables (and views) -> their ``ColumnSchema`` columns, for one database in one dialect: the
+    case-insensitive lookups the injectors need, over a ``DatabaseSchema``'s tables."""
 
-    tables: dict[str, tuple[ColumnInfo, ...]] = field(hash=False)
+    tables: dict[str, tuple[ColumnSchema, ...]] = field(hash=False)
     dialect: str = "sqlite"
 
     def __post_init__(self) -> None:
-        sqlglot_dialect(self.dialect)  # validates
+        object.__setattr__(self, "dialect", dialect_of(self.dialect).name)  # validates
         lowered = {name.lower(): name for name in self.tables}
         object.__setattr__(self, "_lower", lowered)
 
@@ -87,11 +84,11 @@ class SchemaInfo:
         """The table's spelling in the schema (case-insensitive lookup), or None."""
         return self._lower.get(name.lower())  # type: ignore[attr-defined]
 
-    def columns(self, table: str) -> tuple[ColumnInfo, ...]:
+    def columns(self, table: str) -> tuple[ColumnSchema, ...]:
         real = self.table(table)
         return self.tables[real] if real else ()
 
-    def column(self, table: str, column: str) -> ColumnInfo | None:
+    def column(self, table: str, column: str) -> ColumnSchema | None:
         for c in self.columns(table):
             if c.name.lower() == column.lower():
                 return c
@@ -100,70 +97,27 @@ class SchemaInfo:
     @classmethod
     def from_mapping(cls, tables: dict[str, Any], dialect: str = "sqlite") -> "SchemaInfo":
         """``{"t": {"a": "INTEGER", ...}}`` or ``{"t": ["a", "b"]}`` -> SchemaInfo."""
-        out: dict[str, tuple[ColumnInfo, ...]] = {}
+        out: dict[str, tuple[ColumnSchema, ...]] = {}
         for t, cols in tables.items():
             if isinstance(cols, dict):
-                out[t] = tuple(ColumnInfo(c, str(ty or "")) for c, ty in cols.items())
+                out[t] = tuple(ColumnSchema(c, str(ty or "")) for c, ty in cols.items())
             else:
-                out[t] = tuple(ColumnInfo(str(c)) for c in cols)
+                out[t] = tuple(ColumnSchema(str(c)) for c in cols)
         return cls(out, dialect)
 
-
     @classmethod
-    def from_database_schema(cls, schema: Any, dialect: str = "sqlite") -> "SchemaInfo":
-        """From a ``sqlrl.tasks.schema.DatabaseSchema`` (tables.json or a SQLite file)."""
-        return cls({t.name: tuple(ColumnInfo(c.name, c.type) for c in t.columns)
-                    for t in schema.tables}, dialect)
-
-
-def _sqlite_schema(session: Any) -> dict[str, list[tuple[str, str]]]:
-    r = session.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view') "
-                        "AND name NOT LIKE 'sqlite_%' ORDER BY name")
-    if r.error:
-        raise RuntimeError(f"cannot list tables: {r.error}")
-    out = {}
-    for (name,) in r.rows:
-        info = session.execute(f"PRAGMA table_info(\"{name.replace(chr(34), chr(34) * 2)}\")")
-        if info.error:
-            raise RuntimeError(f"cannot read columns of {name!r}: {info.error}")
-        out[name] = [(row[1], row[2] or "") for row in info.rows]
-    return out
-
-
-def _information_schema(current: str) -> Callable[[Any], dict[str, list[tuple[str, str]]]]:
-    def read(session: Any) -> dict[str, list[tuple[str, str]]]:
-        r = session.execute("SELECT table_name, column_name, data_type FROM information_schema.columns "
-                            f"WHERE table_schema = {current} ORDER BY table_name, ordinal_position")
-        if r.error:
-            raise RuntimeError(f"cannot read information_schema: {r.error}")
-        out: dict[str, list[tuple[str, str]]] = {}
-        for t, c, ty in r.rows:
-            out.setdefault(t, []).append((c, ty or ""))
-        return out
-    return read
-
-
-_INTROSPECT: dict[str, Callable[[Any], dict[str, list[tuple[str, str]]]]] = {
-    "sqlite": _sqlite_schema,
-    "postgresql": _information_schema("current_schema()"),
-    "mysql": _information_schema("DATABASE()"),
-}
+    def from_database_schema(cls, schema: DatabaseSchema, dialect: str = "sqlite") -> "SchemaInfo":
+        """The index of a ``DatabaseSchema`` (tables.json, a SQLite file, or ``from_url``)."""
+        return cls({t.name: t.columns for t in schema.tables}, dialect)
 
 
 def schema_from_url(url: str, timeout_s: float = 5.0) -> SchemaInfo:
-    """Introspect a database through a (scratch, read-only in effect) ``sqlrl.db`` session."""
-    from sqlrl.db import Limits, open_session
+    """Introspect a database through a ``sqlrl.db`` session (``DatabaseSchema.from_url``: tables
+    and views, in name order); ``ValueError`` for an engine without introspection."""
     from sqlrl.db.url import dialect_name, parse_url
 
-    dialect = dialect_name(parse_url(url))
-    reader = _INTROSPECT.get(dialect)
-    if reader is None:
-        raise ValueError(f"schema introspection is not implemented for dialect {dialect!r} "
-                         f"(supported: {', '.join(_INTROSPECT)})")
-    with open_session(url, limits=Limits(timeout_s=timeout_s)) as s:
-        raw = reader(s)
-    return SchemaInfo({t: tuple(ColumnInfo(c, ty) for c, ty in cols) for t, cols in raw.items()},
-                      dialect)
+    schema = DatabaseSchema.from_url(url, timeout_s=timeout_s)
+    return SchemaInfo.from_database_schema(schema, dialect_name(parse_url(url)))
 
 
 # ----------------------------------------------------------------------------------------------

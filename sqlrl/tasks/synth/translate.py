@@ -36,11 +36,11 @@ from typing import Any, Iterable, Mapping
 import sqlglot
 
 from ...db import Limits, SessionError, open_session
-from ...db.loader import load_sqlite
+from ...db.dialects.descriptor import dialects, sqlglot_name
+from ...db.loader import SOURCE_DIALECT, load_sqlite
 from ...eval.compare import outer_order_by, same_result
 from ..types import Text2SQLTask, norm_dialect
 
-SQLGLOT_DIALECTS = {"postgresql": "postgres", "mysql": "mysql"}
 
 
 @dataclass(frozen=True)
@@ -74,8 +74,9 @@ def translate_tasks(tasks: Iterable[Text2SQLTask], sqlite_catalog: Mapping[str, 
     """``sqlite_catalog``: ``{db_id: sqlite path}``, or a folder in Spider layout
     (``<folder>/<db_id>/<db_id>.sqlite``). Server databases are named ``name_prefix + db_id``."""
     dialect = norm_dialect(target_dialect)
-    if dialect not in SQLGLOT_DIALECTS:
-        raise ValueError(f"translate_tasks targets {', '.join(SQLGLOT_DIALECTS)}, not {target_dialect!r}")
+    targets = [d.name for d in dialects() if d.load is not None]  # what the loader can fill
+    if dialect not in targets:
+        raise ValueError(f"translate_tasks targets {', '.join(targets)}, not {target_dialect!r}")
     limits = limits or Limits(timeout_s=30, max_rows=10_000)
     catalog = _catalog(sqlite_catalog)
     tasks = list(tasks)
@@ -85,7 +86,7 @@ def translate_tasks(tasks: Iterable[Text2SQLTask], sqlite_catalog: Mapping[str, 
     failed_loads: dict[str, str] = {}
     by_db: dict[str, list[Text2SQLTask]] = {}
     for t in tasks:
-        if t.dialect != "sqlite":
+        if t.dialect != SOURCE_DIALECT:
             dropped.append((t.task_id, "not-sqlite", f"source dialect is {t.dialect}"))
         else:
             by_db.setdefault(t.db_id, []).append(t)
@@ -120,7 +121,8 @@ def translate_tasks(tasks: Iterable[Text2SQLTask], sqlite_catalog: Mapping[str, 
 
 def _translate_one(task: Text2SQLTask, dialect: str, lite: Any, server: Any) -> Text2SQLTask | tuple[str, str]:
     try:
-        out = sqlglot.transpile(task.gold_sql, read="sqlite", write=SQLGLOT_DIALECTS[dialect])
+        out = sqlglot.transpile(task.gold_sql, read=sqlglot_name(SOURCE_DIALECT),
+                                write=sqlglot_name(dialect))
     except sqlglot.errors.SqlglotError as exc:
         return "transpile-error", str(exc).splitlines()[0]
     if len(out) != 1:
@@ -144,4 +146,4 @@ def _translate_one(task: Text2SQLTask, dialect: str, lite: Any, server: Any) -> 
                    meta={**task.meta, "sqlite_sql": task.gold_sql, "sqlite_task_id": task.task_id})
 
 
-__all__ = ["SQLGLOT_DIALECTS", "TranslationReport", "translate_tasks"]
+__all__ = ["TranslationReport", "translate_tasks"]

@@ -1,0 +1,218 @@
+"""The dialect descriptor: everything sqlrl knows about one database engine, as one frozen value,
+and the registry every module reads it from.
+
+    from sqlrl.db.dialects.descriptor import dialect_of
+    d = dialect_of("postgres")          # a name or an alias -> Dialect(name="postgresql", ...)
+    d.display_name, d.sqlglot, d.identifier("order")   # 'PostgreSQL', 'postgres', '"order"'
+
+The built-in engines are declared in ``engines.py`` (loaded on first use); a test or a plug-in adds
+one with ``register(Dialect(...))`` and nothing else: sessions (the adapter module is imported by
+``base.get_dialect``), URLs, task records, schema rendering and introspection, prompts, result
+comparison, the BIRD and BIRD-CRITIC evaluators, the lexer choice, provisioning and the loader all
+look the engine up here. tests/unit/test_dialect_registry.py fails when a module outside
+``sqlrl/db/dialects/`` keeps a per-dialect map or branch of its own.
+
+Guarantees:
+- Importing this module imports no database driver and nothing else of sqlrl.
+- Lookups accept a name or an alias in any case (``"MariaDB"`` -> mysql); names and aliases are
+  unique across the registry (``register`` refuses a clash). ``names()`` keeps registration order
+  (the built-ins first).
+- A ``Dialect`` is immutable; what is derived from it (``keywords``) is computed once.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, Callable, Iterator, Mapping
+
+__all__ = ["COMMON_RESERVED", "Dialect", "LoadTypes", "by_sqlglot", "dialect_of", "dialects",
+           "find", "names", "register", "registered", "sqlglot_name", "unregister"]
+
+# Words quoted when used as names in every dialect: PostgreSQL's reserved words and SQLite's
+# keywords (so a name like ``order`` or ``key`` is always quoted); engines add their own.
+COMMON_RESERVED = frozenset("""
+ABORT ACTION ADD AFTER ALL ALTER ANALYSE ANALYZE AND ANY ARRAY AS ASC ASYMMETRIC ATTACH
+AUTHORIZATION AUTOINCREMENT BEFORE BEGIN BETWEEN BINARY BOTH BY CASCADE CASE CAST CHECK COLLATE
+COLLATION COLUMN COMMIT CONCURRENTLY CONFLICT CONSTRAINT CREATE CROSS CURRENT_CATALOG CURRENT_DATE
+CURRENT_ROLE CURRENT_SCHEMA CURRENT_TIME CURRENT_TIMESTAMP CURRENT_USER DATABASE DEFAULT DEFERRABLE
+DEFERRED DELETE DESC DETACH DISTINCT DO DROP EACH ELSE END ESCAPE EXCEPT EXCLUSIVE EXISTS EXPLAIN
+FAIL FALSE FETCH FOR FOREIGN FREEZE FROM FULL GLOB GRANT GROUP HAVING IF IGNORE ILIKE IMMEDIATE IN
+INDEX INDEXED INITIALLY INNER INSERT INSTEAD INTERSECT INTO IS ISNULL JOIN KEY LATERAL LEADING LEFT
+LIKE LIMIT LOCALTIME LOCALTIMESTAMP MATCH NATURAL NO NOT NOTHING NOTNULL NULL OF OFFSET ON ONLY OR
+ORDER OUTER OVERLAPS PLACING PLAN PRAGMA PRIMARY QUERY RAISE RECURSIVE REFERENCES REGEXP REINDEX
+RELEASE RENAME REPLACE RESTRICT RETURNING RIGHT ROLLBACK ROW ROWS SAVEPOINT SELECT SESSION_USER SET
+SIMILAR SOME SYMMETRIC TABLE TABLESAMPLE TEMP TEMPORARY THEN TO TRAILING TRANSACTION TRIGGER TRUE
+UNION UNIQUE UPDATE USER USING VACUUM VALUES VARIADIC VERBOSE VIEW VIRTUAL WHEN WHERE WINDOW WITH
+""".split())
+_PLAIN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+@dataclass(frozen=True)
+class LoadTypes:
+    """How ``sqlrl.db.loader`` creates a copied SQLite table on this engine (docs/loader.md)."""
+
+    types: Mapping[str, str]  # portable kind (integer real text blob date timestamp) -> column type
+    table_suffix: str = ""  # appended to CREATE TABLE (MariaDB: charset and binary collation)
+    key_varchar_max: int | None = None  # text key columns: None = the text type; n = VARCHAR(len) up to n
+
+    def key_text_type(self, longest: int) -> str | None:
+        """The type of a text primary-key column whose longest value has ``longest`` characters,
+        or None when the engine cannot index it (the table then gets no primary key)."""
+        if self.key_varchar_max is None:
+            return self.types["text"]
+        return f"VARCHAR({max(longest, 1)})" if longest <= self.key_varchar_max else None
+
+
+@dataclass(frozen=True, eq=False)
+class Dialect:
+    """One engine. Only ``name``, ``display_name``, ``sqlglot`` and ``adapter`` are required; the
+    optional parts switch features on (no ``admin``: no provisioning; no ``columns_sql``: no
+    introspection through a session; no ``plan_cost``: no BIRD-CRITIC plan comparison)."""
+
+    name: str  # the registry key, as task records, URLs and catalogs spell it
+    display_name: str  # how prompts name the engine
+    sqlglot: str  # sqlglot's name for the engine (parsing, transpiling, tokenizing)
+    adapter: str  # the module whose import registers the session adapter (``@register_dialect``)
+    aliases: tuple[str, ...] = ()  # other spellings accepted anywhere a dialect is named
+    quotes: tuple[str, str] = ('"', '"')  # identifier quote characters (open, close)
+    reserved_words: frozenset[str] = frozenset()  # quoted as names, beyond COMMON_RESERVED
+    sqlglot_reserved: bool = False  # also quote sqlglot's reserved keywords for the engine
+    declared_types: bool = False  # column types are free text (SQLite): shown as declared
+    file_based: bool = False  # a database is a local file (the URL's path), not a server
+    one_statement_per_call: bool = False  # its official driver runs one statement per call (BIRD)
+    lexer: str | None = None  # module with split()/lex(): the engine's exact lexer (statements.py)
+    admin: str | None = None  # "module:Class" of the admin operations (provision.py, loader.py)
+    admin_url_env: str | None = None  # environment variable naming a test server's admin URL
+    load: LoadTypes | None = None  # the loader can copy SQLite databases into this engine
+    columns_sql: str | None = None  # (table, column, type, not null) rows of every table and view,
+    #                                 ordered by table name, then column position
+    plan_cost: Callable[[Callable[[str], Any], str], float] | None = field(default=None, repr=False)
+    #   (run, sql) -> the plan cost of one DML statement; ``run(sql)`` returns its rows
+    verified: bool = True  # tested against a real server (docs/unverified_dialects.md otherwise)
+
+    @cached_property
+    def keywords(self) -> frozenset[str]:
+        """Upper-case words that must be quoted when used as names."""
+        words = set(COMMON_RESERVED) | set(self.reserved_words)
+        if self.sqlglot_reserved:
+            from sqlglot.dialects import Dialect as SqlglotDialect
+
+            generator = SqlglotDialect.get_or_raise(self.sqlglot).generator_class
+            words |= {k.upper() for k in generator.RESERVED_KEYWORDS}
+        return frozenset(words)
+
+    def quote(self, name: str) -> str:
+        """``name`` quoted (the closing quote character doubled inside)."""
+        left, right = self.quotes
+        return f"{left}{name.replace(right, right + right)}{right}"
+
+    def identifier(self, name: str) -> str:
+        """``name`` bare when it is a plain word and no keyword, else quoted."""
+        if _PLAIN.match(name) and name.upper() not in self.keywords:
+            return name
+        return self.quote(name)
+
+    def admin_ops(self) -> Any:
+        """A new admin operations object (imports the engine's driver); None without one."""
+        if self.admin is None:
+            return None
+        module, cls = self.admin.split(":")
+        return getattr(importlib.import_module(module), cls)()
+
+
+_REGISTRY: dict[str, Dialect] = {}
+_SPELLED: dict[str, Dialect] = {}  # every name and alias, lower-cased -> its dialect
+_BUILTIN = "sqlrl.db.dialects.engines"
+_loaded = False
+
+
+def _registry() -> dict[str, Dialect]:
+    global _loaded
+    if not _loaded:
+        _loaded = True
+        importlib.import_module(_BUILTIN)  # registers the built-in engines
+    return _REGISTRY
+
+
+def _spellings(d: Dialect) -> set[str]:
+    return {d.name.lower(), *(a.lower() for a in d.aliases)}
+
+
+def _respell() -> None:
+    _SPELLED.clear()
+    _SPELLED.update({s: d for d in _REGISTRY.values() for s in _spellings(d)})
+
+
+def register(dialect: Dialect) -> Dialect:
+    """Add ``dialect`` (replacing one of the same name); refuses a name or alias already taken."""
+    registry = _registry()
+    for other in registry.values():
+        if other.name != dialect.name and _spellings(other) & _spellings(dialect):
+            raise ValueError(f"dialect {dialect.name!r} clashes with {other.name!r} on "
+                             f"{sorted(_spellings(other) & _spellings(dialect))}")
+    registry[dialect.name] = dialect
+    _respell()
+    return dialect
+
+
+def unregister(name: str) -> None:
+    """Remove the dialect ``name`` and its cached session adapter (tests)."""
+    _registry().pop(name, None)
+    _respell()
+    from .base import forget_adapter
+
+    forget_adapter(name)
+
+
+@contextmanager
+def registered(dialect: Dialect) -> Iterator[Dialect]:
+    """``with registered(Dialect(...)):`` the engine exists inside the block only (one it
+    replaced by name is put back after it)."""
+    previous = _registry().get(dialect.name)
+    register(dialect)
+    try:
+        yield dialect
+    finally:
+        unregister(dialect.name)
+        if previous is not None:
+            register(previous)
+
+
+def names() -> tuple[str, ...]:
+    return tuple(_registry())
+
+
+def dialects() -> tuple[Dialect, ...]:
+    return tuple(_registry().values())
+
+
+def find(name: str) -> Dialect | None:
+    """The dialect named or aliased ``name`` (any case, surrounding space ignored), or None."""
+    if not _loaded:
+        _registry()
+    found = _SPELLED.get(name) if isinstance(name, str) else None
+    return found if found is not None else _SPELLED.get(str(name).strip().lower())
+
+
+def dialect_of(name: str) -> Dialect:
+    """Like ``find``; raises ``ValueError`` naming the known dialects for an unknown name."""
+    d = find(name)
+    if d is None:
+        raise ValueError(f"unknown dialect {name!r}; known: {', '.join(names())}")
+    return d
+
+
+def by_sqlglot(sqlglot: str) -> Dialect | None:
+    """The first registered dialect whose sqlglot name is ``sqlglot``, or None."""
+    return next((d for d in _registry().values() if d.sqlglot == sqlglot), None)
+
+
+def sqlglot_name(name: str) -> str:
+    """sqlglot's name for a dialect named (or aliased) ``name``; other text is taken to be a
+    sqlglot name already and returned as given."""
+    d = find(name)
+    return d.sqlglot if d is not None else name
