@@ -56,9 +56,7 @@ from .openai_teacher import progress_bar
 from .teachers import Teacher
 
 __all__ = ["BuildReport", "Outcome", "TextChatFormat", "build_stage1", "build_stage2",
-           "build_stage3", "build_stage4", "build_rl_data", "pool_opener", "STAGE_MODES"]
-
-STAGE_MODES = {"stage1": "single", "stage2": "agentic", "stage3": "single", "stage4": "agentic"}
+           "build_stage3", "build_stage4", "build_rl_data", "pool_opener"]
 
 
 @dataclass(frozen=True)
@@ -165,6 +163,16 @@ def _run_all(fn: Callable[[Task], Any], tasks: Sequence[Task], workers: int, pro
     return out
 
 
+def _write_sft(stage: str, results: Sequence[tuple[Outcome, dict[str, Any] | None]],
+               out_path: str | Path) -> tuple[list[dict[str, Any]], BuildReport]:
+    """The kept rows of an SFT build to ``out_path`` (JSONL), its report beside them."""
+    rows = [r for _, r in results if r is not None]
+    out = Path(out_path)
+    write_jsonl_atomic(out, rows)
+    report = _report(stage, [o for o, _ in results], {"sft": str(out)})
+    return rows, _write_report(report, out)
+
+
 def _graded(task: Task, reward: str, response: Any, judge: Judge, min_score: float,
             texts: tuple[str, ...]) -> Outcome:
     try:
@@ -217,12 +225,7 @@ def build_stage1(tasks: Iterable[Task], teacher: Teacher, out_path: str | Path, 
         row = {"messages": messages + [{"role": "assistant", "content": text}], "tools": None}
         return outcome, row if outcome.kept else None
 
-    results = _run_all(one, tasks, workers, progress, "stage1")
-    rows = [r for _, r in results if r is not None]
-    out = Path(out_path)
-    write_jsonl_atomic(out, rows)
-    report = _report("stage1", [o for o, _ in results], {"sft": str(out)})
-    return rows, _write_report(report, out)
+    return _write_sft("stage1", _run_all(one, tasks, workers, progress, "stage1"), out_path)
 
 
 # -- stage 2: tool-use SFT -------------------------------------------------------------------------
@@ -330,12 +333,7 @@ def build_stage2(tasks: Iterable[Task], teacher: Teacher, out_path: str | Path, 
         outcome = _graded(task, reward, calls, judge, min_score, texts)
         return outcome, ({"messages": messages, "tools": tools} if outcome.kept else None)
 
-    results = _run_all(one, tasks, workers, progress, "stage2")
-    rows = [r for _, r in results if r is not None]
-    out = Path(out_path)
-    write_jsonl_atomic(out, rows)
-    report = _report("stage2", [o for o, _ in results], {"sft": str(out)})
-    return rows, _write_report(report, out)
+    return _write_sft("stage2", _run_all(one, tasks, workers, progress, "stage2"), out_path)
 
 
 # -- stages 3 and 4: RL data (verl parquet + task JSONL) --------------------------------------------

@@ -6,8 +6,9 @@ stage reads the sections it needs (SFT stages ``teacher`` and ``sft``; RL stages
 others keep their defaults.
 
 Guarantees:
-- ``StageConfig.stage`` is one of ``STAGES``; ``model.init == "previous"`` means the checkpoint the
-  previous stage left in ``run_dir/<previous stage>/final`` (stage 1 has none: an error).
+- ``StageConfig.stage`` names an entry of the stage registry (``curriculum.stages.STAGES``, the one
+  place stages are defined: its mode, its order); ``model.init == "previous"`` means the checkpoint
+  the previous stage left in ``run_dir/<previous stage>/final`` (the first stage has none: an error).
 - A stage job never replaces a finished result (``run_dir/<stage>/summary.json`` or ``final/``,
   ``existing_result()``) unless ``overwrite: true``.
 - ``data.mixture`` is a Zeno task mixture ``{"text2sql": w, "critic": w}`` (Talon: critic only),
@@ -28,13 +29,13 @@ from sqlrl.config import load_config
 from sqlrl.learn.config import GRPOConfig, SFTConfig
 from sqlrl.learn.optim import OptimConfig
 
+from .stages import STAGES, StageSpec, previous_stage, stage_spec
+
 if TYPE_CHECKING:
     from curriculum.placement import Profile
+    from curriculum.teachers import Teacher
 
-STAGES = ("stage1", "stage2", "stage3", "stage4")
-STAGE_TITLES = {"stage1": "reasoning SFT", "stage2": "tool-use SFT", "stage3": "reasoning GRPO",
-                "stage4": "agentic GRPO"}
-STAGE_MODES = {"stage1": "single", "stage2": "agentic", "stage3": "single", "stage4": "agentic"}
+__all__ = ["STAGES", "StageConfig", "load_stage_config"]  # STAGES: the registry (curriculum.stages)
 
 
 @dataclass(frozen=True)
@@ -117,6 +118,26 @@ class TeacherConfig:
     workers: int = 8
     cache_path: str | None = None  # default: run_dir/<stage>/teacher_cache.jsonl
 
+    def __post_init__(self) -> None:
+        if self.kind == "openai" and not (self.base_url and self.model):
+            raise ValueError("teacher.kind=openai needs teacher.base_url and teacher.model")
+
+    def build(self, stage_dir: Path) -> "Teacher":
+        """The SFT stages' teacher: programmatic (default, offline) or an OpenAI-compatible endpoint
+        (its key read from ``api_key_env``; its cache in ``stage_dir`` unless ``cache_path``)."""
+        if self.kind == "programmatic":
+            from curriculum.teachers import ProgrammaticTeacher
+
+            return ProgrammaticTeacher(seed=self.seed, brief=self.brief)
+        import os
+
+        from curriculum.openai_teacher import OpenAIConfig, OpenAITeacher
+
+        return OpenAITeacher(OpenAIConfig(
+            base_url=self.base_url, model=self.model, api_key=os.environ.get(self.api_key_env),  # type: ignore[arg-type]
+            rate_per_s=self.rate_per_s, workers=self.workers,
+            cache_path=self.cache_path or str(Path(stage_dir) / "teacher_cache.jsonl")))
+
 
 @dataclass(frozen=True)
 class SFTSettings:
@@ -149,7 +170,7 @@ class RLSettings:
 
 @dataclass(frozen=True)
 class StageConfig:
-    stage: Literal["stage1", "stage2", "stage3", "stage4"] = "stage1"
+    stage: str = "stage1"  # a name in curriculum.stages.STAGES
     run_dir: str = "runs/main"
     overwrite: bool = False  # replace an existing result in run_dir/<stage> (else the job refuses)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -161,9 +182,21 @@ class StageConfig:
     sft: SFTSettings = field(default_factory=SFTSettings)
     rl: RLSettings = field(default_factory=RLSettings)
 
+    def __post_init__(self) -> None:
+        stage_spec(self.stage)  # an unknown stage is an error naming the known ones
+
+    @property
+    def spec(self) -> StageSpec:
+        return stage_spec(self.stage)
+
     @property
     def mode(self) -> str:
-        return STAGE_MODES[self.stage]
+        return self.spec.mode
+
+    @property
+    def reward(self) -> str:
+        """The GRPO reward: ``rl.reward``, else the hybrid reward of the stage's mode."""
+        return self.rl.reward or f"hybrid_{self.mode}"
 
     @property
     def stage_dir(self) -> Path:
@@ -178,13 +211,13 @@ class StageConfig:
         """The model this stage starts from (``previous`` resolved to the previous stage's output)."""
         if self.model.init != "previous":
             return self.model.init
-        i = STAGES.index(self.stage)
-        if i == 0:
-            raise ValueError("stage1 has no previous stage: set model.init to a model name or folder")
-        prev = Path(self.run_dir) / STAGES[i - 1] / "final"
+        before = previous_stage(self.stage)
+        if before is None:
+            raise ValueError(f"{self.stage} has no previous stage: set model.init to a model name or folder")
+        prev = Path(self.run_dir) / before / "final"
         if not (prev / "config.json").is_file():
             raise FileNotFoundError(f"model.init=previous, but {prev} holds no checkpoint: run "
-                                    f"{STAGES[i - 1]} first (same run_dir) or set model.init")
+                                    f"{before} first (same run_dir) or set model.init")
         return str(prev)
 
 

@@ -7,11 +7,13 @@
     python -m jobs.main --overwrite          # run again into a run dir that holds stage results
 
 Setup: the generated data (``data.synth_dir``, built once). Run: the base model is evaluated on the
-held-out tasks, then stages 1–4 run one after another from ``jobs/configs/<stage>.yaml`` — each
-starts from the previous stage's checkpoint and is evaluated after it. Report: a table in the
-spirit of the BIRD-RL paper — success on held-out tasks (single-turn and agentic) for the base
-model and after every stage — printed once at the end and written to ``<run_dir>/results.{json,md}``
-(one summary line per phase as it ends). Checkpoints stay in ``<run_dir>/<stage>/final`` for serving.
+held-out tasks, then the stages of ``curriculum.stages.STAGES`` (1–4) run one after another, each
+from its shipped config (``StageSpec.config``: ``jobs/configs/<stage>.yaml``) through the one stage
+recipe ``jobs.stage.run_stage`` — each starts from the previous stage's checkpoint and is
+evaluated after it. Report: a table in the spirit of the BIRD-RL paper — success on held-out tasks
+(single-turn and agentic) for the base model and after every stage — printed once at the end and
+written to ``<run_dir>/results.{json,md}`` (one summary line per phase as it ends). Checkpoints
+stay in ``<run_dir>/<stage>/final`` for serving.
 
 A run dir whose stages already hold results (``<run_dir>/<stage>/summary.json`` or ``final/``) is
 refused before anything runs, unless ``--overwrite`` (passed on to every stage as
@@ -33,19 +35,20 @@ from typing import Any
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from curriculum.config import STAGE_TITLES, STAGES
+import jobs.held_out as held_out
+import jobs.runtime as runtime
+import jobs.stage as stage_job
+import jobs.stage_data as stage_data
+from curriculum.stages import STAGES
 from jobs.console import heading, make_console, quiet_third_party_bars
 
 console = make_console()
-CONFIGS = Path(__file__).resolve().parent / "configs"
 
 
-def _stage_main(stage: str):
-    from importlib import import_module
-
-    module = {"stage1": "jobs.stage1_reasoning_sft", "stage2": "jobs.stage2_tooluse_sft",
-              "stage3": "jobs.stage3_reasoning_rl", "stage4": "jobs.stage4_agentic_rl"}[stage]
-    return import_module(module).main
+def stage_args(stage: str, args: list[str]) -> list[str]:
+    """``args`` after the stage's shipped config (``--config``), when it has one."""
+    path = STAGES[stage].config_path()
+    return ["--config", str(path), *args] if path else list(args)
 
 
 def table_title(held_out: str) -> str:
@@ -89,7 +92,7 @@ class Phases:
     way one summary line per finished phase (``main: k/n phases done: ...``)."""
 
     def __init__(self, total: int) -> None:
-        from jobs.runtime import console as job_console
+        from jobs.output import console as job_console
 
         self.console, self.total, self.done = job_console, total, 0
         self.t0 = time.perf_counter()
@@ -151,23 +154,25 @@ def main(argv: list[str] | None = None) -> int:
     quiet_third_party_bars()
 
     # -- setup: refuse to replace finished stages, then data (generated once) and the base model's scores
-    from jobs.runtime import Runtime, evaluate, prepare_data
     from curriculum.config import load_stage_config
     from sqlrl.config import ConfigError
 
+    def config(stage: str, args: list[str]) -> Any:
+        return load_stage_config(STAGES[stage].config_path(), [f"stage={stage}", *args])
+
     try:
-        first = load_stage_config(CONFIGS / f"{stages[0]}.yaml", [*common, f"model.init={a.model}"])
+        first = config(stages[0], [*common, f"model.init={a.model}"])
         overwrite = a.overwrite or first.overwrite  # --overwrite, or overwrite=true given as an override
         if overwrite:
             common.append("overwrite=true")
-        done = [s for s in stages if load_stage_config(CONFIGS / f"{s}.yaml", common).existing_result()]
+        done = [s for s in stages if config(s, common).existing_result()]
     except (ConfigError, ValueError) as exc:
         raise SystemExit(f"main: {exc}") from None
     run_dir = Path(first.run_dir)
     if done and not overwrite:
         raise SystemExit(f"main: {run_dir} already holds results of {', '.join(done)}; not replacing them: "
                          f"pass --overwrite to replace them, or --run-dir <another folder> to keep them")
-    data = prepare_data(first)
+    data = stage_data.prepare_data(first)
     heading(console, f"sqlrl main job: {a.model}, stages {', '.join(stages)}, data {data.source}, run dir {run_dir}"
                      + (" (overwrite)" if done else ""))
     console.print(f"tasks: {data.counts()}", markup=False)
@@ -175,18 +180,19 @@ def main(argv: list[str] | None = None) -> int:
     with Phases(1 + len(stages)) as phases:
         phases.start("base model evaluation")
         t0 = time.perf_counter()
-        with Runtime(first, data) as rt:
-            base = {m: evaluate(rt, a.model, data.eval, m) for m in modes}
+        with runtime.Runtime(first, data) as rt:
+            base = {m: held_out.evaluate(rt, a.model, data.eval, m) for m in modes}
         rows.append({"name": f"base ({a.model})", "eval": base, "seconds": time.perf_counter() - t0})
         phases.finished(phase_line(rows[-1], modes))
 
         # -- run: the stages, each from the previous one's checkpoint
         for i, stage in enumerate(stages):
-            phases.start(f"{stage}: {STAGE_TITLES[stage]}")
+            title = STAGES[stage].title
+            phases.start(f"{stage}: {title}")
             init = a.model if i == 0 else "previous"
             t0 = time.perf_counter()
-            summary = _stage_main(stage)(["--config", str(CONFIGS / f"{stage}.yaml"), *common, f"model.init={init}"])
-            rows.append({"name": f"+ {stage} {STAGE_TITLES[stage]}", "eval": {e["mode"]: e for e in summary["eval"]},
+            summary = stage_job.run_stage(stage, stage_args(stage, [*common, f"model.init={init}"]))
+            rows.append({"name": f"+ {stage} {title}", "eval": {e["mode"]: e for e in summary["eval"]},
                          "seconds": time.perf_counter() - t0})
             phases.finished(phase_line(rows[-1], modes))
 

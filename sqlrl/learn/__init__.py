@@ -16,6 +16,7 @@ _EXPORTS = {
     "tokenize_sft": "batch", "sft_batch": "batch", "rl_batch": "batch", "grpo_advantages": "batch",
     "LossOutput": "losses", "forward_logprobs": "losses", "sft_loss": "losses", "grpo_loss": "losses",
     "grpo_loss_from_logprobs": "losses", "loss_weight": "losses", "LOSSES": "losses",
+    "trainable_rows": "groups",
 }
 
 __all__ = sorted(_EXPORTS)

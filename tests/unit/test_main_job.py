@@ -10,9 +10,12 @@ from pathlib import Path
 
 import pytest
 
+import jobs.held_out as held_out
 import jobs.main as job_main
 import jobs.runtime as runtime
-from curriculum.config import STAGE_MODES
+import jobs.stage as stage_job
+import jobs.stage_data as stage_data
+from curriculum.stages import STAGES
 
 
 def _eval(mode: str) -> dict:
@@ -25,7 +28,7 @@ def fake(monkeypatch):
     """Stages that parse their arguments for real (the overwrite check, the start checkpoint) and
     leave a result like a real stage; no data, models or evaluation."""
     calls: dict[str, list] = {"stages": [], "data": []}
-    data = runtime.StageData(train=(), eval=(), catalog={}, schemas={}, source="generated (fake)")
+    data = stage_data.StageData(train=(), eval=(), catalog={}, schemas={}, source="generated (fake)")
 
     class FakeRuntime:
         def __init__(self, cfg, data):
@@ -41,21 +44,19 @@ def fake(monkeypatch):
         calls["data"].append(cfg.stage)
         return data
 
-    def stage_main(stage):
-        def run(argv):
-            calls["stages"].append((stage, argv))
-            cfg = runtime.parse_stage_args(stage, argv, "doc")
-            runtime.save_config(cfg)
-            (cfg.stage_dir / "final").mkdir(exist_ok=True)
-            (cfg.stage_dir / "final" / "config.json").write_text("{}")
-            (cfg.stage_dir / "summary.json").write_text("{}")
-            return {"eval": [_eval(STAGE_MODES[stage])]}
-        return run
+    def run_stage(stage, argv):
+        calls["stages"].append((stage, argv))
+        cfg = stage_job.parse_stage_args(stage, argv)
+        stage_job.save_config(cfg)
+        (cfg.stage_dir / "final").mkdir(exist_ok=True)
+        (cfg.stage_dir / "final" / "config.json").write_text("{}")
+        (cfg.stage_dir / "summary.json").write_text("{}")
+        return {"eval": [_eval(STAGES[stage].mode)]}
 
-    monkeypatch.setattr(runtime, "prepare_data", prepare_data)
+    monkeypatch.setattr(stage_data, "prepare_data", prepare_data)
     monkeypatch.setattr(runtime, "Runtime", FakeRuntime)
-    monkeypatch.setattr(runtime, "evaluate", lambda rt, model, tasks, mode: _eval(mode))
-    monkeypatch.setattr(job_main, "_stage_main", stage_main)
+    monkeypatch.setattr(held_out, "evaluate", lambda rt, model, tasks, mode: _eval(mode))
+    monkeypatch.setattr(stage_job, "run_stage", run_stage)
     return calls
 
 

@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from curriculum.config import STAGES, load_stage_config
+from curriculum.config import load_stage_config
+from curriculum.stages import STAGES
 from curriculum.teachers import ProgrammaticTeacher
-from jobs.runtime import make_teacher
+from jobs.stage import parse_stage_args, save_config
 from sqlrl.config import ConfigError
 
 CONFIGS = Path(__file__).resolve().parents[2] / "jobs" / "configs"
@@ -39,10 +40,17 @@ def test_previous_needs_the_previous_stages_checkpoint(tmp_path):
 
 
 def test_teacher_settings_reach_the_teacher():
-    shipped = make_teacher(load_stage_config(CONFIGS / "stage1.yaml"))
+    cfg = load_stage_config(CONFIGS / "stage1.yaml")
+    shipped = cfg.teacher.build(cfg.stage_dir)
     assert isinstance(shipped, ProgrammaticTeacher) and shipped.brief  # micro scale: short thoughts
-    verbose = make_teacher(load_stage_config(CONFIGS / "stage1.yaml", ["teacher.brief=false", "teacher.seed=3"]))
+    cfg = load_stage_config(CONFIGS / "stage1.yaml", ["teacher.brief=false", "teacher.seed=3"])
+    verbose = cfg.teacher.build(cfg.stage_dir)
     assert not verbose.brief and verbose.seed == 3
+
+
+def test_an_openai_teacher_without_an_endpoint_is_a_config_error():
+    with pytest.raises(ValueError, match="teacher.base_url and teacher.model"):
+        load_stage_config(CONFIGS / "stage1.yaml", ["teacher.kind=openai"])
 
 
 # -- a stage job never replaces a finished result without overwrite=true --------------------------
@@ -64,13 +72,11 @@ def test_overwrite_is_a_config_key_false_by_default(stage):
 
 @pytest.mark.parametrize("what", ["summary.json", "final"])
 def test_a_stage_job_refuses_to_replace_a_finished_result(tmp_path, capsys, what):
-    from jobs.runtime import parse_stage_args
-
     _finished(tmp_path, "stage3")
     _finished(tmp_path, "stage4", what)
     before = {p: p.stat().st_mtime_ns for p in (tmp_path / "stage4").rglob("*")}
     with pytest.raises(SystemExit) as exc:
-        parse_stage_args("stage4", [f"run_dir={tmp_path}"], "doc")
+        parse_stage_args("stage4", [f"run_dir={tmp_path}"])
     message = str(exc.value)
     assert "\n" not in message and message.startswith(f"stage4: {tmp_path / 'stage4'} already holds a result")
     assert "overwrite=true" in message and "run_dir=" in message  # both ways out
@@ -79,11 +85,9 @@ def test_a_stage_job_refuses_to_replace_a_finished_result(tmp_path, capsys, what
 
 
 def test_overwrite_or_a_new_run_dir_lets_the_job_start_and_it_says_what_it_will_do(tmp_path, capsys):
-    from jobs.runtime import parse_stage_args, save_config
-
     _finished(tmp_path / "old", "stage3")
     _finished(tmp_path / "old", "stage4")
-    cfg = parse_stage_args("stage4", [f"run_dir={tmp_path / 'old'}", "overwrite=true", "rl.steps=3"], "doc")
+    cfg = parse_stage_args("stage4", [f"run_dir={tmp_path / 'old'}", "overwrite=true", "rl.steps=3"])
     err = capsys.readouterr().err
     assert cfg.overwrite and "stage4 (agentic GRPO): about to run" in err
     assert f"run_dir:    {tmp_path / 'old'}" in err and "replacing its result: overwrite=true" in err
@@ -96,7 +100,7 @@ def test_overwrite_or_a_new_run_dir_lets_the_job_start_and_it_says_what_it_will_
     _finished(tmp_path / "new", "stage3")
     (tmp_path / "new" / "stage4").mkdir()
     (tmp_path / "new" / "stage4" / "config.yaml").write_text("")  # an unfinished run is not a result
-    cfg = parse_stage_args("stage4", ["--config", str(CONFIGS / "stage4.yaml"), f"run_dir={tmp_path / 'new'}"], "doc")
+    cfg = parse_stage_args("stage4", ["--config", str(CONFIGS / "stage4.yaml"), f"run_dir={tmp_path / 'new'}"])
     err = capsys.readouterr().err
     assert not cfg.overwrite and f"outputs in {tmp_path / 'new' / 'stage4'}\n" in err
     assert f"start from: {tmp_path / 'new' / 'stage3' / 'final'}" in err
@@ -104,9 +108,7 @@ def test_overwrite_or_a_new_run_dir_lets_the_job_start_and_it_says_what_it_will_
 
 
 def test_the_plan_of_an_sft_stage_names_its_steps(tmp_path, capsys):
-    from jobs.runtime import parse_stage_args
-
     parse_stage_args("stage1", ["--config", str(CONFIGS / "stage1.yaml"), f"run_dir={tmp_path}", "model.init=tiny",
-                                "data.train_size=10", "sft.batch_size=4", "sft.epochs=2"], "doc")
+                                "data.train_size=10", "sft.batch_size=4", "sft.epochs=2"])
     err = capsys.readouterr().err
     assert "start from: tiny" in err and "up to 6 SFT step(s): 2 epoch(s)" in err and "10 training tasks" in err

@@ -1,0 +1,145 @@
+"""The stage job: one recipe for every curriculum stage, read top to bottom.
+
+    run_stage("stage3", ["--config", "jobs/configs/stage3.yaml", "rl.steps=2"])
+
+Setup: the config (``--config FILE`` + ``key=value`` overrides into ``StageConfig``), checked
+before any work; the data (``jobs.stage_data``); the actors (``jobs.runtime``). Run: the stage's
+data builder (``StageSpec.build``: verified training items) and its trainer
+(``jobs.train.TRAINERS[spec.trainer]``). Cleanup: the checkpoint in ``<run_dir>/<stage>/final``,
+its held-out evaluation (``jobs.held_out``), ``summary.json``, metrics and curves.
+Which stages exist and what each one does is ``curriculum.stages.STAGES``; the
+``jobs/stage*.py`` files are thin ``python -m`` entry points onto this module.
+
+Guarantees:
+- A finished result in ``<run_dir>/<stage>`` (``summary.json`` or ``final/``) is never replaced
+  without ``overwrite=true``; a bad key, a bad value or a missing start checkpoint is a one-line
+  ``SystemExit`` naming the stage, before anything is written or announced.
+- Before any work the job prints what it is about to do (stage, run_dir, start, data, steps,
+  evaluation, config); the resolved config is saved as ``<run_dir>/<stage>/config.yaml``.
+- A data build that keeps nothing stops the job (``SystemExit`` naming the report) before training.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any, Mapping, Sequence
+
+import jobs.held_out as held_out
+import jobs.runtime as runtime
+import jobs.stage_data as stage_data
+from curriculum.config import StageConfig, load_stage_config
+from curriculum.stages import BuildInputs, stage_spec
+from jobs.console import Heartbeat, quiet_third_party_bars
+from jobs.output import build_phase, console, stage_logger
+from jobs.train import TRAINERS
+
+
+def run_stage(stage: str, argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """Run ``stage`` with command-line ``argv``; returns its summary (also in ``summary.json``)."""
+    # -- setup
+    spec = stage_spec(stage)
+    cfg = parse_stage_args(stage, argv)
+    save_config(cfg)
+    data = stage_data.prepare_data(cfg)
+    with runtime.Runtime(cfg, data) as rt:
+        # -- run: the stage's verified training data, then its update loop
+        with build_phase(cfg, spec.build_note, len(data.train)):
+            items, report = spec.build(BuildInputs(cfg, data.train, data.catalog, data.schemas,
+                                                   rt.session_opener(), progress=console.is_terminal))
+        console.print(f"[bold]{stage}[/bold] data: {report.summary()}")
+        if not items:
+            raise SystemExit(f"{stage}: {spec.build_note} kept nothing ({report.summary()}); "
+                             f"see the report in {cfg.stage_dir}")
+        logger = stage_logger(cfg)
+        learner, history = TRAINERS[spec.trainer].train(rt, cfg.init_model(), items, logger)
+        # -- cleanup: checkpoint, evaluation, summary
+        return finish_stage(rt, learner, history, logger, {"data_build": report.to_dict()})
+
+
+def parse_stage_args(stage: str, argv: Sequence[str] | None) -> StageConfig:
+    """The stage's config, checked before any work: no finished result in ``<run_dir>/<stage>``
+    is replaced without ``overwrite=true``, the start checkpoint exists; then the plan is printed."""
+    from sqlrl.config import ConfigError
+
+    spec = stage_spec(stage)
+    ap = argparse.ArgumentParser(prog=f"python -m {spec.job or 'jobs.stage'}",
+                                 description=f"{stage} ({spec.title}), a stage of curriculum.stages.STAGES")
+    ap.add_argument("--config", default=None, help="a YAML file mirroring curriculum.config.StageConfig "
+                                                   f"(shipped: jobs/configs/{spec.config}; none: built-in defaults)")
+    ap.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. rl.steps=2 overwrite=true")
+    a = ap.parse_args(argv)
+    quiet_third_party_bars()
+    try:
+        cfg = load_stage_config(a.config, [f"stage={stage}", *a.overrides])
+        check_overwrite(cfg)
+        start = cfg.init_model()  # fail now, not after data preparation, when the start checkpoint is missing
+    except (ConfigError, FileNotFoundError, ValueError) as exc:
+        raise SystemExit(f"{stage}: {exc}") from None
+    console.print(describe_stage(cfg, start, a.config), markup=False, highlight=False)
+    return cfg
+
+
+def check_overwrite(cfg: StageConfig) -> None:
+    """``SystemExit`` (one line, both ways out) when ``<run_dir>/<stage>`` holds a finished result
+    and ``overwrite`` is false."""
+    found = cfg.existing_result()
+    if found and not cfg.overwrite:
+        names = ", ".join(f"{n}/" if n == "final" else n for n in found)
+        raise SystemExit(f"{cfg.stage}: {cfg.stage_dir} already holds a result ({names}); not replacing it: "
+                         f"pass overwrite=true to replace it, or run_dir=<another folder> to keep it")
+
+
+def describe_stage(cfg: StageConfig, start: str, config_path: str | None) -> str:
+    """What the job is about to do: stage, run_dir, start checkpoint, data, steps, evaluation."""
+    d = cfg.data
+    source = f"Spider ({d.spider})" if d.spider else f"generated ({d.synth_dir})"
+    mixture = ", ".join(f"{k} {v:g}" for k, v in d.mixture.items())
+    evals = (f"{d.eval_size} held-out tasks, {', '.join(cfg.eval.modes or (cfg.mode,))}"
+             if cfg.eval.enabled and d.eval_size else "off")
+    outputs = f"{cfg.stage_dir}" + (" (replacing its result: overwrite=true)" if cfg.existing_result() else "")
+    return "\n".join([
+        f"{cfg.stage} ({cfg.spec.title}): about to run",
+        f"  run_dir:    {cfg.run_dir} -> outputs in {outputs}",
+        f"  start from: {start}",
+        f"  data:       {source}: {d.train_size} training tasks, mixture {mixture}",
+        f"  steps:      {TRAINERS[cfg.spec.trainer].plan(cfg)}",
+        f"  evaluation: {evals}",
+        f"  config:     {config_path or 'built-in defaults (no --config)'}; "
+        f"{'Ray actors' if cfg.cluster.ray else 'in-process'}",
+    ])
+
+
+def save_config(cfg: StageConfig) -> None:
+    """Write the resolved config to ``<stage_dir>/config.yaml``. With ``overwrite=true`` the old
+    ``summary.json`` goes first, so a run that fails half-way leaves no stale summary behind (the old
+    ``final/`` is replaced when the new checkpoint is saved)."""
+    from sqlrl.config import dump_config
+
+    cfg.stage_dir.mkdir(parents=True, exist_ok=True)
+    if cfg.overwrite:
+        (cfg.stage_dir / "summary.json").unlink(missing_ok=True)
+    dump_config(cfg, cfg.stage_dir / "config.yaml")
+
+
+def finish_stage(rt: Any, learner: Any, history: list[dict], logger: Any,
+                 extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Save the final checkpoint to ``<stage_dir>/final``, evaluate it, write ``summary.json``."""
+    from sqlrl.config import to_dict
+
+    cfg = rt.cfg
+    final = cfg.stage_dir / "final"
+    with Heartbeat(f"{cfg.stage}: saving the checkpoint", note=str(final)):
+        learner.save(final, overwrite=True)
+    rt.release(learner)
+    curves = logger.close()
+    evals = []
+    if cfg.eval.enabled and rt.data.eval:
+        for mode in cfg.eval.modes or (cfg.mode,):
+            evals.append(held_out.evaluate(rt, str(final), rt.data.eval, mode))
+    summary = {"stage": cfg.stage, "title": cfg.spec.title, "checkpoint": str(final),
+               "steps": len(history), "data": rt.data.counts(), "source": rt.data.source,
+               "last": history[-1] if history else {}, "eval": evals,
+               "curves": [str(p) for p in curves], "config": to_dict(cfg), **(extra or {})}
+    (cfg.stage_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    return summary

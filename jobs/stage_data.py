@@ -1,0 +1,136 @@
+"""A stage job's tasks: the train and held-out mixtures, with their database catalog and schemas.
+
+``prepare_data(cfg)`` reads the data source the config names -- the embedded default data
+(``data.synth_dir``, generated there when missing) or Spider (``data.spider=PATH``) -- through the
+task-source registry ``sqlrl.tasks.loaders.LOADERS`` (``jsonl``, ``spider``), filters by
+``data.difficulties``, and mixes each split by ``data.mixture`` (Zeno; Talon = critic only).
+
+Guarantees:
+- The held-out tasks are the same for every stage of a run (same seed, size and mixture), drawn
+  with seed ``data.seed + 1`` from the eval split; training tasks with ``data.seed``.
+- Only tasks whose database is in the catalog are kept.
+- Generated data: a missing split file is a ``FileNotFoundError`` naming the file and the files
+  that are there. Spider: train questions for training, dev for evaluation (held-out databases);
+  with critic weight > 0, debugging tasks made by bug injection over the same gold SQL are built on
+  first use and cached in ``<run_dir>/data/spider_critic``.
+- Long steps (generation, loading Spider, bug injection) print heartbeats (``jobs.console``).
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from curriculum.config import StageConfig
+from jobs.console import Heartbeat
+from jobs.output import console
+
+
+
+@dataclass(frozen=True)
+class StageData:
+    train: tuple[Any, ...]
+    eval: tuple[Any, ...]
+    catalog: Mapping[str, Mapping[str, str]]
+    schemas: Mapping[str, Any]
+    source: str
+
+    def counts(self) -> dict[str, dict[str, int]]:
+        return {"train": dict(Counter(t.kind for t in self.train)),
+                "eval": dict(Counter(t.kind for t in self.eval))}
+
+
+Split = tuple[list, list, dict, dict, str]  # train, held-out, catalog, schemas, source description
+
+
+def _load_split(root: Path, split: str, kinds: Sequence[str]) -> list[Any]:
+    from sqlrl.tasks.loaders import load
+
+    sets = []
+    for kind in kinds:
+        path = root / f"{kind}_{split}.jsonl"
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} does not exist (data.{'train' if 'train' in split else 'eval'}"
+                                    f"_split={split!r}; files in {root}: "
+                                    f"{', '.join(sorted(p.name for p in root.glob('*.jsonl')))})")
+        sets.append(load("jsonl", path, db_root=root / "databases"))
+    return sets
+
+
+def generated(cfg: StageConfig) -> Split:
+    """The embedded default data, generated into ``data.synth_dir`` on first use."""
+    from sqlrl.tasks.synth.dataset import build_default_dataset
+
+    root = Path(cfg.data.synth_dir)
+    if not (root / "manifest.json").is_file():
+        console.print(f"[bold]data[/bold]: generating the embedded default data into {root} "
+                      f"({cfg.data.n_per_domain} tasks per domain)")
+        kw = {"domains": list(cfg.data.domains)} if cfg.data.domains else {}
+        with Heartbeat("data: generating the embedded default data", note=str(root)):
+            build_default_dataset(root, seed=cfg.data.seed, n_per_domain=cfg.data.n_per_domain, **kw)
+    kinds = [k for k, w in cfg.data.mixture.items() if w > 0]
+    train_sets = _load_split(root, cfg.data.train_split, kinds)
+    eval_sets = _load_split(root, cfg.data.eval_split, kinds)
+    catalog, schemas = {}, {}
+    for ts in train_sets + eval_sets:
+        catalog.update(ts.catalog)
+        schemas.update(ts.schemas)
+    train = [t for ts in train_sets for t in ts.tasks if t.db_id in ts.catalog]
+    held = [t for ts in eval_sets for t in ts.tasks if t.db_id in ts.catalog]
+    return train, held, catalog, schemas, f"generated ({root})"
+
+
+def spider(cfg: StageConfig) -> Split:
+    """Spider train questions for training, dev for evaluation (held-out databases); debugging
+    tasks from ``sqlrl.tasks.synth``'s bug injection over the same gold SQL (built on first use)."""
+    from sqlrl.tasks.io import write_tasks
+    from sqlrl.tasks.loaders import load
+    from sqlrl.tasks.synth.critic_gen import make_critic_tasks
+
+    root = Path(cfg.data.spider)  # type: ignore[arg-type]
+    with Heartbeat("data: loading Spider", note=str(root)):
+        train_set, dev_set = load("spider", root, split="train"), load("spider", root, split="dev")
+    catalog = {**train_set.catalog, **dev_set.catalog}
+    schemas = {**train_set.schemas, **dev_set.schemas}
+    train = [t for t in train_set.tasks if t.db_id in catalog]
+    held = [t for t in dev_set.tasks if t.db_id in catalog]
+    if cfg.data.mixture.get("critic", 0) > 0:
+        cache = Path(cfg.run_dir) / "data" / "spider_critic"
+        cache.mkdir(parents=True, exist_ok=True)
+        for name, tasks in (("train", train), ("dev", held)):
+            path = cache / f"critic_{name}.jsonl"
+            if not path.is_file():
+                pool = _sample(tasks, 8 * max(cfg.data.train_size, cfg.data.eval_size), cfg.data.seed)
+                with Heartbeat(f"data: Spider debugging tasks ({name})",
+                               note=f"bug injection + verification over {len(pool)} source tasks"):
+                    made, _report = make_critic_tasks(pool, {k: dict(v) for k, v in catalog.items()},
+                                                      seed=cfg.data.seed)
+                write_tasks(path, made)
+            tasks.extend(load("jsonl", path).tasks)
+    return train, held, catalog, schemas, f"spider ({root})"
+
+
+# Where a stage's tasks come from: data.spider=PATH picks "spider", otherwise the generated data.
+SOURCES: dict[str, Callable[[StageConfig], Split]] = {"generated": generated, "spider": spider}
+
+
+def _sample(tasks: Sequence[Any], n: int, seed: int) -> list[Any]:
+    tasks = list(tasks)
+    random.Random(seed).shuffle(tasks)
+    return tasks[:n]
+
+
+def prepare_data(cfg: StageConfig) -> StageData:
+    from curriculum.mixing import MixtureConfig, mix, pools_by_kind
+
+    train, held, catalog, schemas, source = SOURCES["spider" if cfg.data.spider else "generated"](cfg)
+    if cfg.data.difficulties:
+        wanted = set(cfg.data.difficulties)
+        train = [t for t in train if getattr(t, "difficulty", None) in wanted]
+        held = [t for t in held if getattr(t, "difficulty", None) in wanted]
+    train_mix = mix(pools_by_kind(train), MixtureConfig(cfg.data.mixture, cfg.data.train_size, cfg.data.seed))
+    eval_mix = mix(pools_by_kind(held), MixtureConfig(cfg.data.mixture, cfg.data.eval_size, cfg.data.seed + 1))
+    return StageData(tuple(train_mix), tuple(eval_mix), catalog, schemas, source)

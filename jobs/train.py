@@ -1,0 +1,149 @@
+"""The update loops of the stage jobs, in a registry: ``TRAINERS[spec.trainer]``.
+
+- ``sft``: ``sft.epochs`` passes over the stage's ``SFTExample``s in batches of ``sft.batch_size``.
+- ``grpo``: ``rl.steps`` GRPO steps over the stage's tasks -- roll out ``tasks_per_step`` tasks x
+  ``group_size`` samples with the current policy, score them (``StageConfig.reward``), keep the
+  rows that carry a group signal (``sqlrl.learn.groups.trainable_rows``), build the batch with verl's
+  GRPO advantages, update ``rl.updates_per_batch`` times, sync the new weights to the rollout
+  workers.
+
+Guarantees: a trainer returns the learner (still holding the trained weights, for the job to save)
+and one metrics dict per step, each also logged (``logger.log``); the optimizer's schedule spans
+exactly the steps the loop makes; the GRPO loop's rollout workers are released before it returns.
+``Trainer.plan`` is the line the job prints about the steps before any work.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from curriculum.config import StageConfig
+from jobs.console import Heartbeat
+from jobs.held_out import mean
+from jobs.output import console
+
+
+def train_sft(rt: Any, model: str, examples: Sequence[Any], logger: Any) -> tuple[Any, list[dict]]:
+    """``sft.epochs`` passes over ``examples`` in batches of ``sft.batch_size``."""
+    from sqlrl.agent.chat_format import HFChatFormat
+    from sqlrl.learn.batch import sft_batch
+    from sqlrl.policy.load import load_tokenizer
+
+    s, stage = rt.cfg.sft, rt.cfg.stage
+    steps_per_epoch = math.ceil(len(examples) / s.batch_size)
+    optim = dataclasses.replace(s.optim, total_steps=max(1, s.epochs * steps_per_epoch))
+    learner = rt.learner(model, optim)
+    tokenizer, pad_id = load_tokenizer(model)
+    chat = HFChatFormat(tokenizer)
+    rng = random.Random(rt.cfg.data.seed)
+    history = []
+    step = 0
+    with Heartbeat(f"{stage} SFT", total=optim.total_steps, unit="steps done") as beat:
+        for epoch in range(s.epochs):
+            order = list(examples)
+            rng.shuffle(order)
+            for start in range(0, len(order), s.batch_size):
+                beat.update(step, note=f"epoch {epoch + 1}/{s.epochs}, step {step + 1} running")
+                t0 = time.perf_counter()
+                batch = sft_batch(order[start:start + s.batch_size], chat, max_length=s.max_length, pad_id=pad_id)
+                m = learner.step(batch, "sft", s.loss)
+                m = {**m, "epoch": epoch, "update_s": time.perf_counter() - t0}
+                logger.log(step, m)
+                history.append(m)
+                step += 1
+                console.print(f"  {stage} step {step}/{optim.total_steps}: loss {m.get('loss', float('nan')):.4f}")
+    return learner, history
+
+
+def train_grpo(rt: Any, model: str, tasks: Sequence[Any], logger: Any) -> tuple[Any, list[dict]]:
+    """``rl.steps`` GRPO steps: roll out, score, filter the groups, update, sync the weights."""
+    from sqlrl.learn.batch import rl_batch
+    from sqlrl.learn.groups import trainable_rows
+    from sqlrl.policy.load import load_tokenizer
+
+    r, stage, batch_size = rt.cfg.rl, rt.cfg.stage, rt.cfg.rollout.batch
+    optim = dataclasses.replace(r.optim, total_steps=max(1, r.steps * r.updates_per_batch))
+    learner = rt.learner(model, optim, reference=r.loss.kl_coef > 0)
+    rollout = rt.rollout_group(model, rt.cfg.mode, temperature=r.temperature, top_p=r.top_p, seed=rt.cfg.data.seed)
+    _, pad_id = load_tokenizer(model)
+    history = []
+    with Heartbeat(f"{stage} GRPO", total=r.steps, unit="steps done") as beat:
+        for step in range(r.steps):
+            start = step * r.tasks_per_step
+            group_tasks = [tasks[(start + i) % len(tasks)] for i in range(r.tasks_per_step) for _ in range(r.group_size)]
+            t0 = time.perf_counter()
+            trajs = []
+            for first in range(0, len(group_tasks), batch_size):
+                beat.update(step, note=f"step {step + 1}: rollout, {len(trajs)}/{len(group_tasks)} trajectories")
+                trajs += rollout.rollout(group_tasks[first:first + batch_size])
+            t1 = time.perf_counter()
+            beat.update(step, note=f"step {step + 1}: reward")
+            breakdowns = rt.score(trajs, group_tasks, rt.cfg.reward)
+            t2 = time.perf_counter()
+            keep = trainable_rows(trajs, breakdowns, [t.task_id for t in group_tasks])
+            metrics: dict[str, Any] = rollout_metrics(trajs, breakdowns, keep)
+            if keep:
+                beat.update(step, note=f"step {step + 1}: update")
+                batch = rl_batch([trajs[i] for i in keep], [breakdowns[i].score for i in keep],
+                                 [f"{step}/{group_tasks[i].task_id}" for i in keep], r.loss,
+                                 pad_id=pad_id, max_length=rt.cfg.rollout.max_total_tokens)
+                for _ in range(r.updates_per_batch):
+                    metrics.update(learner.step(batch, "grpo", r.loss))
+            t3 = time.perf_counter()
+            beat.update(step, note=f"step {step + 1}: weight sync")
+            version, sync_s = learner.sync_to(rollout)
+            metrics.update({"policy_version": version, "time_rollout_s": t1 - t0, "time_reward_s": t2 - t1,
+                            "time_update_s": t3 - t2, "time_sync_s": sync_s,
+                            "time_tool_s": sum(t.tool_ms for tr in trajs for t in tr.turns) / 1000.0})
+            logger.log(step, metrics)
+            history.append(metrics)
+            beat.update(step + 1, note="")
+            console.print(f"  {stage} step {step + 1}/{r.steps}: reward {metrics['reward_mean']:.3f}, "
+                          f"pass {metrics['pass_rate']:.2f}, rollout {t1 - t0:.0f}s, update {t3 - t2:.0f}s")
+    rt.release(rollout)
+    return learner, history
+
+
+def rollout_metrics(trajs: Sequence[Any], breakdowns: Sequence[Any], keep: Sequence[int]) -> dict[str, Any]:
+    """One GRPO step's rollout and reward metrics (rewards over the rows trained on)."""
+    kept_b = [breakdowns[i] for i in keep]
+    parts: dict[str, list[float]] = {}
+    for b in kept_b:
+        for k, v in b.parts.items():
+            parts.setdefault(k, []).append(v)
+    return {"reward_mean": mean(b.score for b in kept_b),
+            "pass_rate": mean(float(b.parts.get("result", 0.0) >= 1.0) for b in kept_b),
+            **{f"reward_{k}": mean(v) for k, v in parts.items()},
+            "trajectories": len(trajs), "trained_on": len(keep),
+            "excluded": sum(b.excluded for b in breakdowns),
+            "turns_mean": mean(len(t.turns) for t in trajs),
+            "tool_calls_mean": mean(t.n_tool_calls for t in trajs),
+            "tool_errors_mean": mean(t.n_tool_errors for t in trajs),
+            "malformed_mean": mean(t.n_malformed for t in trajs),
+            "response_tokens_mean": mean(t.n_generated for t in trajs)}
+
+
+def plan_sft(cfg: StageConfig) -> str:
+    s, d = cfg.sft, cfg.data
+    steps = s.epochs * math.ceil(d.train_size / s.batch_size)
+    return (f"up to {steps} SFT step(s): {s.epochs} epoch(s) over the verified examples of "
+            f"{d.train_size} tasks, batches of {s.batch_size}; teacher {cfg.teacher.kind}")
+
+
+def plan_grpo(cfg: StageConfig) -> str:
+    r = cfg.rl
+    return f"{r.steps} GRPO step(s) x {r.tasks_per_step} task(s) x {r.group_size} samples (reward {cfg.reward})"
+
+
+@dataclass(frozen=True)
+class Trainer:
+    train: Callable[[Any, str, Sequence[Any], Any], tuple[Any, list[dict]]]  # (rt, model, items, logger)
+    plan: Callable[[StageConfig], str]  # the "steps:" line of the job's plan
+
+
+TRAINERS: dict[str, Trainer] = {"sft": Trainer(train_sft, plan_sft), "grpo": Trainer(train_grpo, plan_grpo)}

@@ -1,0 +1,38 @@
+"""GRPO group filtering (sqlrl.learn.groups): which scored rollouts enter an update."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace as NS
+
+import pytest
+
+from sqlrl.learn.groups import trainable_rows
+
+
+def _row(stop="submitted", generated=5, excluded=False):
+    return NS(stop_reason=stop, n_generated=generated), NS(excluded=excluded)
+
+
+def _split(rows):
+    return [t for t, _ in rows], [b for _, b in rows]
+
+
+def test_rows_that_carry_no_signal_are_dropped_and_lone_survivors_with_them():
+    rows = [_row(), _row(),                      # group a: both kept
+            _row(), _row(stop="error"),          # group b: one left after the error -> none kept
+            _row(excluded=True), _row(), _row(),  # group c: the excluded row goes, two remain
+            _row(generated=0), _row(generated=0)]  # group d: nothing generated
+    groups = ["a", "a", "b", "b", "c", "c", "c", "d", "d"]
+    assert trainable_rows(*_split(rows), groups) == [0, 1, 5, 6]
+
+
+def test_groups_are_told_apart_by_id_not_by_position():
+    rows = [_row() for _ in range(4)]
+    assert trainable_rows(*_split(rows), ["x", "y", "x", "z"]) == [0, 2]
+    assert trainable_rows([], [], []) == []
+
+
+def test_lengths_must_agree():
+    trajs, breakdowns = _split([_row(), _row()])
+    with pytest.raises(ValueError, match="same length"):
+        trainable_rows(trajs, breakdowns, ["a"])
