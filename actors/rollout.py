@@ -54,8 +54,9 @@ class RolloutConfig:
 
 class PoolSessions:
     """The Ray pool as the agent's ``SessionSource``: one lease per item from this worker's shards
-    (``lease_many``: one round trip per shard, the item's ``preprocess_sql`` applied), all released
-    together (``release_many``)."""
+    (``lease_many``: one round trip per shard, the item's ``preprocess_sql`` applied), a round's
+    SQL in one ``execute_many`` (one round trip per shard), all released together
+    (``release_many``)."""
 
     def __init__(self, client: Any) -> None:
         self.client = client
@@ -67,6 +68,10 @@ class PoolSessions:
 
     def close_many(self, sessions: Sequence[LeasedSession]) -> None:
         self.client.release_many([s.lease for s in sessions])
+
+    def execute_many(self, pairs: Sequence[tuple[LeasedSession, str]]) -> list[Any]:
+        """A round's execute_sql calls: one ``submit_many`` per shard (never raises)."""
+        return self.client.execute_many([(s.lease, sql) for s, sql in pairs])
 
 
 class RolloutWorker:

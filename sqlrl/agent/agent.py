@@ -53,6 +53,9 @@ class SessionSource(Protocol):
 
     def close_many(self, sessions: Sequence[Any]) -> None: ...
 
+    # Optional: ``execute_many(pairs: [(session, sql)]) -> [QueryResult]`` -- the agent loop then
+    # runs a round's execute_sql calls in one call (the Ray pool: one round trip per shard).
+
 
 class LocalSessions:
     """Fresh ``sqlrl.db.open_session`` sessions from a catalog ``{db_id: {dialect: url}}``."""
@@ -145,7 +148,8 @@ class Agent:
             schemas = [getattr(t, "schema", None) or self.schemas.get(t.db_id) for t in items]
             try:
                 return AgentLoop(items, sessions, self.backend, self.chat_format, config,
-                                 schemas=schemas, policy_version=self.version).run()
+                                 schemas=schemas, policy_version=self.version,
+                                 execute_many=getattr(self.sessions, "execute_many", None)).run()
             except Exception as exc:  # a bug in a layer below: typed results, never lost items
                 return error_trajectories(items, config.mode, f"{type(exc).__name__}: {exc}",
                                           self.version)

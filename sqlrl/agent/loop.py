@@ -8,8 +8,11 @@ Each rollout (``RolloutState``) moves through::
 
 and may go to DONE from any state. ``AgentLoop.run()`` repeats rounds: every rollout waiting to
 generate (PROMPTING or OBSERVED) is collected and ``backend.generate(prompts, sampling)`` is called
-ONCE for all of them; then each output is parsed, its tool call run on that rollout's session
-(``sqlrl.tools.run_tool``), and the observation appended. A rollout stops on ``submit_solution``
+ONCE for all of them; then each output is parsed, and the round's tool calls run: every
+``execute_sql`` of the round in ONE ``execute_many([(session, sql), ...])`` when the session source
+provides it (the Ray pool: one round trip per shard instead of one per trajectory;
+``LoopConfig.batch_tools=False`` turns it off), else one by one on each rollout's session
+(``sqlrl.tools.run_tool`` either way: one observation format); the observations are appended. A rollout stops on ``submit_solution``
 ("submitted"; recorded, not executed), after ``max_turns`` turns ("max_turns"), when the next
 turn would not fit in ``max_total_tokens`` ("token_budget"), when ``deadline_s`` passes
 ("timeout"), or on an infrastructure failure ("error"). Mode "single": one generation, no tools,
@@ -27,7 +30,8 @@ Guarantees:
   "token_budget"); likewise the last turn's observation under "max_turns" -- the ids end with
   the last generated token, and ``messages`` matches the ids.
 - Ids are exact: ``prompt_ids + gen_1 + continuation_1 + gen_2 + ...`` (see ``chat_format``).
-- Timing: a turn's ``gen_ms`` is its batch call's wall time; ``tool_ms`` its own tool call's.
+- Timing: a turn's ``gen_ms`` is its batch call's wall time; ``tool_ms`` its own tool call's, or
+  the round's ``execute_many`` wall time when batched.
 """
 
 from __future__ import annotations
@@ -81,6 +85,7 @@ class LoopConfig:
     parser: str = "hermes"
     mode: str = "agentic"
     deadline_s: float | None = None  # wall-clock limit of one run(); None = none
+    batch_tools: bool = True  # one execute_many per round (when the session source has one)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -153,6 +158,29 @@ class RolloutState:
             error=self.error if self.stop_reason else "the rollout never finished")
 
 
+ExecuteMany = Callable[[Sequence[tuple[Any, str]]], Sequence[Any]]  # [(session, sql)] -> results
+
+
+@dataclass(frozen=True, eq=False)
+class _Pending:
+    """A parsed tool call waiting for the round's tool phase."""
+    s: RolloutState
+    call: ToolCall
+    gen: Generation
+    gen_ms: float
+    closed: bool
+
+
+class _Answered:
+    """A session whose one ``execute`` was already run in the round's ``execute_many``."""
+
+    def __init__(self, result: Any) -> None:
+        self.result = result
+
+    def execute(self, sql: str) -> Any:
+        return self.result
+
+
 def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
@@ -164,7 +192,8 @@ class AgentLoop:
                  backend: GenerationBackend, chat_format: ChatFormat,
                  config: LoopConfig = LoopConfig(), *,
                  schemas: Mapping[str, DatabaseSchema] | Sequence[DatabaseSchema | None] | None = None,
-                 policy_version: int = 0, clock: Callable[[], float] = time.monotonic) -> None:
+                 policy_version: int = 0, clock: Callable[[], float] = time.monotonic,
+                 execute_many: ExecuteMany | None = None) -> None:
         tasks = list(tasks)
         sessions = list(sessions) if sessions is not None else [None] * len(tasks)
         if len(sessions) != len(tasks):
@@ -179,8 +208,10 @@ class AgentLoop:
         self.tools = tools_for(config.mode)
         self.states = [RolloutState(i, t, s) for i, (t, s) in enumerate(zip(tasks, sessions))]
         self._schemas = schemas
+        self.execute_many = execute_many if config.batch_tools else None
         self.batch_sizes: list[int] = []  # prompts per backend.generate call, in order
-        self._turn_handlers: dict[str, Callable[[RolloutState, Generation, str, float], None]] = {
+        self.tool_batches: list[int] = []  # execute_sql calls per execute_many call, in order
+        self._turn_handlers: dict[str, Callable[[RolloutState, Generation, str, float], Any]] = {
             "agentic": self._agentic_turn, "single": self._single_turn}
 
     # -- driver ----------------------------------------------------------------------------------
@@ -242,14 +273,59 @@ class AgentLoop:
                 s.finish("error", f"generation failed: {_describe(exc)}")
             return
         gen_ms = (self.clock() - t0) * 1000.0
+        pending: list[_Pending] = []
         for s, gen in zip(batch, gens):
             try:
-                self._take(s, gen, gen_ms)
+                p = self._take(s, gen, gen_ms)
+                if p is not None:
+                    pending.append(p)
             except Exception as exc:  # the backend's output or a session broke a contract
                 if s.state is not State.DONE:
                     s.finish("error", _describe(exc))
+        if pending:
+            self._run_tools(pending)
 
-    def _take(self, s: RolloutState, gen: Generation, gen_ms: float) -> None:
+    def _run_tools(self, pending: list[_Pending]) -> None:
+        """The round's tool calls: every ``execute_sql`` in one ``execute_many`` when the session
+        source has one (each turn's ``tool_ms`` is then that call's wall time), else one by one."""
+        answered: dict[int, tuple[Any, float]] = {}
+        sql = [p for p in pending if p.call.name == "execute_sql"] if self.execute_many else []
+        if sql:
+            self.tool_batches.append(len(sql))
+            t0 = self.clock()
+            try:
+                results = list(self.execute_many([(p.s.session, p.call.arguments["sql"]) for p in sql]))
+                if len(results) != len(sql):
+                    raise RuntimeError(f"execute_many returned {len(results)} results for {len(sql)} calls")
+            except Exception as exc:
+                ms = (self.clock() - t0) * 1000.0
+                for p in sql:
+                    self._tool_failed(p, exc, ms)
+                sql = []
+            else:
+                ms = (self.clock() - t0) * 1000.0
+                answered = {id(p): (r, ms) for p, r in zip(sql, results)}
+        for p in pending:
+            if p.s.state is not State.EXECUTING:
+                continue
+            t0 = self.clock()
+            try:
+                if id(p) in answered:
+                    result, ms = answered[id(p)]
+                    outcome = run_tool(p.call, _Answered(result))
+                else:
+                    outcome = run_tool(p.call, p.s.session)
+                    ms = (self.clock() - t0) * 1000.0
+            except Exception as exc:
+                self._tool_failed(p, exc, (self.clock() - t0) * 1000.0)
+                continue
+            try:
+                self._tool_done(p, outcome, ms)
+            except Exception as exc:  # a template problem building the continuation
+                if p.s.state is not State.DONE:
+                    p.s.finish("error", _describe(exc))
+
+    def _take(self, s: RolloutState, gen: Generation, gen_ms: float) -> _Pending | None:
         ids, lps = tuple(gen.token_ids), tuple(gen.logprobs)
         if len(lps) != len(ids):
             raise RuntimeError(f"the backend returned {len(ids)} token ids but {len(lps)} logprobs")
@@ -262,7 +338,7 @@ class AgentLoop:
         if eot and text.endswith(eot):
             text = text[:-len(eot)]
         s.to(State.PARSED)
-        self._turn_handlers[self.config.mode](s, gen, text, gen_ms)
+        return self._turn_handlers[self.config.mode](s, gen, text, gen_ms)
 
     # -- turns -----------------------------------------------------------------------------------
 
@@ -275,7 +351,7 @@ class AgentLoop:
         s.submitted_sql = got.sql
         s.finish("single_turn")
 
-    def _agentic_turn(self, s: RolloutState, gen: Generation, text: str, gen_ms: float) -> None:
+    def _agentic_turn(self, s: RolloutState, gen: Generation, text: str, gen_ms: float) -> _Pending | None:
         n, closed = len(gen.token_ids), self._closed(gen)
         parsed = self.parser.parse(text)
         if not parsed.ok:
@@ -284,30 +360,30 @@ class AgentLoop:
             s.messages.append({"role": "assistant", "content": text})
             self._observe(s, Turn(gen_ms, 0.0, n, None, message, gen.finish_reason),
                           {"role": "tool", "content": format_tool_error(message)}, closed)
-            return
+            return None
         call = parsed.calls[0]
         s.calls.append(call)
         s.messages.append({"role": "assistant", "content": parsed.content, "tool_calls": [
             {"type": "function", "function": {"name": call.name, "arguments": dict(call.arguments)}}]})
         s.to(State.EXECUTING)
-        t0 = self.clock()
-        try:
-            outcome = run_tool(call, s.session)
-        except Exception as exc:
-            tool_ms = (self.clock() - t0) * 1000.0
-            message = f"the session failed: {_describe(exc)}"
-            s.turns.append(Turn(gen_ms, tool_ms, n, call.name, message, gen.finish_reason))
-            s.finish("error", message)
-            return
-        tool_ms = (self.clock() - t0) * 1000.0
+        return _Pending(s, call, gen, gen_ms, closed)
+
+    def _tool_failed(self, p: _Pending, exc: BaseException, tool_ms: float) -> None:
+        message = f"the session failed: {_describe(exc)}"
+        p.s.turns.append(Turn(p.gen_ms, tool_ms, len(p.gen.token_ids), p.call.name, message,
+                              p.gen.finish_reason))
+        p.s.finish("error", message)
+
+    def _tool_done(self, p: _Pending, outcome: Any, tool_ms: float) -> None:
+        s, call, gen, n = p.s, p.call, p.gen, len(p.gen.token_ids)
         s.n_tool_calls += 1
         if outcome.is_final:
-            s.turns.append(Turn(gen_ms, tool_ms, n, call.name, None, gen.finish_reason))
+            s.turns.append(Turn(p.gen_ms, tool_ms, n, call.name, None, gen.finish_reason))
             s.submitted_sql = extract_agentic(s.calls).sql
             s.finish("submitted")
             return
         s.n_tool_errors += int(outcome.is_error)
-        turn = Turn(gen_ms, tool_ms, n, call.name, outcome.observation if outcome.is_error else None,
+        turn = Turn(p.gen_ms, tool_ms, n, call.name, outcome.observation if outcome.is_error else None,
                     gen.finish_reason)
         result = outcome.result
         if result is not None and result.error is not None and result.error.kind in FATAL_ERROR_KINDS:
@@ -315,7 +391,7 @@ class AgentLoop:
             s.finish("error", f"the session is gone: {outcome.observation}")
             return
         self._observe(s, turn, {"role": "tool", "name": call.name, "content": outcome.observation},
-                      closed)
+                      p.closed)
 
     def _closed(self, gen: Generation) -> bool:
         """Did the generated ids end the assistant turn themselves?"""

@@ -194,6 +194,15 @@ RULES: list[tuple[str, Here | Elsewhere | NotHere]] = [
         "the serve test deploys serve.app:build_app (the file's import_path) on a real Serve; the file "
         "passes Ray's own schema", run_by=(("tests/e2e/test_serve.py", ("build_app(", "serve.run(")),
                                           ("tests/unit/test_serve_config.py", ('"serve/config.yaml"', "ServeDeploySchema"))))),
+    (r"python -m jobs\.serve --model zeno=runs/main/stage4/final --database shop=sqlite:///\S+", Elsewhere(
+        "tests/e2e/serve_load.py runs jobs.serve (the tiny model as zeno, a generated SQLite shop) as a Ray "
+        "job in the monitoring test; the main job's test checks it prints this line for its checkpoint",
+        run_by=(("tests/e2e/test_monitoring.py", ("tests/e2e/serve_load.py",)),
+                ("tests/e2e/test_curriculum_main.py", ("python -m jobs.serve --model zeno=",))),
+        does=(("tests/e2e/serve_load.py", ("from jobs.serve import main", '"--database"')),))),
+    (r"ray job submit --working-dir \. -- python -m jobs\.serve …", Elsewhere(
+        "the monitoring test submits jobs.serve (through tests/e2e/serve_load.py) with ray job submit",
+        run_by=(("tests/e2e/test_monitoring.py", ("submit(env", "tests/e2e/serve_load.py")),))),
     (r"curl -s http://127\.0\.0\.1:8000/v1/(sql/generate|chat/completions) .*", Elsewhere(
         "the serve test makes the same requests over HTTP", run_by=(("tests/e2e/test_serve.py", (
             '"/v1/sql/generate"', '"/v1/chat/completions"')),))),

@@ -412,3 +412,49 @@ def test_loop_construction_errors(tok, fmt):
         AgentLoop([task("a")], None, b, fmt, CFG)
     with pytest.raises(ValueError, match="1 tasks but 2 schemas"):
         AgentLoop([task("a")], [object()], b, fmt, CFG, schemas=[None, None])
+
+
+def test_a_rounds_sql_runs_in_one_execute_many(tok, fmt, sessions):
+    """Every execute_sql of a round goes to the session source's execute_many in one call; each
+    result reaches its own rollout; submit_solution and malformed turns never reach it."""
+    calls: list[list[tuple[Any, str]]] = []
+
+    def execute_many(pairs):
+        calls.append(list(pairs))
+        return [s.execute(sql) for s, sql in pairs]
+
+    scripts = {"Q-a": [tc("SELECT count(*) FROM customers"), tc("SELECT 1", "submit_solution")],
+               "Q-b": [tc("SELECT count(*) FROM orders"), tc("SELECT 2"), tc("SELECT 2", "submit_solution")],
+               "Q-c": ["no call here", tc("SELECT 3", "submit_solution")]}
+    ss = sessions(3)
+    a, b, c = AgentLoop([task("Q-a"), task("Q-b"), task("Q-c")], ss, ScriptedBackend(tok, scripts), fmt, CFG,
+                        execute_many=execute_many).run()
+    assert [[sql for _, sql in round_] for round_ in calls] == [
+        ["SELECT count(*) FROM customers", "SELECT count(*) FROM orders"], ["SELECT 2"]]
+    assert calls[0][0][0] is ss[0] and calls[0][1][0] is ss[1]  # each call on its own rollout's session
+    assert "60" in a.messages[3]["content"] and "60" not in b.messages[3]["content"]
+    assert (a.stop_reason, b.stop_reason, c.stop_reason) == ("submitted",) * 3
+    assert a.turns[0].tool_ms == b.turns[0].tool_ms  # the round's call, shared
+    assert c.n_malformed == 1 and c.n_tool_calls == 1
+    # switched off: one call at a time on each session, the same trajectories
+    calls.clear()
+    off = AgentLoop([task("Q-a"), task("Q-b"), task("Q-c")], sessions(3), ScriptedBackend(tok, scripts), fmt,
+                    LoopConfig(**{**CFG.__dict__, "batch_tools": False}), execute_many=execute_many).run()
+    assert calls == [] and [t.messages for t in off] == [t.messages for t in (a, b, c)]
+
+
+def test_a_failing_execute_many_ends_only_the_rollouts_in_it(tok, fmt, sessions):
+    def broken(pairs):
+        raise ConnectionError("shard gone")
+
+    def short(pairs):
+        return []
+
+    scripts = {"Q-sql": [tc("SELECT 1"), tc("SELECT 1", "submit_solution")],
+               "Q-submit": [tc("SELECT 1", "submit_solution")]}
+    for fn, message in ((broken, "ConnectionError: shard gone"), (short, "returned 0 results for 1 calls")):
+        sql, done = AgentLoop([task("Q-sql"), task("Q-submit")], sessions(2), ScriptedBackend(tok, scripts), fmt,
+                              CFG, execute_many=fn).run()
+        assert sql.stop_reason == "error" and message in sql.error and sql.error.startswith("the session failed")
+        assert sql.turns[0].error == sql.error
+        assert done.stop_reason == "submitted"
