@@ -1,7 +1,8 @@
 """The serve app on a real Ray Serve (private local cluster, loopback HTTP), called with the
 official ``openai`` client and raw HTTP.
 
-Models: ``tiny`` (the random-init tiny model on the HF backend: real generation, batching),
+Models: ``tiny`` (the random-init tiny model's checkpoint folder on the HF backend: real
+generation, batching),
 ``smol`` (SmolLM2-135M: a real instruct model, chat and the SQL agent), ``script`` (the scripted
 backend over the tiny tokenizer: deterministic tool calls and SQL agents, serving as Talon and
 Zeno), ``gated`` (scripted, waits for a gate file: holds requests in flight so queue limits and
@@ -76,6 +77,7 @@ def server():
     from ray import serve
 
     from serve.app import build_app
+    from sqlrl.policy.load import tiny_path
     from sqlrl.tasks.demo_db import build_demo_database
 
     tmp = Path(tempfile.mkdtemp(prefix="sqlrl-serve-"))
@@ -95,7 +97,8 @@ def server():
             servers[dialect] = os.environ[var]
     args = {
         "models": {
-            "tiny": {"path": "tiny", "max_batch_size": 16, "max_ongoing_requests": 32,
+            # a checkpoint folder (HF weights + the tool chat template), as the curriculum writes
+            "tiny": {"path": str(tiny_path()), "max_batch_size": 16, "max_ongoing_requests": 32,
                      "num_cpus": 0.1},
             "smol": {"path": "smollm2-135m", "num_cpus": 0.1, "torch_threads": 2},
             "script": {"path": "tiny", "backend": "scripted", "backend_options": {"script": SCRIPT},
