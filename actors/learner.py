@@ -1,10 +1,11 @@
 """The learner group: N FSDP2 rank actors (or one in-process ``Learner``) behind one driver API
 (thin: the engine is ``sqlrl.learn.engine``, checkpoints ``sqlrl.learn.checkpoint``).
 
-- ``LearnerGroup(model, optim, n=0)`` runs one unsharded ``Learner`` in this process (no Ray).
-  ``n >= 1`` starts ``n`` Ray actors (``num_cpus``/``num_gpus``/custom ``resources`` each) that join one process group
-  (gloo on CPU, NCCL on GPU: ``backend="auto"``) on a port of ``master_addr`` the driver picked, and
-  shard the model with FSDP2 (``n=1`` too: a one-rank FSDP group). Ranks are never restarted: a
+- ``LearnerGroup(model, optim, in_process=True)`` runs one unsharded ``Learner`` in this process
+  (no Ray). Otherwise ``n >= 1`` starts ``n`` Ray actors (``actors.group.ActorGroup``;
+  ``num_cpus``/``num_gpus``/custom ``resources`` each) that join one process group (gloo on CPU,
+  NCCL on GPU: ``backend="auto"``) on a port of ``master_addr`` the driver picked, and shard the
+  model with FSDP2 (``n=1`` too: a one-rank FSDP group). Ranks are never restarted: a
   process group cannot take a new member.
 - ``step(batch, loss, loss_cfg)`` gives rank *r* the rows ``batch.shard(r, n)`` (a batch with fewer
   rows than ranks is a ``ValueError`` before anything runs) and returns rank 0's metrics, which
@@ -26,6 +27,7 @@ import os
 import time
 from typing import Any, Mapping, Sequence
 
+from actors.group import DIED, RAISED, TIMEOUT, ActorGroup, Failed
 from sqlrl.learn.optim import OptimConfig
 
 GRACE_S = 10.0  # after one rank raised, how long the others get to raise the same error
@@ -41,7 +43,8 @@ class LearnerRank:
     def __init__(self, model: str, optim: OptimConfig, dist: Any, options: dict) -> None:
         from sqlrl.learn.engine import Learner
 
-        self.learner = Learner(model, optim, dist=dist, shard=True, **options)
+        # dist None: the in-process learner, unsharded; else one rank of an FSDP group (n=1 too)
+        self.learner = Learner(model, optim, dist=dist, shard=None if dist is None else True, **options)
 
     def ready(self) -> dict[str, Any]:
         import torch
@@ -73,134 +76,92 @@ class LearnerRank:
 
 
 class LearnerGroup:
-    def __init__(self, model: str | os.PathLike = "tiny", optim: OptimConfig | None = None, n: int = 0, *,
-                 mixed_precision: str = "fp32", reference: bool = False, seed: int = 0,
-                 num_cpus: float = 1.0, num_gpus: float = 0.0, resources: Mapping[str, float] | None = None,
-                 master_addr: str = "127.0.0.1",
+    def __init__(self, model: str | os.PathLike = "tiny", optim: OptimConfig | None = None, n: int = 1, *,
+                 in_process: bool = False, mixed_precision: str = "fp32", reference: bool = False,
+                 seed: int = 0, num_cpus: float = 1.0, num_gpus: float = 0.0,
+                 resources: Mapping[str, float] | None = None, master_addr: str = "127.0.0.1",
                  backend: str = "auto", timeout_s: float = 1800.0) -> None:
         from sqlrl.learn.fsdp import MIXED_PRECISION
         from sqlrl.policy.load import resolve_path
 
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise ValueError(f"n (learner ranks) must be an int >= 0, got {n!r}")
+        if not in_process and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise ValueError(f"n (learner ranks) must be an int >= 1, got {n!r} "
+                             "(in_process=True runs one unsharded learner in this process)")
         if mixed_precision not in MIXED_PRECISION:
             raise ValueError(f"unknown mixed_precision {mixed_precision!r}; known: {', '.join(MIXED_PRECISION)}")
         model = resolve_path(model)  # fail here, not in n actors (FileNotFoundError naming the models)
-        self.n, self.timeout_s = n, timeout_s
+        self.n = 1 if in_process else n
+        self.timeout_s = timeout_s
         self.optim = optim or OptimConfig()
         self._state: tuple[int, Any] | None = None
         self.version = 0
         options = {"mixed_precision": mixed_precision, "reference": reference, "seed": seed}
-        if n == 0:
-            from sqlrl.learn.engine import Learner
+        self.ranks = ActorGroup(LearnerRank, in_process=in_process, num_cpus=num_cpus, num_gpus=num_gpus,
+                                resources=resources, max_restarts=0)
+        if in_process:
+            self.ranks.add({0: (os.fspath(model), self.optim, None, options)})
+        else:
+            from sqlrl.learn.fsdp import DistConfig, free_port
 
-            self._local: Any = Learner(os.fspath(model), self.optim, **options)
-            self.ranks: list[Any] = []
-            import torch
-
-            self.info = [{"rank": 0, "device": self._local.device, "threads": torch.get_num_threads()}]
-            return
-        import ray
-
-        from sqlrl.learn.fsdp import DistConfig, free_port
-
-        port = free_port(master_addr)
-        remote = ray.remote(LearnerRank).options(num_cpus=num_cpus, num_gpus=num_gpus,
-                                                 resources=dict(resources or {}) or None, max_restarts=0,
-                                                 max_task_retries=0)
-        self.ranks = [remote.remote(os.fspath(model), self.optim,
-                                    DistConfig(rank=r, world_size=n, master_addr=master_addr,
-                                               master_port=port, backend=backend, timeout_s=timeout_s),
-                                    options) for r in range(n)]
-        self._local = None
-        self.info = self._call("ready")
+            port = free_port(master_addr)
+            self.ranks.add({r: (os.fspath(model), self.optim,
+                                DistConfig(rank=r, world_size=n, master_addr=master_addr, master_port=port,
+                                           backend=backend, timeout_s=timeout_s), options)
+                            for r in range(n)})
+        self.info = self._call(LearnerRank.ready)
 
     # ------------------------------------------------------------------------------------ calls
-    def _call(self, method: str, per_rank_args: Sequence[tuple] | None = None, *args: Any) -> list[Any]:
+    def _call(self, method: Any, per_rank_args: Sequence[tuple] | None = None, *args: Any) -> list[Any]:
         """Run ``method`` on every rank; see the module doc for how failures surface."""
-        import ray
-        from ray.exceptions import GetTimeoutError, RayActorError
-
-        if not self.ranks:
+        if not len(self.ranks):
             raise LearnerGroupError("this learner group is stopped (a rank failed earlier, or shutdown())")
-        arg_lists = per_rank_args or [args] * len(self.ranks)
-        refs = [getattr(a, method).remote(*a_args) for a, a_args in zip(self.ranks, arg_lists)]
-        deadline = time.monotonic() + self.timeout_s
-        pending, failed_at = list(refs), None
-        while pending:
-            limit = deadline if failed_at is None else min(deadline, failed_at + GRACE_S)
-            ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, limit - time.monotonic()))
-            if not ready:
-                break
-            if failed_at is None:
-                try:
-                    ray.get(ready[0], timeout=0)
-                except (RayActorError, GetTimeoutError):
-                    break
-                except Exception:
-                    failed_at = time.monotonic()
-        values, errors, dead, late = [], [], [], []
-        for r, ref in enumerate(refs):
-            try:
-                values.append(ray.get(ref, timeout=0))
-            except RayActorError as exc:
-                dead.append(f"learner rank {r} died during {method}(): {exc}")
-            except GetTimeoutError:
-                late.append(r)
-            except Exception as exc:
-                errors.append(exc)
+        name = method.__name__
+        answers = self.ranks.fan_out(method, {r: per_rank_args[r] if per_rank_args else args
+                                              for r in self.ranks.keys()},
+                                     timeout_s=self.timeout_s, settle_s=GRACE_S)
+        failures = [v for v in answers.values() if isinstance(v, Failed)]
+        dead = [f"learner rank {v.member} died during {name}(): {v.message}" for v in failures if v.kind == DIED]
+        late = [v.member for v in failures if v.kind == TIMEOUT]
+        errors = [v.error for v in failures if v.kind == RAISED]
         if dead:
             self._stop("; ".join(dead))
         if late:
-            self._stop(f"learner rank(s) {late} did not finish {method}() "
-                       + ("after another rank failed" if failed_at else f"within {self.timeout_s} s"))
+            self._stop(f"learner rank(s) {late} did not finish {name}() "
+                       + ("after another rank failed" if errors else f"within {self.timeout_s} s"))
         if errors:
-            raise errors[0]
-        return values
+            raise errors[0]  # type: ignore[misc]
+        return list(answers.values())
 
     def _stop(self, message: str) -> None:
-        import ray
-
-        for a in self.ranks:
-            ray.kill(a, no_restart=True)
-        self.ranks = []
+        self.ranks.stop()
         raise LearnerGroupError(f"{message}; the learner group is stopped (restart it from the last checkpoint)")
 
     # -------------------------------------------------------------------------------------- API
     @property
     def world_size(self) -> int:
-        return max(1, self.n)
+        return self.n
 
     def step(self, batch: Any, loss: str, loss_cfg: Any) -> dict[str, float]:
-        if self._local is not None:
-            metrics = self._local.step(batch, loss, loss_cfg)
+        if self.ranks.in_process:
+            metrics = self._call(LearnerRank.step, None, batch, loss, loss_cfg)[0]
         else:
-            shards = [(batch.shard(r, self.n), loss, loss_cfg) for r in range(self.n)]
-            metrics = self._call("step", shards)[0]
+            metrics = self._call(LearnerRank.step, [(batch.shard(r, self.n), loss, loss_cfg)
+                                                    for r in range(self.n)])[0]
         self.version = int(metrics["version"])
         return metrics
 
     def save(self, directory: str | os.PathLike, *, overwrite: bool = False) -> str:
-        if self._local is not None:
-            from sqlrl.learn.checkpoint import save_checkpoint
-
-            return str(save_checkpoint(self._local, directory, overwrite=overwrite))
-        return self._call("save", None, os.fspath(directory), overwrite)[0]
+        return self._call(LearnerRank.save, None, os.fspath(directory), overwrite)[0]
 
     def load(self, directory: str | os.PathLike) -> int:
-        if self._local is not None:
-            from sqlrl.learn.checkpoint import load_checkpoint
-
-            step = load_checkpoint(self._local, directory)
-        else:
-            step = self._call("load", None, os.fspath(directory))[0]
+        step = self._call(LearnerRank.load, None, os.fspath(directory))[0]
         self.version, self._state = step, None
         return step
 
     def state_dict(self) -> dict[str, Any]:
         """The full fp32 CPU weights of the current version, in this process."""
-        if self._local is not None:
-            return self._local.full_state_dict()
+        if self.ranks.in_process:
+            return self._call(LearnerRank.full_state_dict)[0]
         import ray
         from ray.exceptions import GetTimeoutError, RayActorError
 
@@ -215,10 +176,10 @@ class LearnerGroup:
         from ray.exceptions import RayActorError
 
         if self._state is None or self._state[0] != self.version:
-            if self._local is not None:
-                ref = ray.put(self._local.full_state_dict())
+            if self.ranks.in_process:
+                ref = ray.put(self.state_dict())
             else:  # a collective on every rank; only rank 0 returns the weights (left in the store)
-                refs = [a.full_state_dict.remote() for a in self.ranks]
+                refs = [self.ranks.send(r, LearnerRank.full_state_dict) for r in self.ranks.keys()]
                 _, pending = ray.wait(refs, num_returns=len(refs), timeout=self.timeout_s, fetch_local=False)
                 if pending:
                     self._stop(f"learner rank(s) {[refs.index(p) for p in pending]} did not finish "
@@ -235,21 +196,11 @@ class LearnerGroup:
     def sync_to(self, rollout_group: Any) -> tuple[int, float]:
         """Push the current weights to a ``RolloutGroup``; returns (version, seconds)."""
         t0 = time.perf_counter()
-        remote = bool(getattr(rollout_group, "workers", None))  # Ray workers: hand over the ref, no re-put
+        remote = not rollout_group.workers.in_process  # Ray workers: hand over the ref, no re-put
         rollout_group.update_weights(self.state_dict_ref() if remote else self.state_dict(), self.version)
         return self.version, time.perf_counter() - t0
 
     def shutdown(self) -> None:
-        if self._local is not None:
-            self._local = None
-            return
-        if self.ranks:
-            import ray
-
-            try:
-                ray.get([a.shutdown.remote() for a in self.ranks], timeout=30)
-            except Exception:
-                pass
-            for a in self.ranks:
-                ray.kill(a, no_restart=True)
-            self.ranks = []
+        if len(self.ranks) and not self.ranks.in_process:
+            self.ranks.call_all(LearnerRank.shutdown, timeout_s=30)
+        self.ranks.stop()

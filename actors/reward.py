@@ -21,22 +21,23 @@ themselves are ``sqlrl.rewards``).
   call made right after it can still reach the old process. So a batch after a timeout is never
   sent to (or answered by) the hung process, and actor start-up or restart time is never charged
   to a batch's ``batch_timeout_s``.
-- ``RewardGroupConfig(n_actors=0)`` scores in-process with the same code (no Ray).
+- ``RewardGroupConfig(in_process=True)`` scores in this process with the same code (no Ray);
+  the actors, deadlines, restarts and incarnations are ``actors.group.ActorGroup``'s.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import os
-import time
 import uuid
 import zlib
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
+from actors.group import DIED, NOT_STARTED, RAISED, TIMEOUT, ActorGroup, Failed
 from sqlrl.db import Limits
-from sqlrl.rewards import Judge, RewardBreakdown, RewardConfig, compute, get_reward, local_opener
+from sqlrl.db.source import PoolSessions
+from sqlrl.rewards import Judge, RewardBreakdown, RewardConfig, compute, get_reward
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,8 @@ class RewardRequest:
 
 @dataclass(frozen=True)
 class RewardGroupConfig:
-    n_actors: int = 2  # 0: in-process
+    in_process: bool = False  # one scorer in this process, no Ray
+    n_actors: int = 2  # Ray actors (when not in_process)
     threads: int = 4  # items scored concurrently per actor
     num_cpus_per_actor: float = 0.25
     resources: Mapping[str, float] = field(default_factory=dict)  # custom Ray resources per actor
@@ -62,6 +64,11 @@ class RewardGroupConfig:
     gold_cache_size: int = 4096
     reward: RewardConfig = field(default_factory=RewardConfig)
 
+    def __post_init__(self) -> None:
+        if not self.in_process and (isinstance(self.n_actors, bool) or self.n_actors < 1):
+            raise ValueError(f"n_actors must be >= 1, got {self.n_actors!r} "
+                             "(in_process=True scores in this process)")
+
 
 class RewardScorer:
     """What one reward actor runs (also the in-process scorer)."""
@@ -69,8 +76,8 @@ class RewardScorer:
     def __init__(self, catalog: Mapping[str, Mapping[str, str]], config: RewardGroupConfig,
                  pool_client: Any = None) -> None:
         self.config = config
-        opener = local_opener if pool_client is None else _pool_opener(pool_client)
-        self.judge = Judge(catalog, limits=config.limits, opener=opener,
+        sessions = None if pool_client is None else PoolSessions(pool_client)  # None: local
+        self.judge = Judge(catalog, limits=config.limits, sessions=sessions,
                            gold_cache_size=config.gold_cache_size,
                            critic_test_timeout_s=config.critic_test_timeout_s)
         self._threads = concurrent.futures.ThreadPoolExecutor(max(1, config.threads))
@@ -101,14 +108,6 @@ def failed(reward: str, reason: str) -> RewardBreakdown:
     return RewardBreakdown(0.0, {k: 0.0 for k in keys}, True, reason)
 
 
-def _pool_opener(client: Any):
-    @contextlib.contextmanager
-    def opener(url: str, preprocess_sql: Sequence[str], limits: Limits) -> Iterator[Any]:
-        with client.session(url, preprocess_sql=tuple(preprocess_sql), limits=limits) as s:
-            yield s
-    return opener
-
-
 class RewardGroup:
     """``n_actors`` reward actors (or one in-process scorer) behind ``score(batch)``.
 
@@ -121,21 +120,13 @@ class RewardGroup:
                  config: RewardGroupConfig = RewardGroupConfig(), pool_client: Any = None) -> None:
         self.config = config
         self._catalog = {k: dict(v) for k, v in catalog.items()}
-        self._pool_client = pool_client
-        if config.n_actors == 0:
-            self._local = RewardScorer(self._catalog, config, pool_client)
-            self.actors: list[Any] = []
-        else:
-            import ray
-
-            remote = ray.remote(RewardScorer).options(
-                num_cpus=config.num_cpus_per_actor, resources=dict(config.resources) or None,
-                max_restarts=-1, max_task_retries=0,
-                max_concurrency=2)  # stats() / incarnation_id() get through while score() runs
-            self.actors = [remote.remote(self._catalog, config, pool_client)
-                           for _ in range(config.n_actors)]
-        self._incarnation: list[str | None] = [None] * len(self.actors)  # last answered with
-        self._killed: list[set[str]] = [set() for _ in self.actors]  # hung, killed: never again
+        # two concurrency slots: stats() / incarnation_id() get through while score() runs
+        self.actors = ActorGroup(RewardScorer, in_process=config.in_process,
+                                 num_cpus=config.num_cpus_per_actor, resources=config.resources,
+                                 max_concurrency=2, incarnations=True,
+                                 start_timeout_s=config.start_timeout_s)
+        n = 1 if config.in_process else config.n_actors
+        self.actors.add({a: (self._catalog, config, pool_client) for a in range(n)})
 
     def score(self, requests: Sequence[RewardRequest],
               timeout_s: float | None = None) -> list[RewardBreakdown]:
@@ -149,143 +140,42 @@ class RewardGroup:
         is resubmitted once, after the actor is back (scoring is idempotent)."""
         for r in requests:
             get_reward(r.reward)
-        if not self.actors:
-            return self._local.score(requests)
-        import ray
-        from ray.exceptions import RayActorError, RayTaskError
-
         timeout = self.config.batch_timeout_s if timeout_s is None else timeout_s
         shares: dict[int, list[int]] = {}
         for i, r in enumerate(requests):
             shares.setdefault(self.actor_for(r.task), []).append(i)
+
+        def send(actors: Iterable[int]) -> dict[Any, Any]:
+            return self.actors.fan_out(RewardScorer.score,
+                                       {a: ([requests[i] for i in shares[a]],) for a in actors},
+                                       timeout_s=timeout, restart_late=True, live_only=True)
+
+        answers = send(shares)
+        died = [a for a, v in answers.items() if isinstance(v, Failed) and v.kind == DIED]
+        answers.update(send(died) if died else {})  # once more, to the actor that is back
         out: list[RewardBreakdown | None] = [None] * len(requests)
-
-        def fail(idx: list[int], reason: str) -> None:
-            for i in idx:
-                out[i] = failed(requests[i].reward, reason)
-
-        # ObjectRef -> (actor, item indices, attempt, deadline)
-        pending: dict[Any, tuple[int, list[int], int, float]] = {}
-
-        def send(a: int, idx: list[int], attempt: int) -> None:
-            ref = self.actors[a].score.remote([requests[i] for i in idx])
-            pending[ref] = (a, idx, attempt, time.monotonic() + timeout)
-
-        not_back = self._await_live(list(shares))
-        for a, idx in shares.items():
-            if a in not_back:
-                fail(idx, not_back[a])
-            else:
-                send(a, idx, 0)
-        while pending:
-            wait_s = min(d for _, _, _, d in pending.values()) - time.monotonic()
-            ready, _ = ray.wait(list(pending), num_returns=1, timeout=max(0.0, wait_s))
-            if not ready:
-                now = time.monotonic()
-                late = [ref for ref, (_, _, _, d) in pending.items() if d <= now]
-                self._restart_hung([pending[ref][0] for ref in late])
-                for ref in late:  # no answer in time: the actor is restarted, its items excluded
-                    fail(pending.pop(ref)[1], f"reward-timeout: no answer within {timeout} s")
-                continue
-            a, idx, attempt, _ = pending.pop(ready[0])
-            try:
-                values = ray.get(ready[0])
-            except RayTaskError as exc:
-                cause = getattr(exc, "cause", None)
-                if isinstance(cause, (KeyError, ValueError)):
-                    raise cause from None
-                values = [failed(requests[i].reward, f"reward-unavailable: {exc}") for i in idx]
-            except RayActorError as exc:
-                self._incarnation[a] = None  # died, restarting or unreachable: wait for an answer
-                if attempt > 0:
-                    fail(idx, f"reward-unavailable: the reward actor died ({type(exc).__name__})")
-                elif a in (not_back := self._await_live([a])):
-                    fail(idx, not_back[a])
-                else:  # scoring is idempotent: resubmit once, to the actor that is back
-                    send(a, idx, 1)
-                continue
-            for i, v in zip(idx, values):
+        for a, values in answers.items():
+            if isinstance(values, Failed):
+                if values.kind == RAISED and isinstance(values.error, (KeyError, ValueError)):
+                    raise values.error
+                reason = _REASONS[values.kind].format(timeout=timeout, why=values.message)
+                values = [failed(requests[i].reward, reason) for i in shares[a]]
+            for i, v in zip(shares[a], values):
                 out[i] = v
         return out  # type: ignore[return-value]
 
     def incarnations(self) -> list[str | None]:
         """The incarnation id each actor last answered with; ``None`` for an actor that has not
         answered yet or was killed / died and whose replacement has not answered yet."""
-        if not self.actors:
-            return [self._local.incarnation]
-        return list(self._incarnation)
+        if self.actors.in_process:
+            return [m.incarnation for m in self.actors.values()]
+        return self.actors.known_incarnations()
 
     def wait_ready(self) -> list[str | None]:
         """Wait (at most ``start_timeout_s``) until every actor answers from a live incarnation
         (one that was never killed); return ``incarnations()`` (``None``: not back in time)."""
-        if self.actors:
-            self._await_live(range(len(self.actors)))
+        self.actors.await_live(self.actors.keys())
         return self.incarnations()
-
-    def _await_live(self, actors: Iterable[int]) -> dict[int, str]:
-        """Wait, bounded by ``start_timeout_s``, until each of ``actors`` whose incarnation is
-        not known answers ``incarnation_id()`` with an id that was never killed. Waits on the
-        answers (a call to a restarting actor is queued until it is back); an answer from a
-        killed incarnation (the kill has not landed yet) or an actor error is asked again after
-        a short pause. Returns the actors that are not back, with the ``reward-unavailable``
-        reason (an actor whose constructor failed is not waited for: Ray does not restart it)."""
-        import ray
-        from ray.exceptions import RayActorError, RayError
-
-        deadline = time.monotonic() + self.config.start_timeout_s
-        ask = lambda a: self.actors[a].incarnation_id.remote()  # noqa: E731
-        asks = {ask(a): a for a in set(actors) if self._incarnation[a] is None}
-        failed_init: dict[int, str] = {}
-        pause = 0.02
-        while asks:
-            ready, _ = ray.wait(list(asks), num_returns=1,
-                                timeout=max(0.0, deadline - time.monotonic()))
-            if not ready:
-                break
-            a = asks.pop(ready[0])
-            try:
-                incarnation = ray.get(ready[0])
-            except RayActorError as exc:  # dying, restarting or unreachable
-                if exc.actor_init_failed:
-                    cause = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
-                    failed_init[a] = f"reward-unavailable: the reward actor cannot start: {cause}"
-                    continue
-                incarnation = None
-            except RayError:
-                incarnation = None
-            if incarnation is not None and incarnation not in self._killed[a]:
-                self._incarnation[a] = incarnation
-                continue
-            if time.monotonic() >= deadline:
-                asks[ready[0]] = a  # keep it counted as not back
-                break
-            time.sleep(pause)  # the old process still answers, or the actor is in between
-            pause = min(0.5, pause * 2)
-            asks[ask(a)] = a
-        late = (f"reward-unavailable: the reward actor did not (re)start within "
-                f"{self.config.start_timeout_s} s")
-        return {**{a: late for a in asks.values()}, **failed_init}
-
-    def _restart_hung(self, actors: Sequence[int]) -> None:
-        """Kill (Ray restarts them) actors that did not answer in time, after noting which
-        incarnation hung so that it is never used again. The hung process still answers
-        ``incarnation_id()`` (a second concurrency slot); if it cannot within a few seconds, the
-        last id it answered with is used."""
-        import ray
-
-        if not actors:
-            return
-        asks = {self.actors[a].incarnation_id.remote(): a for a in actors}
-        ready, _ = ray.wait(list(asks), num_returns=len(asks),
-                            timeout=min(10.0, self.config.start_timeout_s))
-        for ref in ready:
-            with contextlib.suppress(Exception):
-                self._incarnation[asks[ref]] = ray.get(ref)
-        for a in actors:
-            if self._incarnation[a] is not None:
-                self._killed[a].add(self._incarnation[a])
-            self._incarnation[a] = None
-            ray.kill(self.actors[a], no_restart=False)
 
     def actor_for(self, task: Any) -> int:
         return zlib.crc32(str(task.task_id).encode()) % max(1, len(self.actors))
@@ -293,25 +183,16 @@ class RewardGroup:
     def stats(self, timeout_s: float = 10.0) -> list[dict[str, int] | None]:
         """Each actor's judge counters; ``None`` for an actor that did not answer within
         ``timeout_s`` (all actors are asked at once)."""
-        if not self.actors:
-            return [self._local.stats()]
-        import ray
-
-        refs = [actor.stats.remote() for actor in self.actors]
-        deadline = time.monotonic() + timeout_s
-        out: list[dict[str, int] | None] = []
-        for ref in refs:
-            try:
-                out.append(ray.get(ref, timeout=max(0.0, deadline - time.monotonic())))
-            except Exception:
-                out.append(None)
-        return out
+        answers = self.actors.call_all(RewardScorer.stats, timeout_s=timeout_s)
+        return [None if isinstance(v, Failed) else v for v in answers.values()]
 
     def shutdown(self) -> None:
-        if self.actors:
-            import ray
+        self.actors.stop()
 
-            for actor in self.actors:
-                ray.kill(actor, no_restart=True)
-            self.actors = []
-            self._incarnation, self._killed = [], []
+
+_REASONS = {  # a Failed share's kind -> the excluded breakdowns' reason
+    TIMEOUT: "reward-timeout: no answer within {timeout} s",
+    DIED: "reward-unavailable: the reward actor died ({why})",
+    NOT_STARTED: "reward-unavailable: the reward actor {why}",
+    RAISED: "reward-unavailable: {why}",
+}

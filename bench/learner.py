@@ -5,7 +5,7 @@
 
 Workload: ``--rows`` SFT chat examples (a CREATE TABLE schema in the system prompt, a question, a
 SQL answer; ~150-200 tokens a row), one identical batch per step, ``--micro`` rows per micro-batch
-(per rank). Modes: ``local`` = one unsharded ``Learner`` in this process (``LearnerGroup(n=0)``;
+(per rank). Modes: ``local`` = one unsharded ``Learner`` in this process (``LearnerGroup(in_process=True)``;
 bf16 = autocast), ``fsdp-N`` = N FSDP2 rank actors over gloo (bf16 = FSDP2 ``MixedPrecisionPolicy``).
 Every mode gets the whole machine: the local learner uses all torch threads, each of N ranks
 ``cpus // N`` (Ray sets its OMP threads), so the rows compare how the same cores are used.
@@ -13,7 +13,7 @@ Every mode gets the whole machine: the local learner uses all torch threads, eac
 Reported per row (median over ``--steps`` after one warm-up step): driver wall time of
 ``group.step`` (sharding the batch, Ray round trip and metric reduction included), the engine's own
 step time (slowest rank), trained tokens/s and input tokens/s (padding excluded) over the wall time.
-Weight sync (fp32 rows only): ``sync_to`` a ``RolloutGroup(n_workers=0)`` in this process (gather to
+Weight sync (fp32 rows only): ``sync_to`` a ``RolloutGroup`` with ``in_process=True`` in this process (gather to
 rank 0 -> object store -> driver -> ``load_state_dict``), median over ``--syncs`` updates; with
 ``--ray-rollout`` also to one Ray rollout worker (``RolloutGroup.update_weights`` puts the dict
 in the object store again). Prints a table and writes JSON (``--out``, default
@@ -78,7 +78,7 @@ def run_mode(model: str, mode: str, precision: str, batch, args) -> dict:
     n = 0 if mode == "local" else int(mode.split("-")[1])
     optim = OptimConfig(lr=1e-5, warmup_steps=0, total_steps=1000, micro_batch_size=args.micro)
     t0 = time.perf_counter()
-    group = LearnerGroup(model, optim, n=n, mixed_precision=precision, num_cpus=max(1, args.cpus // max(1, n)),
+    group = LearnerGroup(model, optim, n=max(1, n), in_process=n == 0, mixed_precision=precision, num_cpus=max(1, args.cpus // max(1, n)),
                          timeout_s=3600)
     start_s = time.perf_counter() - t0
     row = {"model": model, "mode": mode, "precision": precision, "ranks": n, "start_s": start_s,
@@ -98,18 +98,18 @@ def run_mode(model: str, mode: str, precision: str, batch, args) -> dict:
                    input_tokens=input_tokens, trained_tok_s=batch.n_tokens / wall, input_tok_s=input_tokens / wall,
                    losses=losses, walls=walls)
         if precision == "fp32" and args.syncs:
-            rollout = RolloutGroup(RolloutConfig(model=model, n_workers=0))
+            rollout = RolloutGroup(RolloutConfig(model=model, in_process=True))
             syncs = []
             for _ in range(args.syncs):
                 group.step(batch, "sft", SFTConfig())
                 version, seconds = group.sync_to(rollout)
-                assert rollout._local.get_version() == version
+                assert rollout.workers[0].get_version() == version
                 syncs.append(seconds)
             row["sync_local_s"] = statistics.median(syncs)
             if args.ray_rollout and n:
                 remote = RolloutGroup(RolloutConfig(model=model, n_workers=1, num_cpus=1))
                 try:
-                    ray.get([w.get_version.remote() for w in remote.workers])  # started: time the sync only
+                    ray.get([w.get_version.remote() for w in remote.workers.values()])  # started: time the sync only
                     group.step(batch, "sft", SFTConfig())
                     row["sync_ray_worker_s"] = group.sync_to(remote)[1]
                 finally:

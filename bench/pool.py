@@ -69,12 +69,12 @@ sys.path.insert(0, str(ROOT))
 
 from actors.db_pool import DBPoolConfig, DBPoolGroup  # noqa: E402
 from sqlrl.db import SessionPool  # noqa: E402
+from sqlrl.db.dialects.descriptor import dialect_of, dialects, sqlglot_name  # noqa: E402
+from sqlrl.db.loader import SOURCE_DIALECT  # noqa: E402
 from sqlrl.db.lease import Catalog  # noqa: E402
 from sqlrl.db.shard import ShardConfig  # noqa: E402
 
 DATABASES = ("concert_singer", "pets_1", "car_1", "employee_hire_evaluation")
-SQLGLOT = {"sqlite": "sqlite", "postgresql": "postgres", "mysql": "mysql"}
-ADMIN_ENV = {"postgresql": "SQLRL_PG_ADMIN_URL", "mysql": "SQLRL_MYSQL_ADMIN_URL"}
 POOL_MODES = {"pool-1": (1, 1), "pool-4": (4, 1)}  # mode: (rollout workers, shards per worker)
 TARGET_ADDED_P50_MS, TARGET_CALLS_S = 1.0, 1500.0
 MAX_QUERY_MS = 2.0  # gold queries slower than this (unloaded, raw) are left out: we time the pool
@@ -95,8 +95,8 @@ def workload(spider: Path, dialect: str, urls: dict[str, str]) -> dict[str, list
             keep, session = [], pool.session(url)
             for q in golds:
                 try:
-                    sql = q if dialect == "sqlite" else sqlglot.transpile(
-                        q, read="sqlite", write=SQLGLOT[dialect])[0]
+                    sql = q if dialect == SOURCE_DIALECT else sqlglot.transpile(
+                        q, read=sqlglot_name(SOURCE_DIALECT), write=sqlglot_name(dialect))[0]
                 except Exception:
                     continue
                 t0 = time.perf_counter()
@@ -345,7 +345,7 @@ def bench_dialect(dialect: str, urls: dict, queries: dict, args) -> tuple[list, 
         conc.append({"dialect": dialect, "mode": "raw", "driver": "threads", **row})
         print(f"  {dialect} raw: {row['calls_s']:.0f} calls/s", flush=True)
         catalog = Catalog({db: {dialect: url} for db, url in urls.items()})
-        if dialect == "sqlite":  # the Ray floor, measured once, side by side with the pool
+        if dialect_of(dialect).file_based:  # the Ray floor, measured once, side by side with the pool
             echo = ray.remote(_Echo).options(num_cpus=0.25, max_concurrency=args.max_concurrency).remote()
             clients = [EchoClient(echo)]
             group = type("G", (), {"shards": {"echo": echo}})()
@@ -397,9 +397,10 @@ def print_tables(conc: list, seq: list) -> None:
 
 
 def targets(conc: list, seq: list) -> dict:
-    pool_rows = [r for r in conc if r["dialect"] == "sqlite" and r["mode"].startswith("pool")]
+    local = {d.name for d in dialects() if d.file_based}  # the targets are for in-process engines
+    pool_rows = [r for r in conc if r["dialect"] in local and r["mode"].startswith("pool")]
     best = max(pool_rows, key=lambda r: r["calls_s"], default=None)
-    added = [r["added_p50_ms"] for r in seq if r["dialect"] == "sqlite" and r["mode"].startswith("pool")]
+    added = [r["added_p50_ms"] for r in seq if r["dialect"] in local and r["mode"].startswith("pool")]
     return {
         "added_p50_ms": {"target": TARGET_ADDED_P50_MS, "worst": max(added, default=None),
                          "met": bool(added) and max(added) <= TARGET_ADDED_P50_MS},
@@ -412,7 +413,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--spider", default=str(ROOT.parent / "shared" / "data" / "spider"))
     ap.add_argument("--dialects", default=",".join(
-        ["sqlite"] + [d for d, env in ADMIN_ENV.items() if os.environ.get(env)]))
+        [SOURCE_DIALECT] + [d.name for d in dialects() if d.load and os.environ.get(d.admin_url_env or "")]))
     ap.add_argument("--trajectories", type=int, default=32)
     ap.add_argument("--calls", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=5, help="measured rounds (after one warm-up)")
@@ -436,12 +437,13 @@ def main() -> None:
     try:
         for dialect in args.dialects.split(","):
             paths = {db: spider / "database" / db / f"{db}.sqlite" for db in DATABASES}
-            if dialect == "sqlite":
-                urls = {db: f"sqlite:///{p}" for db, p in paths.items()}
+            engine = dialect_of(dialect)
+            if engine.file_based:  # Spider's files as they are (the loader's source engine)
+                urls = {db: f"{engine.name}:///{p}" for db, p in paths.items()}
             else:
-                admin = os.environ.get(ADMIN_ENV[dialect], "")
+                admin = os.environ.get(engine.admin_url_env or "", "")
                 if not admin:
-                    skipped[dialect] = f"{ADMIN_ENV[dialect]} unset"
+                    skipped[dialect] = f"{engine.admin_url_env} unset"
                     continue
                 from sqlrl.db.loader import load_sqlite
                 urls = {}

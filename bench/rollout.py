@@ -9,7 +9,7 @@ Workload (GRPO-like, as RL rollouts run): ``--tasks`` synthetic text-to-SQL task
 ``--max-turns 3``, ``--max-new-tokens 48``, temperature 1.0. Every ``generate`` call gets its own
 seed (``--seed`` + call number), so the samples of a group differ in every mode (with one fixed
 seed, one-at-a-time would sample the same trajectory ``group`` times). Everything runs in this
-process: one ``RolloutWorker`` per model (``actors.rollout``, the code ``RolloutGroup(n_workers=0)``
+process: one ``RolloutWorker`` per model (``actors.rollout``, the code an in-process ``RolloutGroup``
 runs) on an in-process ``DBPoolGroup``; tools go through the pool client on leased sessions.
 
 Modes, run side by side on the same trajectories and the same model object:

@@ -8,7 +8,7 @@ scripted policy: explore with ``execute_sql``, run the gold SQL with ``execute_s
 that every trajectory calls its tools in the same rounds and generation costs ~0. The sessions
 are leased from a real Ray DB-session pool (shard actors on a private local Ray,
 ``--shards`` SQLite shards for the one rollout worker); the rollout worker runs in this process,
-as ``RolloutGroup(n_workers=0)`` runs it, with its pool client talking to the actors.
+as an in-process ``RolloutGroup`` runs it, with its pool client talking to the actors.
 
 Variants, interleaved in every round (the order alternates):
 - ``batched`` (``LoopConfig.batch_tools=True``, the default): each round's ``execute_sql`` calls

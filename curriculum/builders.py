@@ -9,7 +9,8 @@
   Rows ``{"messages": [...], "tools": [tool schemas]}`` (the learner's SFTExample format).
 - ``build_stage3`` / ``build_stage4`` (RL): the tasks as verl parquet
   (``sqlrl.tasks.loaders.verl.export_verl``; prompts from ``build_messages`` in single /
-  agentic mode) plus our task JSONL alongside; stage 4 sets verl's ``agent_name`` "tool_agent".
+  agentic mode) plus our task JSONL alongside; stage 4 sets verl's ``agent_name`` to sqlrl's agent
+  loop (``sqlrl_agent``, actors/verl: one database session per trajectory).
 
 Guarantees:
 - **Nothing unverified is kept.** A stage-1 response is kept only when it passes the strict
@@ -46,11 +47,13 @@ from sqlrl.agent.loop import AgentLoop, LoopConfig, RolloutState
 from sqlrl.agent.prompts import build_messages, tools_for
 from sqlrl.db import Limits
 from sqlrl.policy.types import Generation, SamplingParams
-from sqlrl.rewards import Judge, compute, extract_single, local_opener
+from sqlrl.db.source import LocalSessions, PoolSessions, SessionRequest, SessionSource, open_one
+from sqlrl.rewards import Judge, compute, extract_single
 from sqlrl.tasks.io import read_tasks, write_jsonl_atomic, write_tasks
 from sqlrl.tasks.loaders.verl import export_verl, load_verl
 from sqlrl.tasks.schema import DatabaseSchema
-from sqlrl.tasks.types import CriticTask, Task
+from sqlrl.tasks.kinds import kind_of
+from sqlrl.tasks.types import Task
 
 from .openai_teacher import progress_bar
 from .teachers import Teacher
@@ -279,26 +282,27 @@ class _TeacherBackend:
         return [Generation(ids, (0.0,) * len(ids), body, "eos")]
 
 
-def pool_opener(pool: Any) -> Callable[..., Any]:
-    """A session opener (as ``Judge`` takes) on a ``sqlrl.db.SessionPool``."""
-    def opener(url: str, preprocess_sql: Sequence[str], limits: Limits) -> Any:
-        return pool.session(url, preprocess_sql=list(preprocess_sql), limits=limits)
-    return opener
+def pool_opener(client: Any) -> SessionSource:
+    """The session source (``sqlrl.db.source``, as ``Judge`` and ``build_stage2`` take) on a DB-pool
+    client, e.g. the job pool's reward partition (``DBPoolClient``): ``PoolSessions``."""
+    return PoolSessions(client)
 
 
 def build_stage2(tasks: Iterable[Task], teacher: Teacher, out_path: str | Path, *,
                  catalog: Mapping[str, Mapping[str, str]] | None = None, judge: Judge | None = None,
                  schemas: Mapping[str, DatabaseSchema] | None = None, min_score: float = 1.0,
-                 reward: str = "hybrid_agentic", opener: Callable[..., Any] = local_opener,
+                 reward: str = "hybrid_agentic", opener: SessionSource | None = None,
                  limits: Limits | None = None, max_turns: int = 8, parser: str = "hermes",
                  workers: int = 4, progress: bool = False) -> tuple[list[dict[str, Any]], BuildReport]:
-    """Multi-turn tool-use examples run on real sessions, verified; writes ``out_path`` (JSONL)."""
+    """Multi-turn tool-use examples run on real sessions, verified; writes ``out_path`` (JSONL).
+    ``opener``: the ``SessionSource`` the trajectories run on (``LocalSessions()`` when None)."""
     tasks = _tasks(tasks)
     _check_common(min_score, workers)
     config = LoopConfig(max_turns=max_turns, max_total_tokens=_HUGE * 2, parser=parser,
                         mode="agentic", sampling=SamplingParams(max_new_tokens=_HUGE))
     judge = _judge(judge, catalog, tasks, limits)
     limits = limits or judge.limits
+    sessions = opener if opener is not None else LocalSessions()
     schemas = schemas or {}
     tools = tools_for("agentic")
     fmt = TextChatFormat()
@@ -306,10 +310,10 @@ def build_stage2(tasks: Iterable[Task], teacher: Teacher, out_path: str | Path, 
     def one(task: Task) -> tuple[Outcome, dict[str, Any] | None]:
         schema = schemas.get(task.db_id)
         url = judge.url(task.db_id, task.dialect)
-        preprocess = task.preprocess_sql if isinstance(task, CriticTask) else ()
+        preprocess = tuple(getattr(task, "preprocess_sql", ()))
         backend = _TeacherBackend(teacher, task, schema)
         try:
-            with opener(url, preprocess, limits) as session:
+            with open_one(sessions, SessionRequest(url, preprocess_sql=preprocess, limits=limits)) as session:
                 loop = AgentLoop([task], [session], backend, fmt, config, schemas=[schema])
                 backend.state = loop.states[0]
                 traj = loop.run()[0]
@@ -341,15 +345,7 @@ def build_stage2(tasks: Iterable[Task], teacher: Teacher, out_path: str | Path, 
 def _reference_passes(task: Task, judge: Judge) -> tuple[bool, str, str]:
     """(ok, reason, detail): does the task's own reference pass its check?"""
     try:
-        if isinstance(task, CriticTask):
-            v = judge.critic(task, list(task.sol_sql))
-            if v.sol_error is not None:
-                return False, "gold-error", v.sol_error
-            return (True, "ok", "") if v.solved else (False, "gold-fails", "sol_sql fails its tests")
-        v = judge.text2sql(task, task.gold_sql)
-        if v.gold_error is not None:
-            return False, "gold-error", v.gold_error
-        return (True, "ok", "") if v.bird_match else (False, "gold-fails", "gold does not match itself")
+        return kind_of(task).check_reference(judge, task)
     except Exception as exc:
         return False, "gold-error", _describe(exc)
 
@@ -411,6 +407,8 @@ def build_stage3(tasks: Iterable[Task], out_dir: str | Path, **kw: Any) -> tuple
 
 
 def build_stage4(tasks: Iterable[Task], out_dir: str | Path, **kw: Any) -> tuple[list[Task], BuildReport]:
-    """Agentic RL data; verl's ``agent_name`` defaults to its multi-turn ``tool_agent``."""
-    kw.setdefault("agent_name", "tool_agent")
+    """Agentic RL data; verl's ``agent_name`` defaults to sqlrl's agent loop (``sqlrl_agent``)."""
+    from sqlrl.tasks.loaders.verl import AGENT_NAME
+
+    kw.setdefault("agent_name", AGENT_NAME)
     return build_rl_data(tasks, out_dir, kw.pop("name", "stage4"), mode="agentic", **kw)

@@ -40,14 +40,14 @@ ROOT = Path(__file__).resolve().parents[1]
 @dataclass(frozen=True)
 class BuildInputs:
     """What a stage's data builder gets: the run's config, the (mixed) training tasks with their
-    database catalog and schemas, and an opener of real sessions (``Judge``'s signature) on the
-    job's pool."""
+    database catalog and schemas, and a ``SessionSource`` (``sqlrl.db.source``) of real
+    sessions on the job's pool."""
 
     cfg: "StageConfig"
     tasks: Sequence[Any]
     catalog: Mapping[str, Mapping[str, str]]
     schemas: Mapping[str, Any]
-    opener: Callable[..., Any]
+    opener: Any  # a sqlrl.db.source.SessionSource
     progress: bool = False
 
 
@@ -113,9 +113,10 @@ def build_rl_tasks(inp: BuildInputs) -> "tuple[list[Any], BuildReport]":
     Tasks whose reference fails its own check are dropped."""
     from curriculum.builders import build_rl_data
     from sqlrl.rewards import Judge
+    from sqlrl.tasks.loaders.verl import AGENT_NAME
 
     cfg = inp.cfg
-    agent = "tool_agent" if cfg.mode == "agentic" else None  # verl's multi-turn agent loop
+    agent = AGENT_NAME if cfg.mode == "agentic" else None  # sqlrl's agent loop on verl (actors/verl)
     return build_rl_data(inp.tasks, cfg.stage_dir, cfg.stage, mode=cfg.mode, schemas=inp.schemas,
                          judge=Judge(inp.catalog), agent_name=agent)
 

@@ -21,7 +21,10 @@ sometimes inspects a table, names the differences between the issue and the solu
 diff with sqlglot's tokenizer), tests the fix and submits ``sol_sql``: 2–3 calls.
 ``brief=True`` keeps stage-1 thoughts short (text-to-SQL: where the data is and the conditions,
 grouping and ordering; debugging: only the fix) -- for micro-scale models whose generation budget
-is a few hundred tokens; the trajectories of stage 2 are the same either way.
+is a few hundred tokens; the trajectories of stage 2 are the same either way. The teacher reads
+a task through its kind (``sqlrl.tasks.kinds``: ``problem``, ``reference``, ``given_sql``): a task
+that hands over SQL to fix gets the debugging flow, any other the text-to-SQL one, so a new task
+kind needs no edit here.
 
 Guarantees:
 - Deterministic: the output depends only on (``seed``, the task, and for ``next_turn`` the
@@ -47,15 +50,15 @@ import sqlglot
 from sqlglot import exp
 from sqlglot.errors import SqlglotError
 
+from sqlrl.db.dialects.descriptor import sqlglot_name
 from sqlrl.rewards.parse import STYLES
 from sqlrl.tasks.schema import DatabaseSchema
-from sqlrl.tasks.types import CriticTask, Task, Text2SQLTask
+from sqlrl.tasks.kinds import joined_sql, kind_of
+from sqlrl.tasks.types import Task
 
 __all__ = ["Teacher", "ProgrammaticTeacher", "SqlFacts", "sql_facts", "sql_diff", "tool_call_text",
-           "single_turn_text", "reference_sql", "SQLGLOT_DIALECTS"]
+           "single_turn_text", "reference_sql"]
 
-SQLGLOT_DIALECTS = {"sqlite": "sqlite", "postgresql": "postgres", "mysql": "mysql",
-                    "mssql": "tsql", "oracle": "oracle"}
 _STYLE = STYLES["birdrl"]
 
 
@@ -84,15 +87,10 @@ def tool_call_text(reason: str, name: str, sql: str) -> str:
 
 
 def reference_sql(task: Task) -> str:
-    """The task's reference answer as one SQL text (a debugging task's statements joined by ';')."""
-    if isinstance(task, CriticTask):
-        return _join(task.sol_sql)
-    return task.gold_sql.strip()
+    """The task's reference answer as one SQL text (``TaskKind.reference``: a debugging task's
+    statements joined by ';')."""
+    return kind_of(task).reference(task)
 
-
-def _join(statements: Sequence[str]) -> str:
-    parts = [s.strip().rstrip(";").strip() for s in statements]
-    return ";\n".join(p for p in parts if p)
 
 
 # -- what a SQL text contains (sqlglot) --------------------------------------------------------------
@@ -121,7 +119,7 @@ def _uniq(items: Sequence[str]) -> tuple[str, ...]:
 
 def sql_facts(sql: str, dialect: str = "sqlite") -> SqlFacts | None:
     """What ``sql`` reads and how; ``None`` when sqlglot cannot parse it."""
-    read = SQLGLOT_DIALECTS.get(dialect, dialect)
+    read = sqlglot_name(dialect)
     try:
         trees = [t for t in sqlglot.parse(sql, read=read) if t is not None]
     except (SqlglotError, ValueError, RecursionError):
@@ -177,7 +175,7 @@ def _tokens(sql: str, read: str) -> list[str]:
 def sql_diff(before: str, after: str, dialect: str = "sqlite", limit: int = 4) -> list[str]:
     """Token-level differences from ``before`` to ``after`` (sqlglot's tokenizer), as short
     sentences such as "`MIN` should be `MAX`"; at most ``limit`` of them."""
-    read = SQLGLOT_DIALECTS.get(dialect, dialect)
+    read = sqlglot_name(dialect)
     a, b = _tokens(before, read), _tokens(after, read)
     out: list[str] = []
     for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes():
@@ -255,28 +253,30 @@ class ProgrammaticTeacher:
     # -- stage 1 --
 
     def reasoning(self, task: Task, schema: DatabaseSchema | None) -> str:
-        if isinstance(task, CriticTask):
-            return single_turn_text(self._critic_thought(task), reference_sql(task))
-        return single_turn_text(self._text2sql_thought(task), reference_sql(task))
+        thought = self._fix_thought if _given_sql(task) else self._write_thought
+        return single_turn_text(thought(task), reference_sql(task))
 
-    def _text2sql_thought(self, task: Text2SQLTask) -> str:
-        facts = sql_facts(task.gold_sql, task.dialect)
+    def _write_thought(self, task: Task) -> str:
+        """The thought for a task whose answer is written from scratch (text-to-SQL)."""
+        facts = sql_facts(reference_sql(task), task.dialect)
         if self.brief:
             return "\n".join(_describe(facts, brief=True) or ["I write the query from the question."])
-        lines = [f"The question asks: {task.question.strip()}"]
-        if task.evidence.strip():
-            lines.append(f"The evidence tells me: {task.evidence.strip()}")
+        lines = [f"The question asks: {kind_of(task).problem(task).strip()}"]
+        evidence = getattr(task, "evidence", "").strip()
+        if evidence:
+            lines.append(f"The evidence tells me: {evidence}")
         lines += _describe(facts)
         lines.append("Putting this together gives the query below.")
         return "\n".join(lines)
 
-    def _critic_thought(self, task: CriticTask) -> str:
-        issue, sol = _join(task.issue_sql), reference_sql(task)
+    def _fix_thought(self, task: Task) -> str:
+        """The thought for a task that hands over SQL to fix (debugging)."""
+        issue, sol = joined_sql(_given_sql(task)), reference_sql(task)
         if self.brief:
             changes = sql_diff(issue, sol, task.dialect)
             return ("Fix: " + "; ".join(changes) + "." if changes
                     else "The SQL has to be rewritten for what the user needs.")
-        lines = [f"The user needs: {_first_sentence(task.query)}"]
+        lines = [f"The user needs: {_first_sentence(kind_of(task).problem(task))}"]
         if sql_facts(issue, task.dialect) is None:
             lines.append("Their SQL does not even parse, so there is a syntax problem to fix.")
         changes = sql_diff(issue, sol, task.dialect)
@@ -298,11 +298,9 @@ class ProgrammaticTeacher:
 
     def plan(self, task: Task) -> list[_Step]:
         """The whole trajectory this teacher makes for ``task``: calls, then the submission."""
-        if isinstance(task, CriticTask):
-            return self._critic_plan(task)
-        return self._text2sql_plan(task)
+        return self._fix_plan(task) if _given_sql(task) else self._write_plan(task)
 
-    def _text2sql_plan(self, task: Text2SQLTask) -> list[_Step]:
+    def _write_plan(self, task: Task) -> list[_Step]:
         rng = self._rng(task, "plan")
         gold = reference_sql(task)
         facts = sql_facts(gold, task.dialect)
@@ -321,9 +319,9 @@ class ProgrammaticTeacher:
         steps.append(_Step(done, "submit_solution", gold))
         return steps
 
-    def _critic_plan(self, task: CriticTask) -> list[_Step]:
+    def _fix_plan(self, task: Task) -> list[_Step]:
         rng = self._rng(task, "plan")
-        issue, sol = _join(task.issue_sql), reference_sql(task)
+        issue, sol = joined_sql(_given_sql(task)), reference_sql(task)
         steps = [_Step(rng.choice(["Let me first run the user's SQL to see what it does.",
                                    "First I'll run the SQL as given to see the problem."]),
                        "execute_sql", issue)]
@@ -340,6 +338,12 @@ class ProgrammaticTeacher:
                                        "That fixes the problem; submitting the corrected SQL."]),
                            "submit_solution", sol))
         return steps
+
+
+def _given_sql(task: Task) -> tuple[str, ...]:
+    """The SQL the task hands over to be fixed (``TaskKind.given_sql``); () for a task whose
+    answer is written from scratch. It picks the teacher's flow: fix, or write."""
+    return kind_of(task).given_sql(task)
 
 
 def _first_sentence(text: str, n: int = 300) -> str:
@@ -373,7 +377,7 @@ def _inspections(facts: SqlFacts | None, dialect: str) -> list[_Step]:
     """Exploratory queries on the tables and filtered columns the reference uses."""
     if facts is None:
         return []
-    write = SQLGLOT_DIALECTS.get(dialect, dialect)
+    write = sqlglot_name(dialect)
     steps = []
     for node, name in list(zip(facts.table_nodes, facts.tables))[:2]:
         steps.append(_Step(f"Let me look at a few rows of `{name}`.", "execute_sql",

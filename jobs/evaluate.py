@@ -32,6 +32,7 @@ from typing import Any, Callable
 from rich.table import Table
 
 from jobs.console import Heartbeat, check_paths, make_console
+from sqlrl.db.dialects.descriptor import dialect_of, dialects
 
 console = make_console(stderr=True)
 
@@ -78,12 +79,14 @@ def _bird_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gold", required=True, help="gold SQL file: SQL<TAB>db_id per line")
     p.add_argument("--db-root", required=True, help="database root (<db_id>/<db_id>.sqlite) "
                                                     "or an admin URL for server dialects")
-    p.add_argument("--dialect", default="sqlite", choices=["sqlite", "postgresql", "mysql"])
+    p.add_argument("--dialect", default="sqlite",  # the engines BIRD evaluation supports
+                   choices=[d.name for d in dialects() if d.verified])
     p.add_argument("--questions", help="the questions JSON (gives difficulty)")
 
 
 def _bird_paths(a: argparse.Namespace) -> list[tuple[str, str | None, str]]:
-    db_root = a.db_root if a.dialect == "sqlite" or "://" not in a.db_root else None  # an admin URL
+    file_based = dialect_of(a.dialect).file_based  # else --db-root may be a server's admin URL
+    db_root = a.db_root if file_based or "://" not in a.db_root else None
     return [("--pred", a.pred, "file"), ("--gold", a.gold, "file"), ("--db-root", db_root, "dir"),
             ("--questions", a.questions, "file")]
 

@@ -41,6 +41,7 @@ import jobs.stage as stage_job
 import jobs.stage_data as stage_data
 from curriculum.stages import STAGES
 from jobs.console import heading, make_console, quiet_third_party_bars
+from sqlrl.db.dialects.descriptor import find
 
 console = make_console()
 
@@ -215,9 +216,17 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def serve_command(final: Path, catalog: dict) -> str:
-    """The command that serves ``final`` as Zeno (both SQL endpoints) on the run's SQLite databases."""
-    dbs = [f"--database {db}={urls['sqlite']}" for db, urls in sorted(catalog.items()) if "sqlite" in urls]
+    """The command that serves ``final`` as Zeno (both SQL endpoints) on the run's database files
+    (a file-based engine's URL from each catalog entry, ``Dialect.file_based``: SQLite's)."""
+    files = {db: next((url for dialect, url in urls.items() if _file_based(dialect)), None)
+             for db, urls in sorted(catalog.items())}
+    dbs = [f"--database {db}={url}" for db, url in files.items() if url]
     return " ".join(["SQLRL_SERVE_API_KEYS=<key> python -m jobs.serve", f"--model zeno={final.resolve()}", *dbs])
+
+
+def _file_based(dialect: str) -> bool:
+    engine = find(dialect)
+    return engine is not None and engine.file_based
 
 
 if __name__ == "__main__":

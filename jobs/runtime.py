@@ -5,7 +5,7 @@
 
 Guarantees:
 - With ``cluster.ray`` every group is Ray actors (``ray job submit`` sets ``RAY_ADDRESS``, which
-  ``connect_ray`` joins); without, the same groups run in-process (n=0). Same code either way.
+  ``connect_ray`` joins); without, the same groups run in-process (``in_process=True``). Same code either way.
 - Each actor asks Ray for what its kind's entry of the placement profile says
   (``cluster.placement``, a profile of ``deploy/placement.yaml``: the file the cluster
   definitions are checked against).
@@ -33,7 +33,7 @@ def connect_ray(address: str | None = None, **kw: Any) -> None:
 
 def session_pool(catalog: Mapping[str, Mapping[str, str]], dialects: Sequence[str], *, workers: int,
                  reward: bool, asks: Any) -> Any:
-    """A pool with one partition per rollout worker (``workers``: Ray workers, 0 = in-process) over
+    """A pool with one partition per rollout worker (``workers``: Ray workers, 0 = one in-process) over
     ``dialects``, plus a reward partition when ``reward``."""
     from actors.db_pool import DBPoolConfig, DBPoolGroup
     from sqlrl.db.lease import Catalog
@@ -48,12 +48,12 @@ def session_pool(catalog: Mapping[str, Mapping[str, str]], dialects: Sequence[st
 
 def rollout_group(pool: Any, schemas: Mapping[str, Any], model: str, loop: Any, *, backend: str,
                   workers: int, asks: Any) -> Any:
-    """Rollout workers (0 = in-process) running ``model`` in the agent loop ``loop`` on sessions
+    """Rollout workers (0 = one in-process) running ``model`` in the agent loop ``loop`` on sessions
     leased from ``pool``."""
     from actors.rollout import RolloutConfig, RolloutGroup
 
     ask = asks.rollout
-    return RolloutGroup(RolloutConfig(model=model, backend=backend, loop=loop, n_workers=workers,
+    return RolloutGroup(RolloutConfig(model=model, backend=backend, loop=loop, in_process=workers == 0, n_workers=max(1, workers),
                                       num_cpus=ask.num_cpus, num_gpus=ask.num_gpus, resources=dict(ask.resources)),
                         pool, schemas)
 
@@ -85,7 +85,7 @@ class Runtime:
                                  asks=self.asks)
         reward = self.asks.reward
         self.rewards = RewardGroup(data.catalog, RewardGroupConfig(
-            n_actors=cfg.cluster.reward_actors if self.ray else 0, num_cpus_per_actor=reward.num_cpus,
+            in_process=not self.ray, n_actors=cfg.cluster.reward_actors, num_cpus_per_actor=reward.num_cpus,
             resources=dict(reward.resources)), self.pool.client(role="reward"))
         self._groups: list[Any] = []
 
@@ -103,7 +103,7 @@ class Runtime:
         from actors.learner import LearnerGroup
 
         ask = self.asks.learner
-        group = LearnerGroup(model, optim, n=self.cfg.cluster.learner_ranks if self.ray else 0,
+        group = LearnerGroup(model, optim, n=self.cfg.cluster.learner_ranks, in_process=not self.ray,
                              mixed_precision=self.cfg.model.mixed_precision, reference=reference,
                              seed=self.cfg.data.seed, num_cpus=ask.num_cpus, num_gpus=ask.num_gpus,
                              resources=dict(ask.resources))

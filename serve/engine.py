@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from sqlrl.agent import Agent, DebugRequest, GenerateRequest, LocalSessions, LoopConfig
 from sqlrl.agent.chat_format import HFChatFormat
+from sqlrl.db.dialects.descriptor import dialect_of
 from sqlrl.db.types import Limits
 from sqlrl.db.url import dialect_name, parse_url
 from sqlrl.eval.vote import vote
@@ -84,13 +85,14 @@ SQL_BODIES: dict[str, type[SQLBody]] = {"debug": DebugBody, "generate": Generate
 
 
 def load_databases(config: ServeConfig) -> tuple[dict[str, dict[str, str]], dict[str, DatabaseSchema]]:
-    """``{name: {dialect: url}}`` and the schemas that can be read (SQLite files)."""
+    """``{name: {dialect: url}}`` and the schemas that can be read (SQLite files: a file-based
+    engine's database, or ``schema_sqlite``)."""
     catalog, schemas = {}, {}
     for name, spec in config.databases.items():
         url = parse_url(spec.url)
         dialect = dialect_name(url)
         catalog[name] = {dialect: spec.url}
-        source = spec.schema_sqlite or (url.database if dialect == "sqlite" else None)
+        source = spec.schema_sqlite or (url.database if dialect_of(dialect).file_based else None)
         if source:
             schemas[name] = DatabaseSchema.from_sqlite(source, db_id=name)
     return catalog, schemas

@@ -15,13 +15,13 @@
 from .chat_format import ChatFormat, ChatFormatError, HFChatFormat
 from .loop import FATAL_ERROR_KINDS, AgentLoop, LoopConfig, LoopStateError, RolloutState, State
 from .parsers import PARSERS, HermesParser, ParsedTurn, get_parser
-from .prompts import DIALECT_NAMES, MODES, build_messages, tools_for
+from .prompts import MODES, build_messages, tools_for
 from .trajectory import STOP_REASONS, Trajectory, Turn
 from .request import AgentRequest, DebugRequest, GenerateRequest, request_from_task
 from .agent import Agent, AgentConfig, LocalSessions, SessionSource, error_trajectories
 
 __all__ = ["Agent", "AgentConfig", "AgentRequest", "DebugRequest", "GenerateRequest",
-           "LocalSessions", "SessionSource", "error_trajectories", "request_from_task", "AgentLoop", "ChatFormat", "ChatFormatError", "DIALECT_NAMES", "FATAL_ERROR_KINDS",
+           "LocalSessions", "SessionSource", "error_trajectories", "request_from_task", "AgentLoop", "ChatFormat", "ChatFormatError", "FATAL_ERROR_KINDS",
            "HFChatFormat", "HermesParser", "LoopConfig", "LoopStateError", "MODES", "PARSERS",
            "ParsedTurn", "RolloutState", "STOP_REASONS", "State", "Trajectory", "Turn",
            "build_messages", "get_parser", "tools_for"]

@@ -10,12 +10,14 @@ the parts itself.
 
 - ``run(items)`` takes labelled tasks or unlabelled requests (``sqlrl.agent.request``): the loop
   needs no gold answer. In agentic mode it opens one session per item from the session source
-  (``SessionSource.open_many``; the item's ``preprocess_sql`` applied), runs ``AgentLoop`` over
-  the whole batch (one ``backend.generate`` per round), and closes every session in ``finally``.
-- ``SessionSource`` is the one seam for where sessions come from: ``LocalSessions`` opens a fresh
+  (``SessionSource.open_many`` with one ``SessionRequest`` per item: its ``db_id``, ``dialect``,
+  ``preprocess_sql`` and key), runs ``AgentLoop`` over the whole batch (one ``backend.generate``
+  per round), and closes every session in ``finally``.
+- ``SessionSource`` (``sqlrl.db.source``, re-exported here) is the one seam for where sessions come
+  from, shared with the reward judge and the BIRD-CRITIC runner: ``LocalSessions`` opens a fresh
   ``sqlrl.db`` session per item from a catalog ``{db_id: {dialect: url}}`` (SQLite paths; for
   PostgreSQL / MariaDB the session URL of a sealed base, so each session runs in its own clone as
-  its own role); the Ray pool's client is another (see actors/rollout.py).
+  its own role); ``PoolSessions`` leases from the Ray pool's client (actors/rollout.py).
 - ``with_backend(b)`` gives the same agent over another backend (serve wraps its batching queue so
   concurrent requests' rounds share one generation call).
 
@@ -27,14 +29,16 @@ closed whatever happens; a request's ``schema`` overrides the source's schema fo
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Mapping, Sequence
 
-from sqlrl.db.types import Limits
+from sqlrl.db.source import LocalSessions, SessionRequest, SessionSource
 from sqlrl.tasks.schema import DatabaseSchema
 
 from .chat_format import ChatFormat, HFChatFormat
 from .loop import AgentLoop, LoopConfig
 from .trajectory import Trajectory
+
+__all__ = ["Agent", "AgentConfig", "LocalSessions", "SessionSource", "error_trajectories"]
 
 
 @dataclass(frozen=True)
@@ -44,53 +48,6 @@ class AgentConfig:
     backend: str = "hf"  # a sqlrl.policy.backends BACKENDS name
     backend_options: Mapping[str, Any] = field(default_factory=dict)
     loop: LoopConfig = field(default_factory=LoopConfig)
-
-
-class SessionSource(Protocol):
-    def open_many(self, items: Sequence[Any], keys: Sequence[str]) -> list[Any]:
-        """One fresh session per item (``db_id``, ``dialect``, ``preprocess_sql``); raises when
-        any cannot be opened, after closing those that were."""
-
-    def close_many(self, sessions: Sequence[Any]) -> None: ...
-
-    # Optional: ``execute_many(pairs: [(session, sql)]) -> [QueryResult]`` -- the agent loop then
-    # runs a round's execute_sql calls in one call (the Ray pool: one round trip per shard).
-
-
-class LocalSessions:
-    """Fresh ``sqlrl.db.open_session`` sessions from a catalog ``{db_id: {dialect: url}}``."""
-
-    def __init__(self, catalog: Mapping[str, Mapping[str, str]], limits: Limits | None = None) -> None:
-        self.catalog = {k: dict(v) for k, v in catalog.items()}
-        self.limits = limits or Limits()
-
-    def url(self, db_id: str, dialect: str) -> str:
-        urls = self.catalog.get(db_id)
-        if not urls:
-            raise LookupError(f"unknown database {db_id!r}")
-        if dialect not in urls:
-            raise LookupError(f"database {db_id!r} has no {dialect} copy (has: {', '.join(urls)})")
-        return urls[dialect]
-
-    def open_many(self, items: Sequence[Any], keys: Sequence[str]) -> list[Any]:
-        from sqlrl.db import open_session
-
-        opened: list[Any] = []
-        try:
-            for item in items:
-                opened.append(open_session(self.url(item.db_id, item.dialect), limits=self.limits,
-                                           preprocess_sql=tuple(getattr(item, "preprocess_sql", ()))))
-        except BaseException:
-            self.close_many(opened)
-            raise
-        return opened
-
-    def close_many(self, sessions: Sequence[Any]) -> None:
-        for s in sessions:
-            try:
-                s.close()
-            except Exception:  # closing is best effort; the session layer sweeps orphans
-                pass
 
 
 def error_trajectories(items: Sequence[Any], mode: str, message: str, version: int = 0
@@ -141,7 +98,9 @@ class Agent:
                     return error_trajectories(items, config.mode, "agentic rollouts need a "
                                               "session source", self.version)
                 try:
-                    sessions = list(self.sessions.open_many(items, keys))
+                    sessions = list(self.sessions.open_many([
+                        SessionRequest(t.db_id, t.dialect, tuple(getattr(t, "preprocess_sql", ())), key=k)
+                        for t, k in zip(items, keys)]))
                 except Exception as exc:
                     return error_trajectories(items, config.mode,
                                               f"could not open sessions: {exc}", self.version)

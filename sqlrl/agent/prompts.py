@@ -11,45 +11,29 @@ Guarantees:
   (names from ``sqlrl.tools.TOOLS``), one call per turn in the parser's syntax, ``submit_solution``
   ends the episode; single -- ``<thought>…</thought><solution>…</solution>``, exactly the format
   ``sqlrl.rewards.parse.extract_single`` accepts.
-- The user message holds what a user would give and nothing of the answer: for a
-  ``CriticTask`` the problem (``task.query``) and the issue SQL -- never ``sol_sql``, test cases
-  or ``meta`` (which may hold a bug description); for a ``Text2SQLTask`` the question and the
-  evidence -- never ``gold_sql``.
+- The job line and the user message are the task kind's (``sqlrl.tasks.kinds``:
+  ``TaskKind.job``, ``TaskKind.user_prompt``). The user message holds what a user would give and
+  nothing of the answer: for a ``CriticTask`` the problem (``task.query``) and the issue SQL --
+  never ``sol_sql``, test cases or ``meta`` (which may hold a bug description); for a
+  ``Text2SQLTask`` the question and the evidence -- never ``gold_sql``.
 - Deterministic: the same inputs give the same messages.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable
 
-from sqlrl.db.dialects.descriptor import dialect_of, find, names
+from sqlrl.db.dialects.descriptor import dialect_of
 from sqlrl.rewards.parse import STYLES
+from sqlrl.tasks.kinds import kind_of
 from sqlrl.tasks.schema import DatabaseSchema
-from sqlrl.tasks.types import CriticTask, Task, Text2SQLTask, norm_dialect
+from sqlrl.tasks.types import Task, norm_dialect
 from sqlrl.tools import TOOLS, tool_schemas
 
 from .parsers import get_parser
 
 MODES = ("agentic", "single")
 
-
-class _DisplayNames(Mapping[str, str]):
-    """``DIALECT_NAMES[dialect]``: each registered engine's ``Dialect.display_name``, read live."""
-
-    def __getitem__(self, dialect: str) -> str:
-        engine = find(dialect)
-        if engine is None or engine.name != dialect:
-            raise KeyError(dialect)
-        return engine.display_name
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(names())
-
-    def __len__(self) -> int:
-        return len(names())
-
-
-DIALECT_NAMES: Mapping[str, str] = _DisplayNames()
 _STYLE = STYLES["birdrl"]
 
 
@@ -62,7 +46,7 @@ def build_messages(task: Task | Any, schema: DatabaseSchema | None, mode: str = 
                    dialect: str | None = None, parser: str = "hermes") -> list[dict[str, Any]]:
     _check_mode(mode)
     dialect = norm_dialect(dialect or task.dialect)
-    user = _USER[task.kind](task)  # a labelled task or an unlabelled request (agent/request.py)
+    user = kind_of(task).user_prompt(task)  # a labelled task or an unlabelled request
     return [{"role": "system", "content": _system(task, schema, mode, dialect, parser)},
             {"role": "user", "content": user}]
 
@@ -74,8 +58,7 @@ def _check_mode(mode: str) -> None:
 
 def _system(task: Task | Any, schema: DatabaseSchema | None, mode: str, dialect: str, parser: str) -> str:
     name = dialect_of(dialect).display_name
-    job = ("fix a user's SQL so that it does what they need"
-           if task.kind == CriticTask.kind else "answer questions with SQL queries")
+    job = kind_of(task).job
     parts = [f"You are an expert {name} database engineer. Your job: {job}. "
              f"Write SQL for {name} only."]
     if schema is not None and schema.tables:
@@ -111,19 +94,3 @@ def _single_how(parser: str) -> str:
 
 _HOW: dict[str, Callable[[str], str]] = {"agentic": _agentic_how, "single": _single_how}
 
-
-def _critic_user(task: CriticTask) -> str:
-    issue = "\n\n".join(s.strip() for s in task.issue_sql)
-    return (f"{task.query.strip()}\n\nHere is the SQL I have, which does not do what I need:\n"
-            f"```sql\n{issue}\n```\n\nGive me SQL that solves my problem.")
-
-
-def _text2sql_user(task: Text2SQLTask) -> str:
-    text = f"Question: {task.question.strip()}"
-    if task.evidence.strip():
-        text += f"\nEvidence (external knowledge): {task.evidence.strip()}"
-    return text + "\n\nWrite one SQL query that answers the question."
-
-
-_USER: dict[str, Callable[[Any], str]] = {CriticTask.kind: _critic_user,
-                                          Text2SQLTask.kind: _text2sql_user}

@@ -7,7 +7,9 @@ served model (``serve/``) runs the very same loop without inventing a gold SQL.
 
 - ``GenerateRequest`` (kind ``"text2sql"``, Zeno): a question (+ optional evidence).
 - ``DebugRequest`` (kind ``"critic"``, Talon): a problem statement and the issue SQL.
-- ``request_from_task(task)``: the unlabelled view of a labelled task (gold, tests, meta dropped).
+- ``request_from_task(task)``: the unlabelled view of a labelled task (gold, tests, meta dropped),
+  made by the request class its kind names (``sqlrl.tasks.kinds.TaskKind.request``: a new task
+  kind brings its own request class with ``from_task``).
 
 Guarantees:
 - Frozen dataclasses of plain values (picklable, safe across Ray boundaries).
@@ -24,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar, Union
 
+from sqlrl.tasks.kinds import kind_of
 from sqlrl.tasks.schema import DatabaseSchema
 from sqlrl.tasks.types import (CriticTask, Task, TaskError, Text2SQLTask, norm_dialect,
                                require_text, str_tuple)
@@ -58,6 +61,11 @@ class GenerateRequest:
     def task_id(self) -> str:
         return self.request_id
 
+    @classmethod
+    def from_task(cls, task: Text2SQLTask) -> "GenerateRequest":
+        return cls(request_id=task.task_id, db_id=task.db_id, question=task.question,
+                   dialect=task.dialect, evidence=task.evidence)
+
 
 @dataclass(frozen=True)
 class DebugRequest:
@@ -85,18 +93,20 @@ class DebugRequest:
     def task_id(self) -> str:
         return self.request_id
 
+    @classmethod
+    def from_task(cls, task: CriticTask) -> "DebugRequest":
+        return cls(request_id=task.instance_id, db_id=task.db_id, query=task.query,
+                   issue_sql=task.issue_sql, dialect=task.dialect,
+                   preprocess_sql=task.preprocess_sql)
+
 
 AgentRequest = Union[GenerateRequest, DebugRequest]
-REQUEST_TYPES: dict[str, type] = {"text2sql": GenerateRequest, "critic": DebugRequest}
 
 
 def request_from_task(task: Task) -> AgentRequest:
-    """The unlabelled request a labelled task poses (its gold answer and tests are left out)."""
-    if isinstance(task, CriticTask):
-        return DebugRequest(request_id=task.instance_id, db_id=task.db_id, query=task.query,
-                            issue_sql=task.issue_sql, dialect=task.dialect,
-                            preprocess_sql=task.preprocess_sql)
-    if isinstance(task, Text2SQLTask):
-        return GenerateRequest(request_id=task.task_id, db_id=task.db_id, question=task.question,
-                               dialect=task.dialect, evidence=task.evidence)
-    raise TypeError(f"not a task: {type(task).__name__}")
+    """The unlabelled request a labelled task poses (its gold answer and tests are left out):
+    ``from_task`` of its kind's request class (``TaskKind.request``)."""
+    kind = kind_of(task)
+    if not isinstance(task, kind.task_type):  # a request, or another object that says its kind
+        raise TypeError(f"not a task: {type(task).__name__}")
+    return kind.request_type().from_task(task)

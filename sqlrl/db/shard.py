@@ -34,6 +34,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
+from .dialects.descriptor import find
 from .lease import Catalog, ExecuteRequest, Lease, LeaseError, LeaseErrorKind, LeaseRequest
 from .pool import PoolConfig, PoolStats, SessionPool
 from .session import Session
@@ -143,8 +144,7 @@ class ShardCore:
         return self._map(one, requests, parallel=True)
 
     def release_many(self, leases: tuple[Lease, ...]) -> tuple[bool, ...]:
-        return self._map(self.release, leases, parallel=any(
-            getattr(lease, "dialect", "sqlite") != "sqlite" for lease in leases))
+        return self._map(self.release, leases, parallel=any(map(_on_server, leases)))
 
     def execute(self, lease: Lease, sql: str) -> QueryResult:
         t0 = time.perf_counter()
@@ -179,10 +179,8 @@ class ShardCore:
         if not isinstance(requests, (tuple, list)):
             return (QueryResult.failure(ErrorKind.SESSION_LOST, "expected a tuple of "
                                         f"ExecuteRequest, got {type(requests).__name__}"),)
-        # SQLite work is CPU in this process (threads would only trade the GIL); a server call
-        # waits on the network, so those run in parallel
         return self._map(self.submit, requests, parallel=any(
-            getattr(getattr(r, "lease", None), "dialect", "sqlite") != "sqlite" for r in requests))
+            _on_server(getattr(r, "lease", None)) for r in requests))
 
     def renew(self, lease: Lease) -> Lease:
         """Push the deadline out by the TTL; returns the lease with its new ``expires_at``.
@@ -395,3 +393,10 @@ class ShardCore:
 
 def _renewed(lease: Lease, ttl: float) -> Lease:
     return replace(lease, expires_at=time.time() + ttl)
+
+
+def _on_server(lease: object) -> bool:
+    """Whether calls on ``lease`` wait on a server (worth threads); a file-based engine's work
+    (``Dialect.file_based``) is CPU here, where threads would only trade the GIL."""
+    engine = find(getattr(lease, "dialect", ""))  # None: not a lease of a known engine
+    return engine is not None and not engine.file_based

@@ -4,7 +4,8 @@
     verdict.solved, verdict.score, verdict.outcomes, verdict.sol_error
 
 Semantics (BIRD-CRITIC's ``evaluation/src``; differences are listed below):
-- Each test case runs on a **fresh session**: ``open_session(url, preprocess_sql=task.preprocess_sql)``
+- Each test case runs on a **fresh session** from the ``SessionSource`` (``sqlrl.db.source``;
+  ``LocalSessions``: ``open_session(url, preprocess_sql=task.preprocess_sql)``)
   with ``Limits(timeout_s, max_rows=10_000)``; the predicted statements run first, in order, on it;
   then the test case; then ``task.clean_up_sql``. Errors in clean-up are recorded on the outcome,
   never fatal: sqlrl sessions are scratch (docs/sessions.md), so nothing any of these statements do
@@ -46,17 +47,15 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from sqlrl.db import ErrorKind, Limits, QueryResult, Session, SessionError, open_session
+from sqlrl.db import ErrorKind, Limits, QueryResult, Session, SessionError
 from sqlrl.db.dialects.base import get_dialect
+from sqlrl.db.source import LocalSessions, SessionRequest, SessionSource
 from sqlrl.db.url import dialect_name, parse_url
 from sqlrl.tasks.types import CriticTask
 
 from .sandbox import MAX_ROWS, results_match, run_test_code, strip_sql
 
-__all__ = ["CriticVerdict", "OpenFn", "OutcomeKind", "SolCache", "TestCaseOutcome", "run_critic"]
-
-# Opens a fresh session: (url, *, preprocess_sql, limits) -> an object with execute() and close().
-OpenFn = Callable[..., Any]
+__all__ = ["CriticVerdict", "OutcomeKind", "SolCache", "TestCaseOutcome", "run_critic"]
 
 
 class OutcomeKind(str, enum.Enum):
@@ -168,6 +167,12 @@ def _check_sqls(name: str, sqls: Any) -> list[str]:
     return [s for s in sqls if s.strip()]
 
 
+def _open(sessions: SessionSource, url: str, task: CriticTask, limits: Limits) -> Session:
+    """A fresh session with the task's ``preprocess_sql`` run; raises ``SessionError``."""
+    request = SessionRequest(url, preprocess_sql=tuple(task.preprocess_sql), limits=limits)
+    return sessions.open_many([request])[0]
+
+
 def _run_all(session: Session, sqls: Sequence[str]) -> QueryResult | None:
     """Run statements in order; stop at the first error; the last result (None if no SQL)."""
     result = None
@@ -193,9 +198,9 @@ def _clean_up(session: Session, task: CriticTask) -> str | None:
 
 
 def _sol_default(task: CriticTask, url: str, limits: Limits, dialect: str,
-                 open_fn: OpenFn) -> _SolOutcome:
+                 sessions: SessionSource) -> _SolOutcome:
     try:
-        session = open_fn(url, preprocess_sql=task.preprocess_sql, limits=limits)
+        session = _open(sessions, url, task, limits)
     except SessionError as exc:
         text = str(exc)
         return _SolOutcome(error=f"cannot run sol_sql: {text}",
@@ -204,7 +209,7 @@ def _sol_default(task: CriticTask, url: str, limits: Limits, dialect: str,
         result = _run_all(session, [strip_sql(s, dialect) for s in task.sol_sql])
         _clean_up(session, task)
     finally:
-        session.close()
+        sessions.close_many([session])
     if result is None:
         return _SolOutcome(error="sol_sql holds no statement")
     if result.error is not None:
@@ -223,10 +228,10 @@ def _sol_key(task: CriticTask, url: str, limits: Limits) -> tuple[Any, ...]:
 
 
 def _default_test_case(task: CriticTask, preds: list[str], url: str, limits: Limits, dialect: str,
-                       sol_cache: SolCache | None, open_fn: OpenFn) -> TestCaseOutcome | str:
+                       sol_cache: SolCache | None, sessions: SessionSource) -> TestCaseOutcome | str:
     """The default test case's outcome, or the sol error text."""
     def compute() -> _SolOutcome:
-        return _sol_default(task, url, limits, dialect, open_fn)
+        return _sol_default(task, url, limits, dialect, sessions)
 
     sol = compute() if sol_cache is None else sol_cache.get_or_compute(
         _sol_key(task, url, limits), compute)
@@ -235,14 +240,14 @@ def _default_test_case(task: CriticTask, preds: list[str], url: str, limits: Lim
     if not preds:
         return TestCaseOutcome(0, False, OutcomeKind.PRED_ERROR, "the prediction holds no SQL")
     try:
-        session = open_fn(url, preprocess_sql=task.preprocess_sql, limits=limits)
+        session = _open(sessions, url, task, limits)
     except SessionError as exc:
         return TestCaseOutcome(0, False, OutcomeKind.TEST_ERROR, f"cannot open a session: {exc}")
     try:
         result = _run_all(session, [strip_sql(s, dialect) for s in preds])
         cleanup = _clean_up(session, task)
     finally:
-        session.close()
+        sessions.close_many([session])
     if result.error is not None:
         out = _pred_failure(0, result)
         return TestCaseOutcome(0, False, out.kind, out.message, cleanup)
@@ -262,10 +267,10 @@ _SANDBOX_KINDS = {"passed": OutcomeKind.PASSED, "failed": OutcomeKind.FAILED,
 
 def _custom_test_case(index: int, code: str, task: CriticTask, preds: list[str], url: str,
                       limits: Limits, db_path: str, test_timeout_s: float, dialect: str,
-                      open_fn: OpenFn) -> TestCaseOutcome | QueryResult | str:
+                      sessions: SessionSource) -> TestCaseOutcome | QueryResult | str:
     """One custom test case: its outcome, the failing prediction result, or a sol error text."""
     try:
-        session = open_fn(url, preprocess_sql=task.preprocess_sql, limits=limits)
+        session = _open(sessions, url, task, limits)
     except SessionError as exc:
         if "preprocess_sql failed" in str(exc):
             return f"cannot run the test cases: {exc}"
@@ -281,33 +286,33 @@ def _custom_test_case(index: int, code: str, task: CriticTask, preds: list[str],
                             timeout_s=test_timeout_s)
         cleanup = _clean_up(session, task)
     finally:
-        session.close()
+        sessions.close_many([session])
     kind = _SANDBOX_KINDS.get(box.status, OutcomeKind.TEST_ERROR)
     return TestCaseOutcome(index, kind is OutcomeKind.PASSED, kind, box.message, cleanup)
 
 
 def run_critic(task: CriticTask, pred_sqls: Sequence[str], url: str, *, timeout_s: float = 10.0,
                test_timeout_s: float = 30.0, sol_cache: SolCache | None = None,
-               open_fn: OpenFn | None = None) -> CriticVerdict:
+               sessions: SessionSource | None = None) -> CriticVerdict:
     """Judge ``pred_sqls`` (the predicted fix: statements run in order; a single string is one
     entry, blank entries are dropped) against ``task`` on the database at ``url``. ``timeout_s`` bounds each SQL statement (enforced by the database);
-    ``test_timeout_s`` bounds each custom test case's code (the child is killed). ``open_fn``
-    opens each fresh session (``open_session`` when None; reward actors pass one that leases
-    from the DB pool's reward partition): ``open_fn(url, preprocess_sql=…, limits=…)`` returns an
-    object with ``execute(sql)`` and ``close()`` or raises ``SessionError``."""
+    ``test_timeout_s`` bounds each custom test case's code (the child is killed). ``sessions``
+    gives each fresh session (``LocalSessions()`` when None; reward actors pass the pool's
+    ``PoolSessions`` on the reward partition); a session it cannot open (``SessionError``) is a
+    ``test-error`` outcome, or a ``sol_error`` when ``preprocess_sql`` failed."""
     if not isinstance(task, CriticTask):
         raise ValueError(f"task must be a CriticTask, got {type(task).__name__}")
     for name, value in (("timeout_s", timeout_s), ("test_timeout_s", test_timeout_s)):
         if not isinstance(value, (int, float)) or not value > 0:
             raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
     preds = _check_sqls("pred_sqls", pred_sqls)
-    open_fn = open_fn or open_session  # looked up at call time
+    sessions = sessions if sessions is not None else LocalSessions()
     limits = Limits(timeout_s=timeout_s, max_rows=MAX_ROWS)
     parsed = parse_url(url)
     dialect = get_dialect(dialect_name(parsed)).sqlglot_dialect
 
     if not task.test_cases:
-        out = _default_test_case(task, preds, url, limits, dialect, sol_cache, open_fn)
+        out = _default_test_case(task, preds, url, limits, dialect, sol_cache, sessions)
         if isinstance(out, str):
             return CriticVerdict(task.instance_id, 0, 1,
                                  (TestCaseOutcome(0, False, OutcomeKind.SOL_ERROR, out),), out)
@@ -331,7 +336,7 @@ def run_critic(task: CriticTask, pred_sqls: Sequence[str], url: str, *, timeout_
             outcomes.append(pred_failed)
             continue
         out = _custom_test_case(index, code, task, preds, url, limits, db_path, test_timeout_s,
-                                dialect, open_fn)
+                                dialect, sessions)
         if isinstance(out, str):
             sol_error = out
             outcomes.append(TestCaseOutcome(index, False, OutcomeKind.SOL_ERROR, out))

@@ -3,7 +3,8 @@
 Inputs: the instances (``CriticTask`` JSONL, which must carry ``sol_sql``/``test_cases``) and a
 predictions JSONL with one record per instance: ``instance_id`` and ``pred_sqls`` (a list of
 statements, BIRD-CRITIC's field; ``pred_sql``/``sql`` strings are accepted too). Databases come
-from a catalog (``{db_id: {dialect: url}}``) or, for SQLite, from ``db_root/<db_id>/<db_id>.sqlite``.
+from a catalog (``{db_id: {dialect: url}}``) or, for a file-based engine (``Dialect.file_based``:
+SQLite), from ``db_root/<db_id>/<db_id>.sqlite``.
 
 Guarantees: every instance gets a verdict — a missing prediction is a failure with reason
 ``missing-prediction``, a prediction for an unknown instance is reported (not scored); instances
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from sqlrl.db.dialects.descriptor import dialect_of
 from sqlrl.tasks.loaders.base import sqlite_db_file
 from sqlrl.tasks.types import CriticTask, TaskError
 
@@ -92,10 +94,10 @@ def resolve_url(task: CriticTask, catalog: Mapping[str, Mapping[str, str]] | Non
                 db_root: str | Path | None) -> str:
     if catalog and task.db_id in catalog and task.dialect in catalog[task.db_id]:
         return catalog[task.db_id][task.dialect]
-    if task.dialect == "sqlite" and db_root is not None:
+    if dialect_of(task.dialect).file_based and db_root is not None:
         path = sqlite_db_file(task.db_id, [Path(db_root)])
         if path is not None:
-            return f"sqlite:///{path}"
+            return f"{task.dialect}:///{path}"
     raise FileNotFoundError(f"no database for {task.db_id!r} ({task.dialect}): give a catalog "
                             f"entry or a SQLite file under db_root/{task.db_id}/")
 

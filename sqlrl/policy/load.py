@@ -29,9 +29,10 @@ from .tiny import build_tiny_model
 
 
 def tiny_path(cache_dir: str | os.PathLike | None = None) -> Path:
-    """The cached default tiny model (built on first use; the tag hashes the template and the builder's code)."""
-    source = inspect.getsource(tiny) + TOOL_CHAT_TEMPLATE
-    out = cache_root(cache_dir) / "models" / f"tiny-s0-{hashlib.sha256(source.encode()).hexdigest()[:10]}"
+    """The cached default tiny model (built on first use; the tag hashes the template, the builder's
+    code and its shipped corpus)."""
+    source = (inspect.getsource(tiny) + TOOL_CHAT_TEMPLATE).encode() + tiny.CORPUS_FILE.read_bytes()
+    out = cache_root(cache_dir) / "models" / f"tiny-s0-{hashlib.sha256(source).hexdigest()[:10]}"
     if out.is_dir():
         return out
     try:

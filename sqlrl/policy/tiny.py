@@ -6,8 +6,10 @@
 
 Guarantees:
 - No network: the tokenizer is a byte-level BPE trained here with ``tokenizers`` on ``corpus``
-  (default: questions, gold SQL and CREATE TABLE text from ``sqlrl.tasks.synth`` over two domains,
-  plus chat turns with tool calls/responses as JSON). Byte-level, so any text round-trips.
+  (default: the shipped ``tiny_corpus.jsonl.gz`` next to this module -- questions, gold SQL and
+  CREATE TABLE text of three synthetic domains, plus tool-using chat turns whose tool responses are
+  in ``sqlrl.tools``' one observation format; ``python -m sqlrl.tasks.synth.corpus`` writes it, so
+  this layer never imports the data generator). Byte-level, so any text round-trips.
 - Vocabulary: ``<|endoftext|>`` (pad, id 0), ``<|im_start|>`` (1), ``<|im_end|>`` (2, EOS) are special
   tokens; ``<tool_call>``, ``</tool_call>``, ``<tool_response>``, ``</tool_response>`` are added tokens
   (single ids, not special: ``decode(skip_special_tokens=True)`` keeps them), ids right after the BPE
@@ -25,6 +27,7 @@ Guarantees:
 from __future__ import annotations
 
 import functools
+import gzip
 import json
 import os
 import shutil
@@ -32,10 +35,9 @@ import tempfile
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from .chat import ENDOFTEXT, IM_END, IM_START, SPECIAL_TOKENS, TOOL_CALL_CLOSE, TOOL_CALL_OPEN, \
-    TOOL_CHAT_TEMPLATE, TOOL_RESPONSE_CLOSE, TOOL_RESPONSE_OPEN, TOOL_TAGS
+from .chat import ENDOFTEXT, IM_END, SPECIAL_TOKENS, TOOL_CHAT_TEMPLATE, TOOL_TAGS
 
-CORPUS_DOMAINS = ("library", "flights", "clinic")
+CORPUS_FILE = Path(__file__).with_name("tiny_corpus.jsonl.gz")
 # Qwen2's pre-tokenizer split (NFC + this regex + byte-level): ``AutoTokenizer`` loads a checkpoint whose
 # config says ``qwen2`` as ``Qwen2Tokenizer``, which rebuilds exactly this pipeline around the saved vocab.
 QWEN2_PRETOKENIZE_REGEX = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
@@ -44,25 +46,9 @@ QWEN2_PRETOKENIZE_REGEX = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p
 
 @functools.lru_cache(maxsize=1)
 def default_corpus() -> tuple[str, ...]:
-    """Deterministic training text: synth questions/SQL/schemas over ``CORPUS_DOMAINS`` plus tool-chat turns."""
-    from ..tasks.schema import DatabaseSchema
-    from ..tasks.synth import build_domain_db, generate_text2sql
-
-    lines: list[str] = []
-    with tempfile.TemporaryDirectory(prefix="sqlrl-tiny-corpus-") as tmp:
-        for domain in CORPUS_DOMAINS:
-            path = build_domain_db(domain, os.path.join(tmp, f"{domain}.sqlite"), seed=0, scale=0.2)
-            lines.append(DatabaseSchema.from_sqlite(path, db_id=domain).to_create_sql())
-            for task in generate_text2sql(domain, path, n=150, seed=0):
-                call = {"name": "execute_sql", "arguments": {"sql": task.gold_sql}}
-                lines += [task.question, task.gold_sql, task.evidence,
-                          f"{IM_START}user\n{task.question}{IM_END}\n",
-                          f"{IM_START}assistant\n{TOOL_CALL_OPEN}\n{json.dumps(call)}\n{TOOL_CALL_CLOSE}{IM_END}\n",
-                          f"{IM_START}user\n{TOOL_RESPONSE_OPEN}\n"
-                          + json.dumps({"columns": ["a", "b"], "rows": [[1, "x"], [2, None]], "error": None})
-                          + f"\n{TOOL_RESPONSE_CLOSE}{IM_END}\n",
-                          f"{IM_START}assistant\nThe answer is:\n```sql\n{task.gold_sql}\n```{IM_END}\n"]
-    return tuple(line for line in lines if line)
+    """The shipped training text (``CORPUS_FILE``: gzip'd JSON lines, one text each), in order."""
+    with gzip.open(CORPUS_FILE, "rt", encoding="utf-8") as f:
+        return tuple(json.loads(line) for line in f)
 
 
 def _train_tokenizer(corpus: Iterable[str], vocab_size: int):

@@ -4,7 +4,7 @@ See ``registry`` for the list and the fail-closed guarantees, ``judge`` for exec
 gold cache, ``parse`` for the response formats; docs/rewards.md for the design.
 """
 
-from .judge import ExecVerdict, Judge, local_opener
+from .judge import ExecVerdict, Judge
 from .parse import STYLES, Extracted, FormatStyle, extract_agentic, extract_single
 from .registry import (REWARDS, RewardBreakdown, RewardConfig, RewardSpec, SQLR1Config,
                        batch_means, compute, compute_batch, get_reward, score)
@@ -12,4 +12,4 @@ from .registry import (REWARDS, RewardBreakdown, RewardConfig, RewardSpec, SQLR1
 __all__ = ["REWARDS", "STYLES", "ExecVerdict", "Extracted", "FormatStyle", "Judge",
            "RewardBreakdown", "RewardConfig", "RewardSpec", "SQLR1Config", "batch_means",
            "compute", "compute_batch", "extract_agentic", "extract_single", "get_reward",
-           "local_opener", "score"]
+           "score"]

@@ -1,8 +1,9 @@
 """The Judge: executes predictions (and gold, once per task) and returns verdicts for rewards.
 
 Rewards are pure functions of (task, extracted answer, verdict); the Judge is the only part that
-touches a database. It runs everything through sqlrl sessions opened by an ``Opener``: in-process
-``open_session`` by default, or a lease on the DB pool's reward partition inside reward actors.
+touches a database. It runs everything through sessions from a ``SessionSource``
+(``sqlrl.db.source``): ``LocalSessions`` (in-process ``open_session``) by default, or
+``PoolSessions`` (leases on the DB pool's reward partition) inside reward actors.
 
 Guarantees:
 - **Gold runs once per task** (per database URL and limits): an LRU of gold results, single-flight
@@ -13,7 +14,7 @@ Guarantees:
   (``Limits.max_rows``; a truncated result can never be proven equal) is a non-match. A gold that
   errors, times out or is truncated makes the verdict ``gold_error`` — the reward marks it
   excluded and scores 0: it is never rewarded.
-- Sessions come from ``opener`` for every query, BIRD-CRITIC test cases included.
+- Sessions come from ``sessions`` for every query, BIRD-CRITIC test cases included.
 - Predictions and gold each run on a fresh session (scratch state: a prediction cannot alter
   what the gold sees, nor the base database). Multi-statement predictions run in order and the
   last statement's result is compared (as ``execute_sql`` shows it).
@@ -23,24 +24,16 @@ Guarantees:
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Callable, ContextManager, Iterator, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
-from sqlrl.db import ErrorKind, Limits, QueryResult, SessionError, open_session
+from sqlrl.db import ErrorKind, Limits, QueryResult, SessionError
+from sqlrl.db.source import LocalSessions, SessionRequest, SessionSource, open_one
 from sqlrl.eval.compare import bird_ex, outer_order_by, spider_ex
 from sqlrl.eval.critic import CriticVerdict, SolCache, run_critic
 from sqlrl.tasks.types import CriticTask, Text2SQLTask
-
-Opener = Callable[[str, Sequence[str], Limits], ContextManager[Any]]
-
-
-@contextlib.contextmanager
-def local_opener(url: str, preprocess_sql: Sequence[str], limits: Limits) -> Iterator[Any]:
-    with open_session(url, preprocess_sql=list(preprocess_sql), limits=limits) as session:
-        yield session
 
 
 @dataclass(frozen=True)
@@ -61,11 +54,11 @@ class Judge:
     """Executes and compares; holds the gold cache. Thread-safe."""
 
     def __init__(self, catalog: Mapping[str, Mapping[str, str]], *, limits: Limits | None = None,
-                 opener: Opener = local_opener, gold_cache_size: int = 4096,
+                 sessions: SessionSource | None = None, gold_cache_size: int = 4096,
                  critic_test_timeout_s: float = 30.0) -> None:
         self.catalog = {db: dict(urls) for db, urls in catalog.items()}
         self.limits = limits or Limits(timeout_s=10.0, max_rows=10_000)
-        self.opener = opener
+        self.sessions = sessions if sessions is not None else LocalSessions()
         self.critic_test_timeout_s = critic_test_timeout_s
         self._gold: OrderedDict[Any, QueryResult] = OrderedDict()
         self._inflight: dict[Any, threading.Lock] = {}
@@ -114,21 +107,14 @@ class Judge:
             sqls = [sqls]
         return run_critic(task, list(sqls), url, timeout_s=self.limits.timeout_s,
                           test_timeout_s=self.critic_test_timeout_s, sol_cache=self.sol_cache,
-                          open_fn=self._open_fn)
-
-    def _open_fn(self, url: str, *, preprocess_sql: Sequence[str] = (),
-                 limits: Limits | None = None) -> Any:
-        """``run_critic``'s session opener on top of this judge's ``opener``."""
-        if self.opener is local_opener:
-            return open_session(url, preprocess_sql=list(preprocess_sql), limits=limits)
-        manager = self.opener(url, preprocess_sql, limits or self.limits)
-        return _Opened(manager, manager.__enter__())
+                          sessions=self.sessions)
 
     # -- internals -------------------------------------------------------------------------------
 
     def _run(self, url: str, preprocess: Sequence[str], sql: str) -> QueryResult:
         try:
-            with self.opener(url, preprocess, self.limits) as session:
+            request = SessionRequest(url, preprocess_sql=tuple(preprocess), limits=self.limits)
+            with open_one(self.sessions, request) as session:
                 return session.execute(sql)
         except SessionError as exc:
             return QueryResult.failure(ErrorKind.SESSION_LOST, f"could not open a session: {exc}")
@@ -163,19 +149,6 @@ class Judge:
     def stats(self) -> dict[str, int]:
         return {"gold_executions": self.gold_executions, "gold_hits": self.gold_hits,
                 "sol_hits": self.sol_cache.hits, "sol_misses": self.sol_cache.misses}
-
-
-class _Opened:
-    """A session entered from a context-manager opener, closed by ``close()``."""
-
-    def __init__(self, manager: Any, session: Any) -> None:
-        self._manager, self._session = manager, session
-
-    def execute(self, sql: str) -> QueryResult:
-        return self._session.execute(sql)
-
-    def close(self) -> None:
-        self._manager.__exit__(None, None, None)
 
 
 def _failure(result: QueryResult) -> str | None:

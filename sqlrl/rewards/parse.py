@@ -13,7 +13,8 @@ Guarantees (what makes the format part of a reward hard to game):
   non-empty solution. Anything else is ``format_ok=False`` with a ``problem`` naming the fault;
   the SQL is then *not* extracted (``sql=None``), so a malformed response cannot still score on
   execution.
-- Code fences inside the solution (```` ```sql … ``` ````) are removed; with
+- Code fences inside the solution (```` ```sql … ``` ````; the language tag may also be any
+  name or alias of a registered engine, ``sqlrl.db.dialects.descriptor.find``) are removed; with
   ``require_fence=True`` (SQL-R1) a solution without one fails the format check.
 - Never raises on any input string.
 """
@@ -23,6 +24,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
+
+from sqlrl.db.dialects.descriptor import find
 
 
 @dataclass(frozen=True)
@@ -87,7 +90,7 @@ def extract_single(response: str, style: FormatStyle | str = "birdrl") -> Extrac
 
 def _unfence(text: str) -> tuple[str, bool]:
     m = _FENCE.match(text)
-    if m and m.group(1).lower() in ("", "sql", "sqlite", "postgresql", "mysql"):
+    if m and (m.group(1).lower() in ("", "sql") or find(m.group(1)) is not None):
         return m.group(2), True
     if "```" in text:
         return "", False  # a stray or unbalanced fence: not a clean solution

@@ -15,7 +15,7 @@ Registered rewards (``REWARDS``):
 | ``bird_ex_single`` / ``spider_ex_single`` | text-to-SQL | thought/solution | 1 on EX match |
 | ``bird_ex_agentic`` / ``spider_ex_agentic`` | text-to-SQL | tool calls | 1 on EX match |
 | ``sqlr1`` | text-to-SQL | ``<think>…</think><answer>```sql…```</answer>`` | SQL-R1 composite |
-| ``hybrid_single`` / ``hybrid_agentic`` | either | either | routes by task type |
+| ``hybrid_single`` / ``hybrid_agentic`` | any kind | either | the reward the task's kind names (``TaskKind.rewards``) |
 
 Guarantees — **fail-closed**, the property every reward here is tested for:
 - A malformed response scores 0 (SQL-R1: −1 format, nothing else): its SQL is never executed.
@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
 from sqlrl.eval.critic import CriticVerdict, OutcomeKind
+from sqlrl.tasks.kinds import kind_of
 from sqlrl.tasks.types import CriticTask, Text2SQLTask
 
 from .judge import ExecVerdict, Judge
@@ -149,9 +150,9 @@ def sqlr1_length(ex: Extracted, c: SQLR1Config) -> float:
 @dataclass(frozen=True)
 class RewardSpec:
     name: str
-    task_kind: str  # "text2sql", "critic" or "any"
+    task_kind: str  # the TaskKind.scored_as it scores ("text2sql", "critic"), or "any"
     response: str  # "single" (text) or "agentic" (tool calls)
-    scorer: Callable[..., RewardBreakdown] | None  # None: hybrid (routes by task type)
+    scorer: Callable[..., RewardBreakdown] | None  # None: hybrid (routes by the task's kind)
     keys: tuple[str, ...] = _BASIC_KEYS
     style: str | None = None  # a fixed single-turn format style (sqlr1), else config.format_style
 
@@ -168,9 +169,14 @@ REWARDS: dict[str, RewardSpec] = {s.name: s for s in (
     RewardSpec("hybrid_single", "any", "single", None, _BASIC_KEYS + ("is_critic",)),
     RewardSpec("hybrid_agentic", "any", "agentic", None, _BASIC_KEYS + ("is_critic",)),
 )}
-# What a hybrid reward routes each task type to (by response shape).
-HYBRID_ROUTES = {("critic", "single"): "critic_single", ("critic", "agentic"): "critic_agentic",
-                 ("text2sql", "single"): "bird_ex_single", ("text2sql", "agentic"): "bird_ex_agentic"}
+
+
+def _scores(spec: RewardSpec, task: Any) -> bool:
+    """Whether ``spec`` (a non-hybrid reward) scores ``task``: its kind is scored as the reward's."""
+    try:
+        return kind_of(task).scored_as == spec.task_kind
+    except TypeError:  # not a task
+        return False
 
 
 def get_reward(name: str) -> RewardSpec:
@@ -191,9 +197,7 @@ def judge_task(task: Any, ex: Extracted, judge: Judge) -> Any:
     """Run the prediction (nothing is executed for a malformed response)."""
     if not ex.format_ok:
         return None
-    if isinstance(task, CriticTask):
-        return judge.critic(task, ex.sql)
-    return judge.text2sql(task, ex.sql)
+    return kind_of(task).judge(judge, task, ex.sql)
 
 
 def score(name: str, task: Any, ex: Extracted, verdict: Any,
@@ -201,13 +205,13 @@ def score(name: str, task: Any, ex: Extracted, verdict: Any,
     """The pure part: a breakdown from an extraction and a verdict."""
     spec = get_reward(name)
     kind = getattr(task, "kind", None)
-    if spec.scorer is None:
-        routed = get_reward(HYBRID_ROUTES[(kind, spec.response)])
+    if spec.scorer is None:  # hybrid: the reward the task's kind names for this response shape
+        routed = get_reward(kind_of(task).rewards[spec.response])
         b = routed.scorer(task, ex, verdict, config)
         parts = {k: b.parts.get(k, 0.0) for k in _BASIC_KEYS}
-        parts["is_critic"] = float(kind == "critic")
+        parts["is_critic"] = float(routed.task_kind == CriticTask.kind)
         return RewardBreakdown(b.score, parts, b.excluded, b.reason, b.sql)
-    if spec.task_kind != kind:
+    if not _scores(spec, task):
         raise ValueError(f"reward {name!r} scores {spec.task_kind} tasks, got a {kind} task "
                          f"(use a hybrid reward for mixed batches)")
     b = spec.scorer(task, ex, verdict, config)
@@ -219,7 +223,7 @@ def compute(name: str, task: Any, response: Any, judge: Judge,
             config: RewardConfig = RewardConfig()) -> RewardBreakdown:
     """Extract, execute, score one response."""
     spec = get_reward(name)
-    if spec.scorer is not None and spec.task_kind != getattr(task, "kind", None):
+    if spec.scorer is not None and not _scores(spec, task):
         return score(name, task, Extracted(None, False), None, config)  # raises the type error
     ex = extract(spec, response, config)
     return score(name, task, ex, judge_task(task, ex, judge), config)

@@ -1,10 +1,10 @@
 """Task files: JSON Lines, one task record (``Task.to_dict()``) per line.
 
 Guarantees:
-- ``read_tasks`` / ``iter_tasks`` accept both task types in one file (``task_from_dict`` decides
-  per record); blank lines are ignored; a line that is not JSON, not an object, or not a valid
-  task raises ``TaskError`` naming the file and the 1-based line number. A missing file raises
-  ``FileNotFoundError`` naming it.
+- ``read_tasks`` / ``iter_tasks`` accept tasks of every registered kind in one file
+  (``sqlrl.tasks.kinds.task_from_dict`` decides per record); blank lines are ignored; a line
+  that is not JSON, not an object, or not a valid task raises ``TaskError`` naming the file and
+  the 1-based line number. A missing file raises ``FileNotFoundError`` naming it.
 - ``write_tasks`` is atomic: it writes a temporary file in the target's folder, fsyncs it and
   renames it over the target, so a crash or a bad task midway leaves any existing file untouched
   and never leaves a half-written one. What it writes ``read_tasks`` reads back equal.
@@ -18,7 +18,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from .types import Task, TaskError, task_from_dict
+from .kinds import task_from_dict
+from .types import Task, TaskError
 
 __all__ = ["read_tasks", "iter_tasks", "write_tasks", "iter_jsonl", "write_jsonl_atomic"]
 

@@ -1,4 +1,5 @@
-"""Task types: the two kinds of work an SQL agent is trained and evaluated on.
+"""Task types: the two built-in kinds of work an SQL agent is trained and evaluated on (what
+each kind means to prompts, rewards, verl and the teacher: ``sqlrl.tasks.kinds``).
 
 - ``Text2SQLTask``: a natural-language question (+ optional evidence) over one database; the
   answer is judged by execution against ``gold_sql`` (Spider / BIRD semantics).
@@ -189,20 +190,4 @@ class CriticTask:
 
 
 Task = Union[Text2SQLTask, CriticTask]
-TASK_TYPES: dict[str, type] = {"text2sql": Text2SQLTask, "critic": CriticTask}
 
-
-def task_kind(record: dict[str, Any]) -> str:
-    """Which task type a raw record is: BIRD-CRITIC records carry ``instance_id``/``issue_sql``."""
-    if "issue_sql" in record or "instance_id" in record:
-        return "critic"
-    if "question" in record:
-        return "text2sql"
-    raise TaskError("record is neither a text-to-SQL task (no 'question') nor a BIRD-CRITIC "
-                    "instance (no 'instance_id'/'issue_sql')")
-
-
-def task_from_dict(record: dict[str, Any]) -> Task:
-    if not isinstance(record, dict):
-        raise TaskError(f"a task record must be a JSON object, got {type(record).__name__}")
-    return TASK_TYPES[task_kind(record)].from_dict(record)

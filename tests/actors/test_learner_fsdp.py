@@ -45,7 +45,7 @@ def batches(tiny):
 
 @pytest.fixture(scope="module")
 def single(tiny, batches):
-    group = LearnerGroup(tiny, OPTIM, n=0)
+    group = LearnerGroup(tiny, OPTIM, in_process=True)
     metrics = [group.step(b, "sft", SFTConfig()) for b in batches]
     return metrics, group.state_dict()
 
@@ -85,8 +85,8 @@ def test_two_fsdp_ranks_match_one_process(fsdp, single, batches, tmp_path_factor
 
 
 def test_weight_sync_changes_the_rollout_worker(fsdp, tiny) -> None:
-    rollout = RolloutGroup(RolloutConfig(model=str(tiny), n_workers=0))
-    worker = rollout._local
+    rollout = RolloutGroup(RolloutConfig(model=str(tiny), in_process=True))
+    worker = rollout.workers[0]
     ids = torch.tensor([[1, 5, 9, 13, 17]])
     before = worker.policy.model(input_ids=ids).logits
     version, seconds = fsdp.sync_to(rollout)

@@ -3,7 +3,6 @@ or dead actors that never hang the group."""
 
 from __future__ import annotations
 
-import dataclasses
 import time
 
 import pytest
@@ -38,7 +37,7 @@ def catalog(demo_db_path):
 
 def test_actors_score_like_in_process_and_run_each_gold_once(ray_session, catalog) -> None:
     requests = batch()
-    local = RewardGroup(catalog, RewardGroupConfig(n_actors=0)).score(requests)
+    local = RewardGroup(catalog, RewardGroupConfig(in_process=True)).score(requests)
     group = RewardGroup(catalog, RewardGroupConfig(n_actors=2))
     try:
         remote = group.score(requests)
@@ -106,9 +105,9 @@ def test_a_killed_incarnation_that_still_answers_is_never_used(ray_session, cata
     try:
         [old] = group.wait_ready()
         assert old is not None
-        group.config = dataclasses.replace(group.config, start_timeout_s=2)  # a short test
-        group._killed[0].add(old)  # what _restart_hung records just before ray.kill
-        group._incarnation[0] = None
+        group.actors.start_timeout_s = 2  # a short test
+        group.actors._killed[0].add(old)  # what ActorGroup.restart records just before ray.kill
+        group.actors._incarnation[0] = None
         assert group.wait_ready() == [None]  # it keeps answering, with the killed id
         out = group.score(batch()[:2])
         assert all(b.excluded and b.reason.startswith("reward-unavailable") for b in out)

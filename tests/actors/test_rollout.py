@@ -52,7 +52,7 @@ def check(trajectories, expected_ids) -> None:
 
 
 def test_in_process_rollout_releases_every_session(pool, schemas) -> None:
-    group = RolloutGroup(RolloutConfig(model="tiny", loop=LOOP, n_workers=0), pool, schemas)
+    group = RolloutGroup(RolloutConfig(model="tiny", loop=LOOP, in_process=True), pool, schemas)
     batch = tasks()
     out = group.rollout(batch)
     check(out, [t.task_id for t in batch])
@@ -83,7 +83,7 @@ def test_a_refused_lease_gives_error_trajectories_not_an_exception(pool, schemas
 
 def test_single_turn_mode_needs_no_sessions(schemas) -> None:
     single = LoopConfig(mode="single", max_total_tokens=4096, sampling=SamplingParams(max_new_tokens=16, seed=1))
-    group = RolloutGroup(RolloutConfig(model="tiny", loop=single), None, schemas)
+    group = RolloutGroup(RolloutConfig(model="tiny", loop=single, in_process=True), None, schemas)
     out = group.rollout(tasks(2))
     assert [t.stop_reason for t in out] == ["single_turn"] * 3
 

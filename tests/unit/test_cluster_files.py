@@ -337,3 +337,10 @@ def test_setup_gpu_refuses_a_wrong_python(tmp_path):
                            env={"PATH": "/usr/bin:/bin", "PYTHON": python, "SQLRL_VENV": str(tmp_path / "venv")})
         assert p.returncode == 1 and message in p.stderr, p.stderr
         assert not (tmp_path / "venv").exists()  # nothing installed
+
+
+def test_the_image_imports_the_app_folders_from_its_checkout():
+    """Only the sqlrl library is installed (pyproject.toml): the image's jobs, actors and Serve
+    replicas import actors/curriculum/jobs/serve from the checkout, which must be on PYTHONPATH."""
+    text = (ROOT / "deploy" / "Dockerfile.gpu").read_text()
+    assert f"COPY . {IMAGE_ROOT}" in text and f"PYTHONPATH={IMAGE_ROOT}" in text

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sqlrl.eval import critic
+from sqlrl.db import source
 from sqlrl.eval.critic import OutcomeKind, SolCache, run_critic
 from sqlrl.eval.sandbox import (preprocess_results, remove_distinct_sql, remove_round_sql,
                                 results_match, strip_sql, strip_sql_fallback)
@@ -40,7 +40,7 @@ def sha(path):
 def executed(monkeypatch):
     """Every statement run through sessions opened by the runner, per session."""
     log = []
-    real = critic.open_session
+    real = source.open_session  # what the runner's default LocalSessions opens with
 
     def counting(url, **kw):
         session = real(url, **kw)
@@ -55,7 +55,7 @@ def executed(monkeypatch):
         session.execute = execute
         return session
 
-    monkeypatch.setattr(critic, "open_session", counting)
+    monkeypatch.setattr(source, "open_session", counting)
     return log
 
 

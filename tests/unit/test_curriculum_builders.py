@@ -11,12 +11,12 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from curriculum.builders import (TextChatFormat, build_stage1, build_stage2, build_stage3,
-                                 build_stage4, pool_opener)
+from curriculum.builders import TextChatFormat, build_stage1, build_stage2, build_stage3, build_stage4
 from curriculum.openai_teacher import OpenAIConfig, OpenAITeacher
 from curriculum.teachers import ProgrammaticTeacher, reference_sql, tool_call_text
 from sqlrl.agent import AgentLoop, HFChatFormat, LoopConfig, build_messages, tools_for
 from sqlrl.db import SessionPool, open_session
+from sqlrl.db.source import LocalSessions
 from sqlrl.policy.types import SamplingParams
 from sqlrl.rewards import Judge, extract_single
 from sqlrl.tasks.loaders import load_jsonl, load_spider, load_verl
@@ -210,12 +210,14 @@ def test_stage2_drops_unverified_trajectories_with_reasons(data, tmp_path):
 
 
 def test_stage2_session_failure_drops_only_that_task(data, tmp_path):
-    def opener(url, preprocess, limits):
-        if "library" in url:
-            raise ConnectionError("no session for you")
-        return open_session(url, preprocess_sql=list(preprocess), limits=limits)
+    class NoLibrary(LocalSessions):
+        def open_many(self, requests):
+            if any("library" in r.db for r in requests):
+                raise ConnectionError("no session for you")
+            return super().open_many(requests)
     tasks = data["tasks"]
-    rows, report = build_stage2(tasks, ProgrammaticTeacher(), tmp_path / "s2.jsonl", opener=opener, **kw(data))
+    rows, report = build_stage2(tasks, ProgrammaticTeacher(), tmp_path / "s2.jsonl", opener=NoLibrary(),
+                                **kw(data))
     n_lib = sum(t.db_id == "library" for t in tasks)
     assert 0 < n_lib < len(tasks)
     assert report.dropped == {"session-error": n_lib} and report.kept == len(tasks) - n_lib
@@ -226,7 +228,8 @@ def test_stage2_on_a_session_pool_gives_the_same_rows(data, tmp_path):
     local, _ = build_stage2(tasks, ProgrammaticTeacher(), tmp_path / "a.jsonl", **kw(data))
     with SessionPool() as pool:
         pooled, report = build_stage2(tasks, ProgrammaticTeacher(), tmp_path / "b.jsonl",
-                                      opener=pool_opener(pool), **kw(data))
+                                      opener=LocalSessions(pool=pool), **kw(data))
+        assert pool.stats().leases >= len(tasks)  # the trajectories ran on the pool's sessions
     assert pooled == local and report.kept == len(tasks)
 
 
@@ -272,7 +275,7 @@ def test_openai_teacher_output_is_verified_by_the_builders(data, tmp_path):
 # -- stages 3 and 4 --------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("build, mode, agent", [(build_stage3, "single", None),
-                                                 (build_stage4, "agentic", "tool_agent")])
+                                                 (build_stage4, "agentic", "sqlrl_agent")])
 def test_rl_data_round_trips_through_verl_parquet(build, mode, agent, data, tmp_path):
     tasks = data["tasks"]
     kept, report = build(tasks, tmp_path, schemas=data["schemas"])

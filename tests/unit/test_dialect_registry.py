@@ -21,36 +21,14 @@ ALLOWED = {
         "sqlglot name), not about sqlrl's engines: an engine without rules gets no wrong_dialect "
         "bugs and needs no entry",
 }
-# Per-dialect code in modules outside the change that introduced the descriptor (issue 14), each
-# with the descriptor field that replaces it. Remove an entry when its module is fixed: a stale
-# entry fails the test, so this list only shrinks.
-PENDING = {
-    ("bench/pool.py", "SQLGLOT"): "Dialect.sqlglot (sqlglot_name)",
-    ("bench/pool.py", "ADMIN_ENV"): "Dialect.admin_url_env",
-    ("bench/pool.py", "workload"): "Dialect.file_based / loader.SOURCE_DIALECT",
-    ("bench/pool.py", "bench_dialect"): "Dialect.file_based",
-    ("bench/pool.py", "targets"): "Dialect.file_based",
-    ("bench/pool.py", "main"): "Dialect.file_based",
-    ("curriculum/teachers.py", "SQLGLOT_DIALECTS"): "Dialect.sqlglot (sqlglot_name)",
-    ("jobs/evaluate.py", "_bird_paths"): "Dialect.file_based",
-    ("jobs/main.py", "serve_command"): "Dialect.file_based",
-    ("serve/engine.py", "load_databases"): "Dialect.file_based",
-    ("sqlrl/db/shard.py", "ShardCore.release_many"): "Dialect.file_based",
-    ("sqlrl/db/shard.py", "ShardCore.submit_many"): "Dialect.file_based",
-    ("sqlrl/eval/critic_eval.py", "resolve_url"): "Dialect.file_based",
-    ("sqlrl/rewards/parse.py", "_unfence"): "descriptor.find (names and aliases)",
-    ("sqlrl/tasks/loaders/__init__.py", "load_jsonl"): "Dialect.file_based",
-    ("sqlrl/tasks/loaders/bird.py", "load_bird"): "Dialect.file_based",
-    ("sqlrl/tasks/loaders/critic.py", "load_critic"): "Dialect.file_based",
-}
 
 
 def problems(findings: list[Finding]) -> list[str]:
     """What the production check reports: findings not allowed, and allowed entries now stale."""
     keys = {(f.path, f.scope) for f in findings}
-    out = [str(f) for f in findings if (f.path, f.scope) not in ALLOWED | PENDING.keys()]
+    out = [str(f) for f in findings if (f.path, f.scope) not in ALLOWED]
     out += [f"stale allow-list entry (nothing found there any more): {k}"
-            for k in sorted((ALLOWED.keys() | PENDING.keys()) - keys)]
+            for k in sorted(ALLOWED.keys() - keys)]
     return out
 
 

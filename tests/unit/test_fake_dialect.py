@@ -2,11 +2,14 @@
 inside this module (its adapter class below, its ``Dialect`` registered by a fixture) and every
 layer that names dialects takes it with no other edit: URLs, task records, sessions, statement
 splitting, schema introspection and rendering, prompts, result comparison, the judge, BIRD
-labelling, bug injection and BIRD-CRITIC test cases. (Its storage is SQLite's, so it runs here;
-what is tested is that nothing outside ``sqlrl/db/dialects/`` had to learn its name.)"""
+labelling, bug injection, BIRD-CRITIC test cases, loaders' database folders and file names,
+solution fences, the serve command and the pool's parallel calls. (Its storage is SQLite's, so
+it runs here; what is tested is that nothing outside ``sqlrl/db/dialects/`` had to learn its
+name.)"""
 
 from __future__ import annotations
 
+import json
 import random
 import shutil
 from dataclasses import replace
@@ -138,3 +141,32 @@ def test_critic_test_cases(fakesql, fake_url: str) -> None:
                       sol_sql=("SELECT count(*) FROM products",), dialect="fakesql")
     assert run_critic(task, ["SELECT count(product_id) FROM products"], fake_url).solved
     assert not run_critic(task, ["SELECT 0"], fake_url).solved
+
+
+def test_its_files_names_and_fences(fakesql, demo_db_path: str, tmp_path: Path) -> None:
+    from jobs.main import serve_command
+    from sqlrl.db.lease import Lease
+    from sqlrl.db.shard import _on_server
+    from sqlrl.eval.critic_eval import resolve_url
+    from sqlrl.rewards.parse import extract_single
+    from sqlrl.tasks.loaders import load_bird, load_critic
+
+    (tmp_path / "db" / "shop").mkdir(parents=True)
+    shutil.copyfile(demo_db_path, tmp_path / "db" / "shop" / "shop.sqlite")
+    questions = tmp_path / "mini_dev_fake.json"  # the engine named by an alias in the file name
+    questions.write_text('[{"question_id": 1, "db_id": "shop", "question": "Q?", "SQL": "SELECT 1"},'
+                         ' {"question_id": 2, "db_id": "gone", "question": "Q?", "SQL": "SELECT 1"}]')
+    bird = load_bird(questions, tmp_path / "db")
+    assert [t.dialect for t in bird.tasks] == ["fakesql"] and bird.skipped == {"gone": 1}
+    task = CriticTask(instance_id="c1", db_id="shop", query="Count.", issue_sql=("SELECT 0",),
+                      sol_sql=("SELECT count(*) FROM products",), dialect="fake")
+    (tmp_path / "c.jsonl").write_text(json.dumps(task.to_dict()) + "\n")
+    assert load_critic(tmp_path / "c.jsonl", db_root=tmp_path / "db").tasks == (task,)  # a file db
+    url = resolve_url(task, None, tmp_path / "db")
+    assert url.startswith("fakesql:///") and url.endswith("shop.sqlite")
+    assert serve_command(Path("m"), {"shop": {"postgresql": "postgresql://h/shop", "fakesql": url}}
+                         ).endswith(f"--database shop={url}")
+    lease = Lease("l", "s", "i", "w", "shop", "fakesql", 0.0, 1.0)
+    assert not _on_server(lease) and _on_server(replace(lease, dialect="postgresql"))  # file: CPU here
+    fenced = extract_single("<thought>t</thought><solution>```FakeSQL\nSELECT 1\n```</solution>")
+    assert fenced.sql == "SELECT 1"

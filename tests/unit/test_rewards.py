@@ -10,7 +10,7 @@ from sqlrl.db import Limits
 from sqlrl.rewards import (REWARDS, Judge, RewardConfig, SQLR1Config, batch_means, compute,
                            extract_agentic, extract_single, score)
 from sqlrl.eval.compare import outer_order_by
-from sqlrl.rewards.judge import ExecVerdict, local_opener
+from sqlrl.rewards.judge import ExecVerdict
 from sqlrl.tasks.types import CriticTask, Text2SQLTask
 from sqlrl.tools import ToolCall
 
@@ -120,9 +120,13 @@ def test_a_failing_gold_is_excluded_and_never_rewarded(judge) -> None:
 
 
 def test_a_malformed_response_is_never_executed(demo_db_path) -> None:
-    def forbidden(*args):
-        raise AssertionError("executed SQL from a malformed response")
-    judge = Judge({"shop": {"sqlite": f"sqlite:///{demo_db_path}"}}, opener=forbidden)
+    class Forbidden:
+        def open_many(self, requests):
+            raise AssertionError("executed SQL from a malformed response")
+
+        def close_many(self, sessions):
+            pass
+    judge = Judge({"shop": {"sqlite": f"sqlite:///{demo_db_path}"}}, sessions=Forbidden())
     b = compute("bird_ex_single", t2s("SELECT 1"), "SELECT 1", judge)
     assert b.score == 0.0 and b.reason.startswith("format")
 

@@ -15,12 +15,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from ...db.dialects.descriptor import dialect_of
 from ...db.url import sqlite_url
 from ..schema import DatabaseSchema, schemas_from_tables_json
 from ..types import Task, TaskError
 
 __all__ = ["TaskSet", "require_file", "require_dir", "read_json", "sqlite_db_file",
-           "sqlite_catalog_entry", "read_tables_json"]
+           "sqlite_catalog_entry", "read_tables_json", "from_files"]
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,12 @@ def sqlite_db_file(db_id: str, roots: Iterable[Path]) -> Path | None:
             if candidate.is_file():
                 return candidate.resolve()
     return None
+
+
+def from_files(dialect: str) -> bool:
+    """Whether a task in ``dialect`` takes its database from a loader's database folder: the
+    engine's databases are files (``Dialect.file_based``); a server engine's come from a catalog."""
+    return dialect_of(dialect).file_based
 
 
 def sqlite_catalog_entry(path: Path) -> dict[str, str]:

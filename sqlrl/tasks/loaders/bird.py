@@ -12,7 +12,8 @@ Guarantees:
   at hand. Without it the tasks still load and the catalog is empty -- evaluating them then
   needs ``db_root`` (or server databases the job adds to the catalog). With it, every database
   found is in the catalog under ``sqlite`` (also the source for loading a server flavour), and
-  for the SQLite flavour tasks whose file is missing are skipped and counted in ``skipped``.
+  for the SQLite flavour (a file-based engine's) tasks whose file is missing are skipped and
+  counted in ``skipped``.
 - Schemas come from ``tables`` (default: ``dev_tables.json`` next to the questions, when there).
 - Missing files/folders raise ``FileNotFoundError`` naming them; malformed records ``TaskError``
   naming the file and index.
@@ -23,21 +24,26 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from ...db.dialects.descriptor import find
 from ..types import TaskError, Text2SQLTask, norm_dialect
-from .base import (SqliteIndex, TaskSet, read_json, read_tables_json, records_of, require_dir,
-                   require_file)
+from .base import (SqliteIndex, TaskSet, from_files, read_json, read_tables_json, records_of,
+                   require_dir, require_file)
 
 __all__ = ["load_bird"]
 
-_DIALECT_IN_NAME = re.compile(r"(?:^|[_\-.])(sqlite|mysql|postgresql|postgres|pg)(?:$|[_\-.])", re.I)
+
+def _dialect_in_name(stem: str) -> str | None:
+    """The engine a file name names by one of its names or aliases, as a ``_``/``-``/``.``
+    separated part (``mini_dev_mysql`` -> mysql, ``dev_pg`` -> postgresql); None without one."""
+    return next((e.name for part in re.split(r"[_\-.]", stem) if (e := find(part)) is not None),
+                None)
 
 
 def load_bird(questions_json: str | Path, db_root: str | Path | None = None,
               dialect: str | None = None, *, tables: str | Path | None = None) -> TaskSet:
     path = require_file(Path(questions_json), "BIRD questions file")
     if dialect is None:
-        m = _DIALECT_IN_NAME.search(path.stem)
-        dialect = m.group(1) if m else "sqlite"
+        dialect = _dialect_in_name(path.stem) or "sqlite"
     dialect = norm_dialect(dialect)
     if tables is not None:
         tables_path: Path | None = require_file(Path(tables), "BIRD tables.json")
@@ -63,7 +69,7 @@ def load_bird(questions_json: str | Path, db_root: str | Path | None = None,
         if roots:
             if index.find(task.db_id) is not None:
                 index.attach(task.db_id)
-            elif task.dialect == "sqlite":
+            elif from_files(task.dialect):
                 index.skip(task.db_id)
                 continue
         tasks.append(task)

@@ -2,10 +2,10 @@
 
 One row per task, with verl's columns:
 ``data_source`` (str), ``prompt`` (chat messages ``[{role, content}]``), ``ability`` (str),
-``reward_model`` (``{"style": "rule", "ground_truth": str}``: the gold SQL, or for a BIRD-CRITIC
-task the JSON list of ``sol_sql``) and ``extra_info``: ``index``, ``split``, ``task_kind``,
-``task_id``, ``task`` (the full ``Task.to_dict()`` as JSON text), and, as verl's multi-turn tool
-rollouts expect, ``need_tools_kwargs: true`` and ``tools_kwargs = {tool name: {"create_kwargs":
+``reward_model`` (``{"style": "rule", "ground_truth": str}``: the kind's
+``TaskKind.ground_truth`` -- the gold SQL, or for a BIRD-CRITIC task the JSON list of ``sol_sql``)
+and ``extra_info``: ``index``, ``split``, ``task_kind``, ``task_id``, ``task`` (the full
+``Task.to_dict()`` as JSON text), and, as verl's multi-turn tool rollouts expect, ``need_tools_kwargs: true`` and ``tools_kwargs = {tool name: {"create_kwargs":
 {task_id, db_id, dialect, preprocess_sql}}}`` for each tool in ``sqlrl.tools.schemas.TOOLS``.
 
 Guarantees:
@@ -27,7 +27,8 @@ from typing import Any, Callable, Iterable, Mapping
 
 from ...tools.schemas import TOOLS
 from ..schema import DatabaseSchema
-from ..types import CriticTask, Task, TaskError, task_from_dict
+from ..kinds import kind_of, task_from_dict
+from ..types import Task, TaskError
 from .base import TaskSet, require_file
 
 __all__ = ["export_verl", "load_verl", "default_prompt", "verl_row"]
@@ -43,15 +44,7 @@ def default_prompt(task: Task, schema: DatabaseSchema | None = None) -> list[dic
     parts = [f"Database: {task.db_id} ({task.dialect})"]
     if schema is not None:
         parts.append("Schema:\n" + schema.to_create_sql(task.dialect))
-    if isinstance(task, CriticTask):
-        parts.append("User issue:\n" + task.query)
-        parts.append("Problematic SQL:\n" + "\n".join(f"```sql\n{s}\n```" for s in task.issue_sql))
-        parts.append("Fix the SQL so that it solves the user's issue.")
-    else:
-        parts.append("Question: " + task.question)
-        if task.evidence:
-            parts.append("Evidence: " + task.evidence)
-        parts.append("Write one SQL query that answers the question.")
+    parts += kind_of(task).verl_prompt(task)
     return [{"role": "system", "content": system}, {"role": "user", "content": "\n\n".join(parts)}]
 
 
@@ -62,6 +55,11 @@ def _pa():
     except ImportError as exc:  # pragma: no cover - pyarrow is a declared dependency
         raise ImportError("the verl format needs pyarrow (pip install 'pyarrow>=14')") from exc
     return pa, pq
+
+
+# verl's name of sqlrl's agent loop (actors/verl/agent_loop.py registers it; one database session
+# per trajectory). verl's own "tool_agent" would create and release a tool per call.
+AGENT_NAME = "sqlrl_agent"
 
 
 def _schema(agent_name: bool = False):
@@ -89,13 +87,9 @@ def verl_row(task: Task, index: int, *, prompt: list[dict[str, str]], ability: s
             or not all(isinstance(v, str) for v in m.values()) for m in prompt)):
         raise TaskError(f"task {task.task_id!r}: the prompt must be a non-empty list of "
                         "{'role': str, 'content': str} messages")
-    if isinstance(task, CriticTask):
-        ground_truth = json.dumps(list(task.sol_sql), ensure_ascii=False)
-        preprocess = list(task.preprocess_sql)
-    else:
-        ground_truth, preprocess = task.gold_sql, []
+    ground_truth = kind_of(task).ground_truth(task)
     create = {"task_id": task.task_id, "db_id": task.db_id, "dialect": task.dialect,
-              "preprocess_sql": preprocess}
+              "preprocess_sql": list(getattr(task, "preprocess_sql", ()))}
     return {
         "data_source": data_source or task.source or f"sqlrl-{task.kind}",
         "prompt": prompt,
@@ -117,7 +111,8 @@ def export_verl(tasks: Iterable[Task], path: str | Path, *, prompt_fn: PromptFn 
 
     ``prompt_fn(task)`` gives the chat messages; by default ``default_prompt`` with the task's
     schema from ``schemas`` (e.g. ``TaskSet.schemas``) when there is one. ``agent_name`` adds
-    verl's optional ``agent_name`` column (e.g. ``"tool_agent"`` for its agent loop).
+    verl's optional ``agent_name`` column (``AGENT_NAME``: sqlrl's agent loop, actors/verl, one
+    session per trajectory).
     """
     pa, pq = _pa()
     schemas = schemas or {}

@@ -109,10 +109,10 @@ def translate_tasks(tasks: Iterable[Text2SQLTask], sqlite_catalog: Mapping[str, 
                     open_session(report.session_url, limits=limits) as server:
                 for t in group:
                     outcome = _translate_one(t, dialect, lite, server)
-                    if isinstance(outcome, Text2SQLTask):
-                        kept.append(replace(outcome, meta={**outcome.meta, "server_database": name}))
-                    else:
+                    if isinstance(outcome, tuple):  # (why, detail): dropped
                         dropped.append((t.task_id, *outcome))
+                    else:
+                        kept.append(replace(outcome, meta={**outcome.meta, "server_database": name}))
                     done += 1
         except SessionError as exc:  # a session could not be opened: the rest of the group is dropped
             dropped.extend((t.task_id, "server-error", f"session: {exc}") for t in group[done:])

@@ -1,0 +1,212 @@
+"""Task kinds: everything sqlrl does differently per kind of task, as one frozen value per kind,
+and the registry every layer reads it from.
+
+    from sqlrl.tasks.kinds import kind_of
+    k = kind_of(task)                   # a task or a request -> TaskKind(name="critic", ...)
+    k.user_prompt(task), k.reference(task), k.judge(judge, task, sql), k.rewards["agentic"]
+
+The built-in kinds (``text2sql``, ``critic``) are declared at the end of this module. **Adding a
+kind** = its task class (a frozen dataclass with ``kind``, ``task_id``, ``db_id``, ``dialect``,
+``source``, ``to_dict``/``from_dict``; optionally ``preprocess_sql``), its unlabelled request
+class (``from_task``; the agent loop and serve take it) and one ``register(TaskKind(...))``.
+Task records (``task_from_dict``, so every loader and JSONL file), prompts (``agent.prompts``),
+unlabelled requests (``agent.request``), rewards (``rewards.registry``: what judges it, which
+rewards score it, where a hybrid reward routes it), verl parquet (``tasks.loaders.verl``), the
+programmatic teacher and the curriculum's data checks read it; tests/unit/test_fake_task_kind.py
+registers a test-only kind and runs those paths with nothing else edited, and
+tests/unit/test_task_kind_registry.py fails on an ``isinstance`` test of a built-in task class
+outside this module.
+
+Guarantees:
+- Importing this module imports nothing of sqlrl but ``sqlrl.tasks.types``; the callables here
+  reach judges and requests only through their arguments (duck typing) or by module name.
+- Names are unique (``register`` replaces a kind of the same name); ``kinds()`` keeps
+  registration order (the built-ins first).
+- ``kind_of`` raises ``TypeError`` for anything that is not a task or request of a registered
+  kind; ``kind_of_record`` raises ``TaskError`` naming what each kind's records must hold.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+from .types import CriticTask, TaskError, Text2SQLTask
+
+__all__ = ["TaskKind", "kind_of", "kind_of_record", "kinds", "get_kind", "register",
+           "registered", "unregister", "task_from_dict", "joined_sql"]
+
+
+def _nothing(task: Any) -> tuple[str, ...]:
+    return ()
+
+
+@dataclass(frozen=True, eq=False)
+class TaskKind:
+    """One kind of task. Every callable takes the task (or, for the prompt parts, a request of
+    the kind: the same user-visible fields) and is pure."""
+
+    name: str  # ``Task.kind``: task records, verl's ``extra_info.task_kind``, task mixtures
+    title: str  # how an error names a record of the kind ("a BIRD-CRITIC instance")
+    task_type: type  # the labelled task class
+    marks: tuple[str, ...]  # a raw record holding any of these keys is of this kind
+    request: str  # "module:Class" of the unlabelled request (``Class.from_task(task)``)
+    job: str  # the system prompt's "Your job: ..." (agent.prompts)
+    user_prompt: Callable[[Any], str]  # the user message of the agent's prompt
+    verl_prompt: Callable[[Any], list[str]]  # the problem paragraphs of verl's plain prompt
+    problem: Callable[[Any], str]  # what the user asks, as text (the teacher's thoughts)
+    reference: Callable[[Any], str]  # the reference answer as one SQL text
+    ground_truth: Callable[[Any], str]  # verl's ``reward_model.ground_truth``
+    judge: Callable[[Any, Any, Any], Any]  # (Judge, task, predicted SQL) -> verdict
+    check_reference: Callable[[Any, Any], tuple[bool, str, str]]  # (Judge, task) -> (ok, reason,
+    #                                    detail): does the task's own reference pass its check
+    rewards: Mapping[str, str]  # response shape ("single", "agentic") -> the reward a hybrid
+    #                             reward routes the kind to (rewards.registry.REWARDS)
+    scored_as: str = ""  # the ``RewardSpec.task_kind`` of the rewards that score it (default: name)
+    given_sql: Callable[[Any], tuple[str, ...]] = field(default=_nothing)  # SQL the user hands
+    #                                    over to be fixed (none: the answer is written from scratch)
+
+    def __post_init__(self) -> None:
+        if not self.scored_as:
+            object.__setattr__(self, "scored_as", self.name)
+
+    def request_type(self) -> type:
+        """The unlabelled request class (imported on first use: requests live in sqlrl.agent)."""
+        module, cls = self.request.split(":")
+        return getattr(importlib.import_module(module), cls)
+
+    def is_record(self, record: Mapping[str, Any]) -> bool:
+        return any(key in record for key in self.marks)
+
+
+_REGISTRY: dict[str, TaskKind] = {}
+
+
+def register(kind: TaskKind) -> TaskKind:
+    """Add ``kind`` (replacing one of the same name)."""
+    _REGISTRY[kind.name] = kind
+    return kind
+
+
+def unregister(name: str) -> None:
+    _REGISTRY.pop(name, None)
+
+
+@contextmanager
+def registered(kind: TaskKind) -> Iterator[TaskKind]:
+    """``with registered(TaskKind(...)):`` the kind exists inside the block only; the registry
+    is as it was after it (a kind it replaced by name back in its place)."""
+    saved = dict(_REGISTRY)
+    try:
+        yield register(kind)
+    finally:
+        _REGISTRY.clear()
+        _REGISTRY.update(saved)
+
+
+def kinds() -> tuple[TaskKind, ...]:
+    return tuple(_REGISTRY.values())
+
+
+def get_kind(name: str) -> TaskKind:
+    """The kind named ``name``; ``KeyError`` naming the known kinds otherwise."""
+    if name not in _REGISTRY:
+        raise KeyError(f"unknown task kind {name!r}; known: {', '.join(_REGISTRY)}")
+    return _REGISTRY[name]
+
+
+def kind_of(item: Any) -> TaskKind:
+    """The kind of a task or request (by its ``kind``); ``TypeError`` for anything else."""
+    kind = _REGISTRY.get(getattr(item, "kind", None))  # type: ignore[arg-type]
+    if kind is None:
+        raise TypeError(f"not a task: {type(item).__name__}")
+    return kind
+
+
+def kind_of_record(record: Mapping[str, Any]) -> TaskKind:
+    """The kind a raw record is: the most recently registered kind whose marks it holds (so a new
+    kind can claim records that carry its own keys besides a built-in kind's)."""
+    for kind in reversed(_REGISTRY.values()):
+        if kind.is_record(record):
+            return kind
+    raise TaskError("record is neither " + " nor ".join(
+        f"{k.title} (no {'/'.join(repr(m) for m in k.marks)})" for k in _REGISTRY.values()))
+
+
+def task_from_dict(record: Mapping[str, Any]) -> Any:
+    """The task a raw record holds, of the kind ``kind_of_record`` finds."""
+    if not isinstance(record, dict):
+        raise TaskError(f"a task record must be a JSON object, got {type(record).__name__}")
+    return kind_of_record(record).task_type.from_dict(record)
+
+
+def joined_sql(statements: Sequence[str]) -> str:
+    """Statements as one SQL text: each stripped of its trailing ``;``, joined by ``;\\n``."""
+    parts = [s.strip().rstrip(";").strip() for s in statements]
+    return ";\n".join(p for p in parts if p)
+
+
+# -- the built-in kinds ----------------------------------------------------------------------------
+
+def _text2sql_user(task: Any) -> str:
+    text = f"Question: {task.question.strip()}"
+    if task.evidence.strip():
+        text += f"\nEvidence (external knowledge): {task.evidence.strip()}"
+    return text + "\n\nWrite one SQL query that answers the question."
+
+
+def _text2sql_verl(task: Any) -> list[str]:
+    parts = ["Question: " + task.question]
+    if task.evidence:
+        parts.append("Evidence: " + task.evidence)
+    return parts + ["Write one SQL query that answers the question."]
+
+
+def _text2sql_check(judge: Any, task: Text2SQLTask) -> tuple[bool, str, str]:
+    v = judge.text2sql(task, task.gold_sql)
+    if v.gold_error is not None:
+        return False, "gold-error", v.gold_error
+    return (True, "ok", "") if v.bird_match else (False, "gold-fails", "gold does not match itself")
+
+
+TEXT2SQL = register(TaskKind(
+    name=Text2SQLTask.kind, title="a text-to-SQL task", task_type=Text2SQLTask,
+    marks=("question",), request="sqlrl.agent.request:GenerateRequest",
+    job="answer questions with SQL queries", user_prompt=_text2sql_user,
+    verl_prompt=_text2sql_verl, problem=lambda t: t.question,
+    reference=lambda t: t.gold_sql.strip(), ground_truth=lambda t: t.gold_sql,
+    judge=lambda judge, task, sql: judge.text2sql(task, sql), check_reference=_text2sql_check,
+    rewards={"single": "bird_ex_single", "agentic": "bird_ex_agentic"}))
+
+
+def _critic_user(task: Any) -> str:
+    issue = "\n\n".join(s.strip() for s in task.issue_sql)
+    return (f"{task.query.strip()}\n\nHere is the SQL I have, which does not do what I need:\n"
+            f"```sql\n{issue}\n```\n\nGive me SQL that solves my problem.")
+
+
+def _critic_verl(task: Any) -> list[str]:
+    return ["User issue:\n" + task.query,
+            "Problematic SQL:\n" + "\n".join(f"```sql\n{s}\n```" for s in task.issue_sql),
+            "Fix the SQL so that it solves the user's issue."]
+
+
+def _critic_check(judge: Any, task: CriticTask) -> tuple[bool, str, str]:
+    v = judge.critic(task, list(task.sol_sql))
+    if v.sol_error is not None:
+        return False, "gold-error", v.sol_error
+    return (True, "ok", "") if v.solved else (False, "gold-fails", "sol_sql fails its tests")
+
+
+CRITIC = register(TaskKind(
+    name=CriticTask.kind, title="a BIRD-CRITIC instance", task_type=CriticTask,
+    marks=("instance_id", "issue_sql"), request="sqlrl.agent.request:DebugRequest",
+    job="fix a user's SQL so that it does what they need", user_prompt=_critic_user,
+    verl_prompt=_critic_verl, problem=lambda t: t.query, reference=lambda t: joined_sql(t.sol_sql),
+    ground_truth=lambda t: json.dumps(list(t.sol_sql), ensure_ascii=False),
+    judge=lambda judge, task, sql: judge.critic(task, sql), check_reference=_critic_check,
+    rewards={"single": "critic_single", "agentic": "critic_agentic"},
+    given_sql=lambda t: t.issue_sql))
