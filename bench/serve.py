@@ -1,6 +1,6 @@
 """Benchmark serving: direct in-process generation vs sqlrl's Ray Serve app, closed-loop load.
 
-    python bench/serve.py [--clients 1,8,16,32] [--rounds 3] [--max-tokens 16] [--out FILE]
+    python bench/serve.py [--clients 1,8,16,32] [--rounds 3] [--max-tokens 64] [--out FILE]
 
 Three variants of the same chat completion (the tiny model, greedy, ``max_tokens`` tokens, the
 prompt rendered with the tool chat template) are interleaved in every round:
@@ -9,13 +9,15 @@ prompt rendered with the tool chat template) are interleaved in every round:
   lock -- one generation at a time, no HTTP, no Ray (the peer: what a user's own loop does);
 - ``serve``: the Serve app (``serve.app:build_app``) over loopback HTTP, dynamic batching on
   (``max_batch_size`` 16);
+- ``serve-colo``: the same app with ``colocate: true`` (the model inside the ingress replica: one
+  Ray hop less per request);
 - ``serve-1``: the same app with ``max_batch_size`` 1 -- one-at-a-time serving through Serve.
 
 Each variant runs with C concurrent closed-loop clients (a client sends its next request when
 the previous one is answered) for ``--requests`` requests per client. Reported per variant and C:
 latency p50/p99, requests/s, generated tokens/s. The targets are read as **paired per-round
 ratios** (both sides measured in the same round, back to back; the median over rounds):
-Serve's overhead at 1 client = p50(serve) - p50(direct) (target <= 10 ms), and the batching
+Serve's overhead at 1 client = p50(serve) - p50(direct) (target <= 10 ms; also for serve-colo), and the batching
 speed-up at 16 clients = tokens/s(serve) / tokens/s(serve-1) (target >= 3x; also vs direct).
 Torch uses one thread in the replicas and here. The app runs on a private local Ray. Not a
 test: the numbers depend on the machine and its load; docs/serving.md quotes one run.
@@ -36,7 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-VARIANTS = ("direct", "serve", "serve-1")
+VARIANTS = ("direct", "serve", "serve-colo", "serve-1")
 
 
 def body(i: int, max_tokens: int) -> dict:
@@ -98,17 +100,18 @@ def start_serve(port: int) -> None:
 
     from serve.app import build_app
 
-    def app(batch: int) -> dict:
+    def app(batch: int, colocate: bool = False) -> dict:
         return {"models": {"tiny": {"path": "tiny", "max_batch_size": batch, "max_ongoing_requests": 64,
                                     "max_queued_requests": 256, "num_cpus": 0.5, "torch_threads": 1}},
                 "limits": {"rate_limit_per_minute": 0, "max_tokens": 512},
-                "auth": {"required": False}}
+                "auth": {"required": False}, "colocate": colocate}
 
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
              _temp_dir=f"/tmp/sqlrl-bench-serve-{os.getpid()}")
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     serve.run(build_app(app(16)), name="batched", route_prefix="/b")
     serve.run(build_app(app(1)), name="single", route_prefix="/s")
+    serve.run(build_app(app(16, colocate=True)), name="colocated", route_prefix="/c")
 
 
 def http_caller(port: int, prefix: str, max_tokens: int):
@@ -130,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--clients", default="1,8,16,32")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--requests", type=int, default=0, help="per client (default: 24 at 1 client, else 4)")
-    ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "serve.json"))
     a = ap.parse_args(argv)
@@ -146,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
             port = s.getsockname()[1]
     start_serve(port)
     calls = {"direct": direct_caller(a.max_tokens), "serve": http_caller(port, "/b", a.max_tokens),
-             "serve-1": http_caller(port, "/s", a.max_tokens)}
+             "serve-colo": http_caller(port, "/c", a.max_tokens), "serve-1": http_caller(port, "/s", a.max_tokens)}
     for call in calls.values():  # warm-up: models loaded, first batches compiled
         for i in range(3):
             call(i)
@@ -175,8 +178,9 @@ def main(argv: list[str] | None = None) -> int:
                                                          ("p50_ms", "p99_ms", "req_per_s", "tokens_per_s")}})
     paired: dict[str, dict] = {}
     if 1 in clients:
-        d = [get(r, 1, "serve")["p50_ms"] - get(r, 1, "direct")["p50_ms"] for r in range(a.rounds)]
-        paired["serve_overhead_ms_at_1_client"] = {"per_round": d, "median": med(d), "target": "<= 10"}
+        for v in ("serve", "serve-colo"):
+            d = [get(r, 1, v)["p50_ms"] - get(r, 1, "direct")["p50_ms"] for r in range(a.rounds)]
+            paired[f"{v}_overhead_ms_at_1_client"] = {"per_round": d, "median": med(d), "target": "<= 10"}
     for c in clients:
         if c == 1:
             continue
@@ -185,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
         paired[f"batching_speedup_vs_serve1_at_{c}"] = {"per_round": b, "median": med(b),
                                                          **({"target": ">= 3"} if c == 16 else {})}
         paired[f"batching_speedup_vs_direct_at_{c}"] = {"per_round": d, "median": med(d)}
+        b = [get(r, c, "serve-colo")["tokens_per_s"] / get(r, c, "serve-1")["tokens_per_s"] for r in range(a.rounds)]
+        paired[f"colocated_speedup_vs_serve1_at_{c}"] = {"per_round": b, "median": med(b)}
 
     print(f"\n{'clients':>7} {'variant':<8} {'p50 ms':>9} {'p99 ms':>9} {'req/s':>8} {'tok/s':>9}   "
           f"(medians over {a.rounds} rounds)")

@@ -15,12 +15,15 @@ Order of checks for every ``/v1`` request: body size (413, before the body is pa
 clamps, then the model deployment. A full model queue (``max_queued_requests``) gives 503, the
 end-to-end timeout (``limits.request_timeout_s``) 504.
 
-``build_app(args)`` is the application builder ``serve run`` calls with the config's ``args``.
+``build_app(args)`` is the application builder ``serve run`` calls with the config's ``args``. With
+``colocate: true`` the ingress replicas hold the models themselves (``LocalModel``: the same calls
+as a deployment handle, without the Ray hop); otherwise each model is its own deployment.
 """
 
 
 
 import asyncio
+import inspect
 import json
 import time
 from typing import Any
@@ -53,12 +56,63 @@ def _validation_message(exc: Exception) -> tuple[str, str | None]:
     return str(exc), None
 
 
+class _LocalCall:
+    """A colocated model's call: awaitable and cancellable like a ``DeploymentResponse``."""
+
+    def __init__(self, coro: Any) -> None:
+        self._task = asyncio.ensure_future(coro)
+
+    def __await__(self) -> Any:
+        return self._task.__await__()
+
+    def cancel(self) -> None:
+        self._task.cancel()
+
+
+class _LocalStream:
+    """A colocated model's streamed call, like a ``DeploymentResponseGenerator``."""
+
+    def __init__(self, agen: Any) -> None:
+        self._agen = agen
+
+    def __anext__(self) -> Any:
+        return self._agen.__anext__()
+
+    def cancel(self) -> None:
+        asyncio.ensure_future(self._agen.aclose())
+
+
+class _Method:
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+
+    def remote(self, *args: Any) -> Any:
+        out = self.fn(*args)
+        return _LocalStream(out) if inspect.isasyncgen(out) else _LocalCall(out)
+
+
+class LocalModel:
+    """A ``ModelServer`` in the ingress's own process (``colocate``), called as its handle is."""
+
+    def __init__(self, server: ModelServer) -> None:
+        self.server = server
+
+    def options(self, **_: Any) -> "LocalModel":
+        return self
+
+    def __getattr__(self, name: str) -> _Method:
+        return _Method(getattr(self.server, name))
+
+
 @serve.deployment(max_ongoing_requests=256)
 @serve.ingress(api)
 class Ingress:
     def __init__(self, config: dict[str, Any], models: dict[str, Any]) -> None:
         self.config: ServeConfig = load_serve_config(config)
-        self.models = models  # name -> DeploymentHandle of its ModelServer
+        # name -> DeploymentHandle of its ModelServer, or (colocate) the ModelServer itself
+        if not models:  # colocate: this replica holds the models
+            models = {name: LocalModel(ModelServer(name, config)) for name in self.config.models}
+        self.models = models
         lim = self.config.limits
         self.limiter = RateLimiter(lim.rate_limit_per_minute, lim.rate_limit_burst)
         self.keys = self.config.auth.keys()
@@ -224,5 +278,7 @@ def build_app(args: dict[str, Any]) -> Any:
     """The application for ``serve run`` / ``serve.run``: ``args`` is a ``ServeConfig`` mapping."""
     config = load_serve_config(args)
     raw = json.loads(json.dumps(args))  # plain values for the replicas
+    if config.colocate:  # the ingress replicas load the models themselves
+        return Ingress.bind(raw, {})
     models = {name: model_deployment(name, config, raw) for name in config.models}
     return Ingress.bind(raw, models)

@@ -12,6 +12,9 @@ wrong types are errors naming the dotted key).
   URL of a sealed base (``sqlrl.db.provision.session_url``: every session gets its own clone and
   role). Clients name a database; they never pass a path or DSN.
 - ``sql_models``: which model answers ``/v1/sql/debug`` (Talon) and ``/v1/sql/generate`` (Zeno).
+- ``colocate``: the models run inside the ingress replicas instead of behind deployment handles
+  (one Ray hop less per request; per-model replicas, GPUs and ``max_queued_requests`` then do not
+  apply).
 - ``limits`` and ``auth``: what a public endpoint needs (see ``serve/limits.py``).
 
 Guarantees: ``__post_init__`` rejects inconsistent settings (``max_ongoing_requests`` below the
@@ -93,6 +96,10 @@ class ServeConfig:
                                                                 "generate": "zeno"})
     limits: LimitsSpec = field(default_factory=LimitsSpec)
     auth: AuthSpec = field(default_factory=AuthSpec)
+    # True: every ingress replica holds the models itself (no handle hop: lower latency; for small
+    # models on one machine). False: one ModelServer deployment per model (own replicas, GPUs and
+    # queue limits -- max_queued_requests applies only here).
+    colocate: bool = False
 
     def __post_init__(self) -> None:
         if not self.models:

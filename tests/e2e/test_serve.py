@@ -125,6 +125,9 @@ def server():
              "databases": {"shop": {"url": f"sqlite:///{db}"}},
              "sql_models": {"debug": "stuck", "generate": "stuck"},
              "limits": {"request_timeout_s": 1.0}, "auth": {"api_keys": KEYS}}
+    colo = {"models": {"script": {"path": "tiny", "backend": "scripted", "backend_options": {"script": SCRIPT}}},
+            "databases": {"shop": {"url": f"sqlite:///{db}"}}, "colocate": True,
+            "sql_models": {"debug": "script", "generate": "script"}, "auth": {"api_keys": KEYS}}
     if ray.is_initialized():  # another module's cluster (tests/actors' session one): this module
         ray.shutdown()        # starts its own, private one, and shuts it down at the end
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
@@ -133,6 +136,7 @@ def server():
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     serve.run(build_app(args), name="sqlrl", route_prefix="/")
     serve.run(build_app(short), name="short", route_prefix="/short")
+    serve.run(build_app(colo), name="colo", route_prefix="/colo")
     yield {"url": f"http://127.0.0.1:{port}", "db": db, "gate": gate, "trickle": trickle,
            "merge_gate": tmp / "merge-gate",
            "serve": serve, "servers": servers}
@@ -285,6 +289,22 @@ def test_streaming_is_token_by_token_and_matches_the_full_answer(server):
     assert [(v["name"], json.loads(v["arguments"])) for v in calls.values()] == [
         (t.function.name, json.loads(t.function.arguments)) for t in full.message.tool_calls]
     assert calls[0]["id"].startswith("call_")
+
+
+def test_colocated_models_answer_the_same_api(server):
+    """colocate: the ingress replica holds the model (no deployment handle): chat with a tool call,
+    a stream, and a server-side SQL agent answer as they do behind a model deployment."""
+    c = openai.OpenAI(base_url=server["url"] + "/colo/v1", api_key="k-chat", max_retries=0)
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]
+    msgs = [{"role": "user", "content": "weather in Paris"}]
+    call = c.chat.completions.create(model="script", messages=msgs, tools=tools).choices[0].message.tool_calls[0]
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Paris"}
+    streamed = "".join(ch.delta.content or "" for chunk in c.chat.completions.create(
+        model="script", messages=msgs, tools=tools, stream=True) for ch in chunk.choices)
+    assert streamed == "Let me check."
+    r = post(server, "/colo/v1/sql/generate", {"database": "shop", "question": "How many customers?"}, "k-sql")
+    assert r.status_code == 200 and r.json()["result"]["rows"] == [[60]], r.text
+    assert_openai_error(post(server, "/colo/v1/chat/completions", {"model": "nope", "messages": msgs}, "k-bad"), 404)
 
 
 def test_stream_errors_before_the_first_token_are_plain_errors(server):
