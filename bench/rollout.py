@@ -4,7 +4,7 @@
                             [--cache on,off] [--threads 1] [--quick] [--out FILE]
 
 Workload (GRPO-like, as RL rollouts run): ``--tasks`` synthetic text-to-SQL tasks
-(``sqlrl.tasks.synth``, seeded domain databases built in a temporary folder, interleaved over
+(``sqlrl.synth``, seeded domain databases built in a temporary folder, interleaved over
 ``--domains``), each repeated ``--group`` times (a group of samples of one task), agentic mode,
 ``--max-turns 3``, ``--max-new-tokens 48``, temperature 1.0. Every ``generate`` call gets its own
 seed (``--seed`` + call number), so the samples of a group differ in every mode (with one fixed
@@ -72,7 +72,7 @@ from sqlrl.policy.hf_backend import HFBackend  # noqa: E402
 from sqlrl.policy.types import Generation, SamplingParams  # noqa: E402
 from sqlrl.rewards import Judge, compute  # noqa: E402
 from sqlrl.tasks.schema import DatabaseSchema  # noqa: E402
-from sqlrl.tasks.synth import build_domain_db, generate_text2sql  # noqa: E402
+from sqlrl.synth import build_domain_db, generate_text2sql  # noqa: E402
 
 TARGET_SPEEDUP, TARGET_TOOL_PCT = 4.0, 10.0
 REWARD = "bird_ex_agentic"

@@ -62,7 +62,7 @@ def _load_split(root: Path, split: str, kinds: Sequence[str]) -> list[Any]:
 
 def generated(cfg: StageConfig) -> Split:
     """The embedded default data, generated into ``data.synth_dir`` on first use."""
-    from sqlrl.tasks.synth.dataset import build_default_dataset
+    from sqlrl.synth.dataset import build_default_dataset
 
     root = Path(cfg.data.synth_dir)
     if not (root / "manifest.json").is_file():
@@ -85,10 +85,10 @@ def generated(cfg: StageConfig) -> Split:
 
 def spider(cfg: StageConfig) -> Split:
     """Spider train questions for training, dev for evaluation (held-out databases); debugging
-    tasks from ``sqlrl.tasks.synth``'s bug injection over the same gold SQL (built on first use)."""
+    tasks from ``sqlrl.synth``'s bug injection over the same gold SQL (built on first use)."""
     from sqlrl.tasks.io import write_tasks
     from sqlrl.tasks.loaders import load
-    from sqlrl.tasks.synth.critic_gen import make_critic_tasks
+    from sqlrl.synth.critic_gen import make_critic_tasks
 
     root = Path(cfg.data.spider)  # type: ignore[arg-type]
     with Heartbeat("data: loading Spider", note=str(root)):

@@ -8,7 +8,7 @@ Guarantees:
 - No network: the tokenizer is a byte-level BPE trained here with ``tokenizers`` on ``corpus``
   (default: the shipped ``tiny_corpus.jsonl.gz`` next to this module -- questions, gold SQL and
   CREATE TABLE text of three synthetic domains, plus tool-using chat turns whose tool responses are
-  in ``sqlrl.tools``' one observation format; ``python -m sqlrl.tasks.synth.corpus`` writes it, so
+  in ``sqlrl.tools``' one observation format; ``python -m sqlrl.synth.corpus`` writes it, so
   this layer never imports the data generator). Byte-level, so any text round-trips.
 - Vocabulary: ``<|endoftext|>`` (pad, id 0), ``<|im_start|>`` (1), ``<|im_end|>`` (2, EOS) are special
   tokens; ``<tool_call>``, ``</tool_call>``, ``<tool_response>``, ``</tool_response>`` are added tokens

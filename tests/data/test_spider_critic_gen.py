@@ -10,7 +10,7 @@ import pytest
 
 from sqlrl.eval.critic import run_critic
 from sqlrl.tasks.loaders.spider import load_spider
-from sqlrl.tasks.synth.critic_gen import spider_critic_tasks
+from sqlrl.synth.critic_gen import spider_critic_tasks
 
 pytestmark = pytest.mark.spider
 DBS = ("concert_singer", "pets_1", "flight_2", "dog_kennels")

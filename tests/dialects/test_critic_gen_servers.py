@@ -10,8 +10,8 @@ import pytest
 from sqlrl.db import provision
 from sqlrl.db.loader import load_sqlite
 from sqlrl.eval.critic import run_critic
-from sqlrl.tasks.synth.bugs import schema_from_url
-from sqlrl.tasks.synth.critic_gen import make_critic_tasks
+from sqlrl.synth.bugs import schema_from_url
+from sqlrl.synth.critic_gen import make_critic_tasks
 from sqlrl.tasks.types import Text2SQLTask
 
 GOLDS = [

@@ -6,11 +6,11 @@ from dataclasses import replace
 import pytest
 
 from sqlrl.db import open_session, provision
-from sqlrl.tasks.synth.domains import build_domain_db
-from sqlrl.tasks.synth.text2sql import generate_text2sql
+from sqlrl.synth.domains import build_domain_db
+from sqlrl.synth.text2sql import generate_text2sql
 from sqlrl.eval.compare import canonical_value, same_result
 from sqlrl.eval.compare import outer_order_by as order_matters
-from sqlrl.tasks.synth.translate import translate_tasks
+from sqlrl.synth.translate import translate_tasks
 
 DOMAINS = ("library", "flights")
 

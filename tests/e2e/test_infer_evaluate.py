@@ -11,7 +11,7 @@ pytest.importorskip("transformers", reason="the policy stack (transformers) is n
 
 from jobs.evaluate import main as evaluate  # noqa: E402
 from jobs.infer import main as infer  # noqa: E402
-from sqlrl.tasks.synth import build_default_dataset  # noqa: E402
+from sqlrl.synth import build_default_dataset  # noqa: E402
 
 
 @pytest.fixture(scope="module")

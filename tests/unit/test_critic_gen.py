@@ -1,4 +1,4 @@
-"""Debugging-task generation (sqlrl.tasks.synth.critic_gen) on the demo shop database: every kept
+"""Debugging-task generation (sqlrl.synth.critic_gen) on the demo shop database: every kept
 instance is verified by re-running run_critic, rejections are counted, output is deterministic."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 
 from sqlrl.db import open_session
 from sqlrl.eval.critic import run_critic
-from sqlrl.tasks.synth.bugs import BUGS, Mutation, SchemaInfo, parse_sql
-from sqlrl.tasks.synth.critic_gen import GenReport, compose_query, make_critic_tasks
+from sqlrl.synth.bugs import BUGS, Mutation, SchemaInfo, parse_sql
+from sqlrl.synth.critic_gen import GenReport, compose_query, make_critic_tasks
 from sqlrl.tasks.types import CriticTask, Text2SQLTask
 
 GOLDS = [
@@ -211,14 +211,14 @@ def test_compose_query_reports_the_symptom_not_the_fix() -> None:
 
 
 def test_spider_critic_tasks_names_a_missing_folder(tmp_path) -> None:
-    from sqlrl.tasks.synth.critic_gen import spider_critic_tasks
+    from sqlrl.synth.critic_gen import spider_critic_tasks
 
     with pytest.raises(FileNotFoundError, match="Spider"):
         spider_critic_tasks(tmp_path / "nope")
 
 
 def test_a_raising_injector_is_counted_not_fatal(catalog: dict, monkeypatch) -> None:
-    from sqlrl.tasks.synth.bugs import BugInjector
+    from sqlrl.synth.bugs import BugInjector
 
     def boom(ctx):
         raise KeyError("unexpected AST shape")

@@ -20,7 +20,7 @@ from sqlrl.db.source import LocalSessions
 from sqlrl.policy.types import SamplingParams
 from sqlrl.rewards import Judge, extract_single
 from sqlrl.tasks.loaders import load_jsonl, load_spider, load_verl
-from sqlrl.tasks.synth import build_default_dataset
+from sqlrl.synth import build_default_dataset
 from sqlrl.tasks.types import CriticTask, Text2SQLTask
 from tests.unit.test_agent_chat_format import FakeTokenizer
 from tests.unit.test_agent_loop import ScriptedBackend

@@ -20,7 +20,7 @@ from curriculum.teachers import (ProgrammaticTeacher, reference_sql, sql_diff, s
 from sqlrl.agent import build_messages, get_parser
 from sqlrl.rewards import extract_single
 from sqlrl.tasks.io import read_tasks
-from sqlrl.tasks.synth import build_default_dataset
+from sqlrl.synth import build_default_dataset
 from sqlrl.tasks.types import CriticTask, Text2SQLTask
 
 HERMES = get_parser("hermes")

@@ -30,7 +30,7 @@ from sqlrl.eval.compare import outer_order_by
 from sqlrl.eval.critic import run_critic
 from sqlrl.rewards.judge import Judge
 from sqlrl.tasks.schema import ColumnSchema, DatabaseSchema, TableSchema, quote_identifier
-from sqlrl.tasks.synth.bugs import BUGS, applicable, parse_sql, schema_from_url, sqlglot_dialect
+from sqlrl.synth.bugs import BUGS, applicable, parse_sql, schema_from_url, sqlglot_dialect
 from sqlrl.tasks.types import CriticTask, TaskError, Text2SQLTask, norm_dialect
 
 

@@ -4,10 +4,9 @@ generator, ``policy`` importing ``tasks``) fails here, wherever the import sits 
 a function, under ``TYPE_CHECKING``); and ``sqlrl`` never imports the application folders above it
 (actors, bench, curriculum, jobs, serve).
 
-A unit is a top-level package or module of ``sqlrl`` (``db``, ``tools``, ``config.py`` -> ``config``),
-except ``tasks.synth``, which is its own unit above ``eval``: it verifies the debugging tasks it
-generates with the evaluator (``run_critic``), while ``eval`` reads only ``tasks``' core (types,
-loaders).
+A unit is a top-level package or module of ``sqlrl`` (``db``, ``tools``, ``config.py`` -> ``config``).
+``synth`` (the generated data) sits above ``eval``: it verifies the debugging tasks it generates
+with the evaluator (``run_critic``), while ``eval`` reads only ``tasks`` (types, loaders).
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ TIERS: tuple[frozenset[str], ...] = (
     frozenset({"tools", "learn"}),  # tools: the SQL tools on db; learn: the learner on policy
     frozenset({"tasks"}),  # task types, io, schema, loaders, task kinds
     frozenset({"eval"}),  # judging by execution
-    frozenset({"rewards", "tasks.synth"}),  # scorers on the judge; data generated and verified by eval
+    frozenset({"rewards", "synth"}),  # scorers on the judge; data generated and verified by eval
     frozenset({"agent"}),  # the loop: policy + tools + tasks + rewards
 )
 RANK = {unit: i for i, tier in enumerate(TIERS) for unit in tier}
@@ -33,12 +32,10 @@ APP_FOLDERS = {"actors", "bench", "curriculum", "jobs", "serve"}  # above sqlrl;
 
 
 def unit_of(module: str) -> str | None:
-    """``sqlrl.tasks.synth.bugs`` -> ``tasks.synth``; ``sqlrl.db.pool`` -> ``db``; ``sqlrl`` -> None."""
+    """``sqlrl.synth.bugs`` -> ``synth``; ``sqlrl.db.pool`` -> ``db``; ``sqlrl`` -> None."""
     parts = module.split(".")
     if parts[0] != "sqlrl" or len(parts) < 2:
         return None
-    if parts[1:3] == ["tasks", "synth"]:
-        return "tasks.synth"
     return parts[1]
 
 
@@ -104,23 +101,23 @@ def test_a_back_edge_is_found(tmp_path):
     """The checker itself: an import from a lower tier to a higher one (relative or absolute,
     inside a function) is reported; the same import in the other direction is not."""
     pkg = tmp_path / "sqlrl"
-    for sub in ("db", "tasks/synth", "eval", "policy"):
+    for sub in ("db", "synth", "eval", "policy"):
         (pkg / sub).mkdir(parents=True)
         (pkg / sub / "__init__.py").write_text("")
     (pkg / "__init__.py").write_text("")
     (pkg / "eval" / "ok.py").write_text("from sqlrl.db import open_session\nfrom ..tasks import types\n")
-    (pkg / "tasks" / "synth" / "gen.py").write_text("def f():\n    from ...eval import critic\n")
-    (pkg / "policy" / "tiny.py").write_text("def g():\n    from ..tasks.synth import gen\n")
+    (pkg / "synth" / "gen.py").write_text("def f():\n    from ..eval import critic\n")
+    (pkg / "policy" / "tiny.py").write_text("def g():\n    from ..synth import gen\n")
     (pkg / "db" / "x.py").write_text("import sqlrl.eval.critic\n")
     (pkg / "eval" / "app.py").write_text("def h():\n    from jobs.runtime import Runtime\n")
     found = back_edges(pkg)
     assert len(found) == 3, found
     assert any("sqlrl/eval/app.py:2: eval imports the application folder jobs.runtime" in f for f in found)
-    assert any("sqlrl/policy/tiny.py:2: policy (tier 0) imports sqlrl.tasks.synth" in f for f in found)
+    assert any("sqlrl/policy/tiny.py:2: policy (tier 0) imports sqlrl.synth" in f for f in found)
     assert any("sqlrl/db/x.py:1: db (tier 0) imports sqlrl.eval.critic" in f for f in found)
 
 
-@pytest.mark.parametrize("module, unit", [("sqlrl.tasks.synth.bugs", "tasks.synth"),
+@pytest.mark.parametrize("module, unit", [("sqlrl.synth.bugs", "synth"),
                                           ("sqlrl.tasks.schema", "tasks"), ("sqlrl.config", "config"),
                                           ("sqlrl", None), ("sqlglot", None)])
 def test_unit_of(module, unit):

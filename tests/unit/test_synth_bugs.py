@@ -1,4 +1,4 @@
-"""Bug injectors (sqlrl.tasks.synth.bugs): each applies as intended, declines when it cannot,
+"""Bug injectors (sqlrl.synth.bugs): each applies as intended, declines when it cannot,
 keeps the query parseable (the syntax-error family must not parse nor execute), is deterministic."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sqlglot
 from sqlglot.errors import SqlglotError
 
 from sqlrl.db import ErrorKind, open_session
-from sqlrl.tasks.synth.bugs import (BUGS, DIALECT_RULES, ColumnInfo, Mutation, SchemaInfo, applicable,
+from sqlrl.synth.bugs import (BUGS, DIALECT_RULES, ColumnInfo, Mutation, SchemaInfo, applicable,
                                     categories, parse_sql, schema_from_url, sqlglot_dialect,
                                     type_class)
 

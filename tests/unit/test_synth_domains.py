@@ -7,7 +7,7 @@ from datetime import date
 import pytest
 
 from sqlrl.tasks.demo_db import build_demo_database
-from sqlrl.tasks.synth.domains import DOMAINS, ROLES, Column, Table, build_domain_db, get_domain
+from sqlrl.synth.domains import DOMAINS, ROLES, Column, Table, build_domain_db, get_domain
 
 ISO = re.compile(r"\d{4}-\d{2}-\d{2}\Z")
 

@@ -13,10 +13,10 @@ from sqlglot import exp
 from sqlrl.db import open_session
 from sqlrl.tasks.io import read_tasks
 from sqlrl.tasks.loaders import load_jsonl
-from sqlrl.tasks.synth import build_default_dataset
-from sqlrl.tasks.synth.domains import DOMAINS, build_domain_db
-from sqlrl.tasks.synth.phrasing import QUESTIONS, condition, plural, question
-from sqlrl.tasks.synth.text2sql import (MAX_ROWS, TEMPLATES, Draft, GenerationError, generate_text2sql,
+from sqlrl.synth import build_default_dataset
+from sqlrl.synth.domains import DOMAINS, build_domain_db
+from sqlrl.synth.phrasing import QUESTIONS, condition, plural, question
+from sqlrl.synth.text2sql import (MAX_ROWS, TEMPLATES, Draft, GenerationError, generate_text2sql,
                                         verify)
 from sqlrl.tasks.types import DIFFICULTIES, Text2SQLTask
 

@@ -26,7 +26,7 @@ EXEMPT = "sqlrl/tasks/kinds.py"  # where kind knowledge belongs
 # make sense for one kind (they refuse the others; they choose no behaviour).
 ALLOWED = {
     ("sqlrl/eval/critic.py", "run_critic"): "runs BIRD-CRITIC test cases: refuses other tasks",
-    ("sqlrl/tasks/synth/critic_gen.py", "make_critic_tasks"):
+    ("sqlrl/synth/critic_gen.py", "make_critic_tasks"):
         "injects bugs into text-to-SQL gold queries: refuses other tasks",
     ("jobs/evaluate.py", "_critic_run"): "the BIRD-CRITIC evaluator: refuses a file of other tasks",
 }

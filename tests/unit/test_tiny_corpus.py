@@ -1,4 +1,4 @@
-"""The tiny model's shipped tokenizer corpus: what ``sqlrl.tasks.synth.corpus`` writes, with tool
+"""The tiny model's shipped tokenizer corpus: what ``sqlrl.synth.corpus`` writes, with tool
 responses in the one observation format."""
 
 from __future__ import annotations
@@ -7,14 +7,14 @@ import re
 
 from sqlrl.policy.chat import TOOL_RESPONSE_CLOSE, TOOL_RESPONSE_OPEN
 from sqlrl.policy.tiny import CORPUS_FILE, default_corpus
-from sqlrl.tasks.synth import corpus
+from sqlrl.synth import corpus
 
 FOOTER = re.compile(r"^\((\d+ rows?|first \d+ of \d+ rows shown|first \d+ rows shown; .*)\)$|^OK\b|^Error \(")
 
 
 def test_the_shipped_corpus_is_what_the_generator_writes():
     assert corpus.CORPUS_PATH == CORPUS_FILE
-    assert corpus.check(), "run: python -m sqlrl.tasks.synth.corpus (then commit the file)"
+    assert corpus.check(), "run: python -m sqlrl.synth.corpus (then commit the file)"
 
 
 def test_check_fails_on_a_changed_file(tmp_path):

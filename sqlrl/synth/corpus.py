@@ -1,4 +1,4 @@
-"""The tiny model's tokenizer corpus, made from the synthetic data: ``python -m sqlrl.tasks.synth.corpus``.
+"""The tiny model's tokenizer corpus, made from the synthetic data: ``python -m sqlrl.synth.corpus``.
 
 ``sqlrl.policy.tiny`` trains its byte-level BPE tokenizer on a shipped text file
 (``sqlrl/policy/tiny_corpus.jsonl.gz``, one JSON string per line). This module is what writes that
@@ -88,7 +88,7 @@ def write(path: Path = CORPUS_PATH) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m sqlrl.tasks.synth.corpus",
+    ap = argparse.ArgumentParser(prog="python -m sqlrl.synth.corpus",
                                  description="write the tiny model's tokenizer corpus")
     ap.add_argument("--check", action="store_true", help="only say whether the shipped file is up to "
                                                          "date (exit 1 when not)")
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     elif check():
         print(f"{CORPUS_PATH}: up to date")
     else:
-        print(f"{CORPUS_PATH}: out of date, run python -m sqlrl.tasks.synth.corpus", file=sys.stderr)
+        print(f"{CORPUS_PATH}: out of date, run python -m sqlrl.synth.corpus", file=sys.stderr)
         return 1
     return 0
 

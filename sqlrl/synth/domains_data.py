@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 from datetime import date, timedelta
 
-from ..demo_db import build_demo_database
+from ..tasks.demo_db import build_demo_database
 from .domains_base import Column as C
 from .domains_base import Domain, ForeignKey, Table, scaled
 

@@ -35,8 +35,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from ...db import Limits, open_session
-from ..types import DIFFICULTIES, Text2SQLTask, norm_difficulty
+from ..db import Limits, open_session
+from ..tasks.types import DIFFICULTIES, Text2SQLTask, norm_difficulty
 from .domains import Column, Domain, ForeignKey, Table, get_domain
 from .phrasing import condition, plural, question
 

@@ -35,11 +35,11 @@ from typing import Any, Iterable, Mapping
 
 import sqlglot
 
-from ...db import Limits, SessionError, open_session
-from ...db.dialects.descriptor import dialects, sqlglot_name
-from ...db.loader import SOURCE_DIALECT, load_sqlite
-from ...eval.compare import outer_order_by, same_result
-from ..types import Text2SQLTask, norm_dialect
+from ..db import Limits, SessionError, open_session
+from ..db.dialects.descriptor import dialects, sqlglot_name
+from ..db.loader import SOURCE_DIALECT, load_sqlite
+from ..eval.compare import outer_order_by, same_result
+from ..tasks.types import Text2SQLTask, norm_dialect
 
 
 

@@ -1,6 +1,6 @@
 """Seeded SQLite database generators ("domains") with the semantic annotations question templates need.
 
-    from sqlrl.tasks.synth.domains import DOMAINS, build_domain_db
+    from sqlrl.synth.domains import DOMAINS, build_domain_db
     build_domain_db(DOMAINS["library"], "/tmp/library.sqlite", seed=0)
 
 Guarantees:

@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..io import write_tasks
-from ..types import DIFFICULTIES, Task, Text2SQLTask
+from ..tasks.io import write_tasks
+from ..tasks.types import DIFFICULTIES, Task, Text2SQLTask
 from .domains import DOMAINS, build_domain_db, get_domain
 from .text2sql import generate_text2sql
 

@@ -1,4 +1,4 @@
-"""Build the embedded default data: ``python -m sqlrl.tasks.synth --out data/synth``.
+"""Build the embedded default data: ``python -m sqlrl.synth --out data/synth``.
 
 Writes the seeded domain databases (Spider layout), text-to-SQL tasks and verified debugging
 tasks per split (see ``dataset.build_default_dataset``). ``--spider PATH`` also writes verified
@@ -17,7 +17,7 @@ from .dataset import build_default_dataset
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m sqlrl.tasks.synth", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m sqlrl.synth", description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--n-per-domain", type=int, default=300)
@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(json.dumps({"splits": manifest.splits, "seconds": round(manifest.seconds, 1)}, indent=1))
     if a.spider:
-        from ..io import write_tasks
+        from ..tasks.io import write_tasks
         from .critic_gen import spider_critic_tasks
 
         tasks, report = spider_critic_tasks(a.spider, split=a.spider_split, seed=a.seed)

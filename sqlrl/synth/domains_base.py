@@ -1,6 +1,6 @@
 """Types of the domain annotations and the generic database builder (re-exported by ``domains``).
 
-Guarantees: see ``sqlrl.tasks.synth.domains``; this module holds no domain data.
+Guarantees: see ``sqlrl.synth.domains``; this module holds no domain data.
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ from sqlglot.tokens import TokenType
 
 from sqlrl.db.dialects.descriptor import dialect_of
 
-from ..schema import ColumnSchema, DatabaseSchema
+from ..tasks.schema import ColumnSchema, DatabaseSchema
 
 
 def sqlglot_dialect(dialect: str) -> str:
