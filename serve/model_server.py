@@ -30,6 +30,7 @@ any other.
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import time
 import uuid
@@ -82,7 +83,8 @@ class ModelServer:
         self.max_batch_size = spec.max_batch_size
         self._pending: list[tuple[list[Any], asyncio.Future]] = []  # Serve's batches, not yet generated
         self._runner: asyncio.Future | None = None
-        self.batch_sizes: list[int] = []  # prompts per generation call
+        # prompts per generation call, the most recent 10,000 (a replica runs for weeks: bounded)
+        self.batch_sizes: collections.deque[int] = collections.deque(maxlen=10_000)
         self.generation = {"calls": 0, "seconds": 0.0, "tokens": 0}  # time inside backend.generate
         # Two pools, never one: request threads block on the batch queue, and the batch must still
         # find a thread to generate in (a shared default pool deadlocks once it is full).

@@ -36,8 +36,24 @@ def _sql_tuple(name: str, value: Any) -> tuple[str, ...]:
     return tuple(v for v in str_tuple(name, value) if v.strip())
 
 
+class _Request:
+    """What every request shares: its task id is its request id; ids and the given texts must be
+    non-empty, ``dialect`` is normalised, ``preprocess_sql`` becomes a tuple of statements."""
+
+    @property
+    def task_id(self) -> str:
+        return self.request_id  # type: ignore[attr-defined]
+
+    def _check(self, *texts: str) -> None:
+        for name in ("request_id", "db_id", *texts):
+            require_text(name, getattr(self, name))
+        object.__setattr__(self, "dialect", norm_dialect(self.dialect))  # type: ignore[attr-defined]
+        object.__setattr__(self, "preprocess_sql",
+                           _sql_tuple("preprocess_sql", self.preprocess_sql))  # type: ignore[attr-defined]
+
+
 @dataclass(frozen=True)
-class GenerateRequest:
+class GenerateRequest(_Request):
     """Write SQL that answers ``question`` on database ``db_id`` (no gold answer)."""
 
     kind: ClassVar[str] = "text2sql"
@@ -50,16 +66,9 @@ class GenerateRequest:
     schema: DatabaseSchema | None = None
 
     def __post_init__(self) -> None:
-        for name in ("request_id", "db_id", "question"):
-            require_text(name, getattr(self, name))
+        self._check("question")
         if not isinstance(self.evidence, str):
             raise TaskError("evidence must be a string")
-        object.__setattr__(self, "dialect", norm_dialect(self.dialect))
-        object.__setattr__(self, "preprocess_sql", _sql_tuple("preprocess_sql", self.preprocess_sql))
-
-    @property
-    def task_id(self) -> str:
-        return self.request_id
 
     @classmethod
     def from_task(cls, task: Text2SQLTask) -> "GenerateRequest":
@@ -68,7 +77,7 @@ class GenerateRequest:
 
 
 @dataclass(frozen=True)
-class DebugRequest:
+class DebugRequest(_Request):
     """Fix ``issue_sql`` so that it does what ``query`` (the problem statement) asks."""
 
     kind: ClassVar[str] = "critic"
@@ -81,17 +90,10 @@ class DebugRequest:
     schema: DatabaseSchema | None = None
 
     def __post_init__(self) -> None:
-        for name in ("request_id", "db_id", "query"):
-            require_text(name, getattr(self, name))
+        self._check("query")
         object.__setattr__(self, "issue_sql", _sql_tuple("issue_sql", self.issue_sql))
         if not self.issue_sql:
             raise TaskError("issue_sql must hold at least one statement")
-        object.__setattr__(self, "dialect", norm_dialect(self.dialect))
-        object.__setattr__(self, "preprocess_sql", _sql_tuple("preprocess_sql", self.preprocess_sql))
-
-    @property
-    def task_id(self) -> str:
-        return self.request_id
 
     @classmethod
     def from_task(cls, task: CriticTask) -> "DebugRequest":
