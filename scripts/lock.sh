@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Regenerate the lock files from pyproject.toml (the source of version ranges) with uv's resolver:
-#   locks/cpu.txt  the CPU environment scripts/setup.sh installs (every extra, torch==2.13.0 CPU build)
+#   locks/cpu.txt  the CPU environment scripts/setup.sh installs (every extra, torch==2.13.0 CPU build,
+#                  vLLM's CPU build from locks/cpu.in, with locks/overrides-cpu.txt)
 #   locks/gpu.txt  Linux x86-64 + CUDA: the same plus verl's GPU stack (locks/gpu.in); compiled here,
 #                  installed only on GPU machines (UNVERIFIED on the CPU machines this project runs on)
 # Both carry sha256 hashes. Run after editing pyproject.toml or locks/*.in|txt inputs, commit the result;
@@ -14,7 +15,7 @@ sqlrl_bootstrap_uv "${PYTHON:-python3}"
 EXTRAS=(--extra dev --extra mssql --extra oracle --extra ray --extra policy --extra learn --extra models)
 COMMON=(--python-version 3.11 --python-platform x86_64-manylinux_2_28 --generate-hashes --quiet
         --override locks/overrides.txt --custom-compile-command "bash scripts/lock.sh")
-"$UV" pip compile pyproject.toml "${EXTRAS[@]}" "${COMMON[@]}" \
+"$UV" pip compile pyproject.toml locks/cpu.in "${EXTRAS[@]}" "${COMMON[@]}" --override locks/overrides-cpu.txt \
   -c locks/constraints-cpu.txt --find-links "$PIP_FIND_LINKS" --no-emit-find-links -o locks/cpu.txt "$@"
 "$UV" pip compile pyproject.toml locks/gpu.in "${EXTRAS[@]}" "${COMMON[@]}" -o locks/gpu.txt "$@"
 echo "lock: wrote locks/cpu.txt ($(grep -c '^[a-z0-9]' locks/cpu.txt) packages), locks/gpu.txt ($(grep -c '^[a-z0-9]' locks/gpu.txt) packages)"

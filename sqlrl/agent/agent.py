@@ -122,7 +122,11 @@ class Agent:
         if missing or unexpected:
             raise ValueError(f"weights do not fit this model: missing {list(missing)[:5]}, "
                              f"unexpected {list(unexpected)[:5]}")
-        getattr(self.backend, "clear_cache", lambda: None)()  # cached KV is of the old weights
+        load = getattr(self.backend, "load_weights", None)
+        if load is not None:  # an engine with its own copy (vLLM): the model's full, checked state
+            load(self.policy.model.state_dict())
+        else:
+            getattr(self.backend, "clear_cache", lambda: None)()  # cached KV is of the old weights
         self.version = version
         return version
 

@@ -21,7 +21,10 @@ Guarantees:
   the model (so every rank runs the same forward/backward), never NaN.
 - ``metrics`` are plain floats, local to the micro-batch: ``loss``, ``n_tokens``, ``n_sequences``
   and, for GRPO, ``pg_loss``, ``pg_clipfrac``, ``pg_clipfrac_lower``, ``ppo_kl``, ``entropy`` and
-  (when ``ref_logprobs`` are present) ``kl``; for SFT ``nll`` (mean over tokens).
+  (when ``ref_logprobs`` are present) ``kl``, plus verl's rollout-vs-train mismatch
+  (``rollout_probs_diff_max``/``_mean``, ``rollout_actor_probs_pearson_corr``: the sampler's token
+  probabilities against the learner's; the engine averages the per-micro-batch values);
+  for SFT ``nll`` (mean over tokens).
 """
 
 from __future__ import annotations
@@ -160,6 +163,7 @@ def grpo_loss_from_logprobs(log_prob: torch.Tensor, entropy: torch.Tensor | None
         old_log_prob=batch.old_logprobs, log_prob=log_prob, advantages=batch.advantages, response_mask=mask,
         loss_agg_mode=cfg.loss_agg_mode, config=actor_config(cfg), rollout_is_weights=None)
     metrics = {k.removeprefix("actor/"): f for k, v in pg_metrics.items() if (f := _float(v)) is not None}
+    metrics.update(rollout_mismatch(log_prob, batch.old_logprobs, mask))
     metrics["pg_loss"] = float(pg_loss.detach().item())
     loss = pg_loss
     if entropy is not None:
@@ -175,6 +179,23 @@ def grpo_loss_from_logprobs(log_prob: torch.Tensor, entropy: torch.Tensor | None
             loss = loss + cfg.kl_coef * kl_term
     metrics.update(loss=float(loss.detach().item()), n_tokens=batch.n_tokens, n_sequences=batch.n_sequences)
     return LossOutput(loss=loss, weight=weight, metrics=metrics)
+
+
+def rollout_mismatch(log_prob: torch.Tensor, old_log_prob: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """verl's rollout-vs-train metrics (``verl.utils.debug.metrics``): the absolute difference of the
+    token probabilities the sampler reported and the learner computes (max, mean) and their Pearson
+    correlation, over trained tokens. Near 0 / 1 when the sampler ran the learner's weights."""
+    from verl.utils.debug.metrics import calculate_log_prob_diff, pearson_correlation_coefficient
+
+    keep = mask.bool()
+    if not keep.any():
+        return {}
+    train, rollout = log_prob.detach().float().exp(), old_log_prob.detach().float().exp()
+    diff = calculate_log_prob_diff(train, rollout, keep)
+    out = {"rollout_probs_diff_max": float(diff.max().item()), "rollout_probs_diff_mean": float(diff.mean().item())}
+    if int(keep.sum()) > 1:
+        out["rollout_actor_probs_pearson_corr"] = float(pearson_correlation_coefficient(train, rollout, keep))
+    return out
 
 
 def grpo_loss(model: Any, batch: TokenBatch, cfg: GRPOConfig) -> LossOutput:

