@@ -239,10 +239,15 @@ class ActorGroup:
         return [self._incarnation[k] for k in self.members]
 
     def stop(self, keys: Iterable[Hashable] | None = None) -> None:
-        """Kill members for good (all by default) and forget them."""
+        """Kill members for good (all by default) and forget them. An in-process member with a
+        ``close()`` method is closed first (e.g. a rollout worker's vLLM engine processes, which
+        would otherwise live until garbage collection); a Ray member's process is killed, and
+        child processes it started (vLLM's engine) exit when they see their parent gone."""
         for k in list(self.members if keys is None else keys):
             member = self.pop(k)
-            if not self.in_process:
+            if self.in_process:
+                getattr(member, "close", lambda: None)()
+            else:
                 import ray
 
                 ray.kill(member, no_restart=True)

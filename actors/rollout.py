@@ -96,6 +96,10 @@ class RolloutWorker:
     def get_version(self) -> int:
         return self.agent.version
 
+    def close(self) -> None:
+        """Release the backend's resources (a vLLM engine's processes); the worker is done."""
+        self.agent.close()
+
 
 class RolloutGroup:
     def __init__(self, config: RolloutConfig, pool: Any = None,

@@ -92,7 +92,7 @@ class ClusterConfig:
 
 @dataclass(frozen=True)
 class RolloutSettings:
-    backend: str = "hf"  # "vllm" on GPU machines (unverified here)
+    backend: str = "auto"  # vllm where it can run the model (sqlrl.policy.backends), else hf
     max_turns: int = 4  # the programmatic teacher's trajectories take 2-4 turns
     max_new_tokens: int = 160
     max_total_tokens: int = 2048
@@ -158,6 +158,10 @@ class RLSettings:
     top_p: float = 1.0
     reward: str | None = None  # None: hybrid_<mode> (routes each task type to its reward)
     updates_per_batch: int = 1
+    # Dynamic sampling (DAPO): > 1 draws up to this many batches of tasks_per_step tasks per step
+    # until tasks_per_step groups have unequal rewards, and trains only on such groups (a group whose
+    # rewards are all equal has zero advantage: no gradient). 1 = one draw, every group trained on.
+    sampling_rounds: int = 1
     loss: GRPOConfig = field(default_factory=GRPOConfig)
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5, warmup_steps=0, total_steps=4,
                                                                    micro_batch_size=2))
@@ -166,6 +170,9 @@ class RLSettings:
         if self.steps < 1 or self.tasks_per_step < 1 or self.group_size < 2:
             raise ValueError("rl.steps >= 1, rl.tasks_per_step >= 1 and rl.group_size >= 2 are required "
                              "(GRPO needs at least two samples per task)")
+        if isinstance(self.sampling_rounds, bool) or not isinstance(self.sampling_rounds, int) \
+                or self.sampling_rounds < 1:
+            raise ValueError(f"rl.sampling_rounds must be an integer >= 1, got {self.sampling_rounds!r}")
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,15 @@ Guarantees:
 - Success = the reward's ``result`` part is 1; reported overall and per task kind
   (``success_<kind>``), over the tasks that were scored (an excluded task -- a broken reference or
   a failed rollout -- counts in ``n`` but not in ``scored``). ``format_ok`` is the mean format part.
+- The summary also holds ``successes``, ``success_ci95`` (the 95% Wilson interval of ``success``,
+  ``sqlrl.eval.stats``) and ``per_task``: task id -> ``{"success": 1 | 0 | None (excluded), "kind",
+  "difficulty", "domain"}``, so two evaluations of the same tasks can be compared task by task.
+- ``compare(before, after)`` is the paired bootstrap difference of two such summaries (matched by
+  task id; tasks on one side only are reported in it), or None when either has no ``per_task``.
+- ``changes_since_earlier(run_dir, stage, evals)``: for each of ``evals``, the paired difference
+  against the latest earlier stage of ``curriculum.stages.STAGES`` whose ``<run_dir>/<stage>/summary.json``
+  holds an evaluation in the same mode (``{mode: {"vs": stage, **difference}}``; modes with no
+  earlier evaluation, or none comparable, are left out).
 - The rollout workers are released before scoring starts; a heartbeat runs throughout.
 """
 
@@ -16,7 +25,7 @@ import math
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from jobs.console import Heartbeat
 from jobs.output import console
@@ -38,21 +47,91 @@ def evaluate(rt: Any, model: str, tasks: Sequence[Any], mode: str) -> dict[str, 
             rt.release(group)
         beat.update(len(trajs), note="scoring")
         breakdowns = rt.score(trajs, tasks, f"hybrid_{mode}")
+    from sqlrl.eval.stats import wilson_interval
+
     by_kind: dict[str, list[float]] = {}
+    per_task: dict[str, dict[str, Any]] = {}
     for task, b in zip(tasks, breakdowns):
-        if not b.excluded:
-            by_kind.setdefault(task.kind, []).append(float(b.parts.get("result", 0.0) >= 1.0))
+        ok_one = None if b.excluded else int(b.parts.get("result", 0.0) >= 1.0)
+        per_task[task.task_id] = {"success": ok_one, "kind": task.kind,
+                                  "difficulty": getattr(task, "difficulty", None), "domain": task.db_id}
+        if ok_one is not None:
+            by_kind.setdefault(task.kind, []).append(float(ok_one))
     ok = [x for v in by_kind.values() for x in v]
     out = {"model": model, "mode": mode, "n": len(tasks), "scored": len(ok),
            "success": sum(ok) / len(ok) if ok else 0.0,
+           "successes": int(sum(ok)), "success_ci95": list(wilson_interval(int(sum(ok)), len(ok))),
            **{f"success_{k}": sum(v) / len(v) for k, v in sorted(by_kind.items())},
            "format_ok": mean(b.parts.get("format", 0.0) for b in breakdowns if not b.excluded),
            "mean_turns": mean(len(t.turns) for t in trajs),
            "stop_reasons": dict(Counter(t.stop_reason for t in trajs)),
-           "seconds": round(time.perf_counter() - t0, 1)}
-    console.print(f"  eval ({mode}) {Path(model).name}: success {out['success']:.2f}, format "
+           "seconds": round(time.perf_counter() - t0, 1), "per_task": per_task}
+    console.print(f"  eval ({mode}) {Path(model).name}: success {success_text(out)}, format "
                   f"{out['format_ok']:.2f} on {out['scored']} tasks in {out['seconds']:.0f} s")
     return out
+
+
+def outcomes(summary: Mapping[str, Any]) -> dict[str, Any] | None:
+    """Task id -> 1 / 0 / None of an evaluation summary, or None when it has no ``per_task``."""
+    per_task = summary.get("per_task")
+    return None if per_task is None else {t: v.get("success") for t, v in per_task.items()}
+
+
+def compare(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, Any] | None:
+    """``after - before`` on the tasks both evaluations scored (paired bootstrap, 95%), as a dict
+    (``sqlrl.eval.stats.PairedDiff.to_dict``); None when either lacks ``per_task`` or they share
+    no scored task."""
+    from sqlrl.eval.stats import paired_difference
+
+    b, a = outcomes(before), outcomes(after)
+    if b is None or a is None:
+        return None
+    try:
+        return paired_difference(b, a).to_dict()
+    except ValueError:
+        return None
+
+
+def changes_since_earlier(run_dir: str | Path, stage: str, evals: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """See the module doc: each mode's change since the latest earlier stage evaluated in it."""
+    import json
+
+    from curriculum.stages import previous_stage
+
+    earlier: list[tuple[str, dict]] = []
+    before = previous_stage(stage)
+    while before is not None:
+        path = Path(run_dir) / before / "summary.json"
+        try:
+            earlier.append((before, json.loads(path.read_text()) if path.is_file() else {}))
+        except (OSError, ValueError):
+            pass
+        before = previous_stage(before)
+    out: dict[str, Any] = {}
+    for e in evals:
+        for name, summary in earlier:
+            prev = next((x for x in summary.get("eval", ()) if isinstance(x, dict) and x.get("mode") == e["mode"]), None)
+            if prev is not None:
+                d = compare(prev, e)
+                if d is not None:
+                    out[e["mode"]] = {"vs": name, **d}
+                break
+    return out
+
+
+def success_text(e: Mapping[str, Any]) -> str:
+    """``0.25 [0.15, 0.37]``: the success rate and its 95% interval (the rate alone when the
+    summary has no interval)."""
+    ci = e.get("success_ci95")
+    return f"{e['success']:.2f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
+
+
+def change_text(d: Mapping[str, Any]) -> str:
+    """``+0.06 [-0.03, +0.16] (n=64, +9/-5)``: a paired difference, its interval, the tasks
+    gained and lost; ``unmatched tasks!`` marks a comparison whose task sets differ (listed in ``d``)."""
+    lo, hi = d["ci95"]
+    mismatch = "" if not (d["only_before"] or d["only_after"] or d["unscored"]) else ", unmatched tasks!"
+    return f"{d['diff']:+.2f} [{lo:+.2f}, {hi:+.2f}] (n={d['n']}, +{d['gained']}/-{d['lost']}{mismatch})"
 
 
 def mean(xs: Iterable[float]) -> float:

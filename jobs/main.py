@@ -11,7 +11,9 @@ held-out tasks, then the stages of ``curriculum.stages.STAGES`` (1–4) run one 
 from its shipped config (``StageSpec.config``: ``jobs/configs/<stage>.yaml``) through the one stage
 recipe ``jobs.stage.run_stage`` — each starts from the previous stage's checkpoint and is
 evaluated after it. Report: a table in the spirit of the BIRD-RL paper — success on held-out tasks
-(single-turn and agentic) for the base model and after every stage — printed once at the end and
+(single-turn and agentic) with its 95% Wilson interval for the base model and after every stage,
+and the paired difference (95% bootstrap interval, ``jobs.held_out.compare``) against the previous
+row evaluated in the same mode on the same tasks — printed once at the end and
 written to ``<run_dir>/results.{json,md}`` (one summary line per phase as it ends). Checkpoints
 stay in ``<run_dir>/<stage>/final`` for serving.
 
@@ -52,19 +54,45 @@ def stage_args(stage: str, args: list[str]) -> list[str]:
     return ["--config", str(path), *args] if path else list(args)
 
 
-def table_title(held_out: str) -> str:
-    return f"Success on held-out tasks: {held_out} (greedy; format = well-formed answers)"
+def table_title(source: str) -> str:
+    return f"Success on held-out tasks: {source} (greedy; format = well-formed answers)"
 
 
-def results_table(rows: list[dict], modes: list[str], held_out: str) -> tuple[Table, str]:
-    table = Table(title=table_title(held_out))
+LEGEND = ("success [95% Wilson interval]; change = success minus the previous row's in the same mode on the "
+          "same tasks [95% paired bootstrap interval] (n = tasks compared, +gained/-lost)")
+
+
+def add_changes(rows: list[dict], modes: list[str]) -> None:
+    """Give each row ``change``: per mode, the paired difference (``jobs.held_out.compare``) against
+    the latest earlier row evaluated in that mode, with that row's name as ``vs``."""
+    for i, row in enumerate(rows):
+        row["change"] = {}
+        for m in modes:
+            e = row["eval"].get(m)
+            prev = next((r for r in reversed(rows[:i]) if r["eval"].get(m) is not None), None)
+            if e is None or prev is None:
+                continue
+            d = held_out.compare(prev["eval"][m], e)
+            if d is not None:
+                row["change"][m] = {"vs": prev["name"], **d}
+
+
+def change_cell(row: dict, modes: list[str]) -> str:
+    parts = [f"{m} {held_out.change_text(d)}" for m in modes if (d := row.get("change", {}).get(m))]
+    return "; ".join(parts) or "—"
+
+
+def results_table(rows: list[dict], modes: list[str], held_out_name: str) -> tuple[Table, str]:
+    table = Table(title=table_title(held_out_name))
     table.add_column("model")
     for m in modes:
         table.add_column(f"{m} success", justify="right")
         table.add_column(f"{m}: debug / text2sql", justify="right")
+    table.add_column("change vs previous", justify="right")
     table.add_column("stage time", justify="right")
-    md = ["| model | " + " | ".join(f"{m} success | {m}: debug / text2sql" for m in modes) + " | stage time |",
-          "|---" * (2 * len(modes) + 2) + "|"]
+    md = ["| model | " + " | ".join(f"{m} success | {m}: debug / text2sql" for m in modes)
+          + " | change vs previous | stage time |",
+          "|---" * (2 * len(modes) + 3) + "|"]
     for row in rows:
         cells = []
         for m in modes:
@@ -72,8 +100,9 @@ def results_table(rows: list[dict], modes: list[str], held_out: str) -> tuple[Ta
             if e is None:
                 cells += ["—", "—"]
             else:
-                cells += [f"{e['success']:.2f} (format {e.get('format_ok', 0.0):.2f}, n={e['scored']})",
+                cells += [f"{held_out.success_text(e)} (format {e.get('format_ok', 0.0):.2f}, n={e['scored']})",
                           f"{e.get('success_critic', float('nan')):.2f} / {e.get('success_text2sql', float('nan')):.2f}"]
+        cells.append(change_cell(row, modes))
         cells.append(f"{row['seconds']:.0f} s")
         table.add_row(row["name"], *cells)
         md.append(f"| {row['name']} | " + " | ".join(cells) + " |")
@@ -81,10 +110,13 @@ def results_table(rows: list[dict], modes: list[str], held_out: str) -> tuple[Ta
 
 
 def phase_line(row: dict, modes: list[str]) -> str:
-    """One line for a finished phase: its evaluations and its time."""
-    evals = [f"{m} {e['success']:.2f} (format {e.get('format_ok', 0.0):.2f}, n={e['scored']})"
+    """One line for a finished phase: its evaluations (with intervals, and the change since the
+    previous evaluation in the same mode) and its time."""
+    evals = [f"{m} {held_out.success_text(e)} (format {e.get('format_ok', 0.0):.2f}, n={e['scored']})"
              for m in modes if (e := row["eval"].get(m)) is not None]
-    return f"{row['name']}: {', '.join(evals) or 'not evaluated'}; {row['seconds']:.0f} s"
+    changes = [f"{m} {held_out.change_text(d)} vs {d['vs']}" for m in modes if (d := row.get("change", {}).get(m))]
+    return (f"{row['name']}: {', '.join(evals) or 'not evaluated'}; {row['seconds']:.0f} s"
+            + (f"; change: {', '.join(changes)}" if changes else ""))
 
 
 class Phases:
@@ -184,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         with runtime.Runtime(first, data) as rt:
             base = {m: held_out.evaluate(rt, a.model, data.eval, m) for m in modes}
         rows.append({"name": f"base ({a.model})", "eval": base, "seconds": time.perf_counter() - t0})
+        add_changes(rows, modes)
         phases.finished(phase_line(rows[-1], modes))
 
         # -- run: the stages, each from the previous one's checkpoint
@@ -195,6 +228,7 @@ def main(argv: list[str] | None = None) -> int:
             summary = stage_job.run_stage(stage, stage_args(stage, [*common, f"model.init={init}"]))
             rows.append({"name": f"+ {stage} {title}", "eval": {e["mode"]: e for e in summary["eval"]},
                          "seconds": time.perf_counter() - t0})
+            add_changes(rows, modes)
             phases.finished(phase_line(rows[-1], modes))
 
     # -- report: the table, once
@@ -202,12 +236,13 @@ def main(argv: list[str] | None = None) -> int:
     total = time.perf_counter() - t_start
     report = {"model": a.model, "held_out": data.source, "rows": rows, "seconds": total}
     (run_dir / "results.json").write_text(json.dumps(report, indent=2, default=str))
-    (run_dir / "results.md").write_text(md + f"\nHeld-out tasks: {data.source}. Total: {total / 60:.1f} min.\n")
+    (run_dir / "results.md").write_text(md + f"\nHeld-out tasks: {data.source}. {LEGEND}. Total: {total / 60:.1f} min.\n")
     heading(console, "result")
     if console.is_terminal:
         console.print(table)
     else:  # plain markdown, full width: nothing wrapped or cut in a log
         print(table_title(data.source), md, sep="\n", end="", flush=True)
+    console.print(LEGEND, markup=False, highlight=False, soft_wrap=True)
     console.print(f"total {total / 60:.1f} min; checkpoints in {run_dir}/<stage>/final; "
                   f"curves in {run_dir}/curves; metrics in {run_dir}/metrics.jsonl", markup=False)
     console.print(f"serve the trained model (docs/serving.md):\n  {serve_command(run_dir / stages[-1] / 'final', data.catalog)}",

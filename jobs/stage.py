@@ -6,7 +6,9 @@ Setup: the config (``--config FILE`` + ``key=value`` overrides into ``StageConfi
 before any work; the data (``jobs.stage_data``); the actors (``jobs.runtime``). Run: the stage's
 data builder (``StageSpec.build``: verified training items) and its trainer
 (``jobs.train.TRAINERS[spec.trainer]``). Cleanup: the checkpoint in ``<run_dir>/<stage>/final``,
-its held-out evaluation (``jobs.held_out``), ``summary.json``, metrics and curves.
+its held-out evaluation (``jobs.held_out``: success with its 95% interval, per-task outcomes, and
+``eval_change``, the paired difference against the latest earlier stage evaluated in the same mode),
+``summary.json``, metrics and curves.
 Which stages exist and what each one does is ``curriculum.stages.STAGES``; the
 ``jobs/stage*.py`` files are thin ``python -m`` entry points onto this module.
 
@@ -140,6 +142,7 @@ def finish_stage(rt: Any, learner: Any, history: list[dict], logger: Any,
     summary = {"stage": cfg.stage, "title": cfg.spec.title, "checkpoint": str(final),
                "steps": len(history), "data": rt.data.counts(), "source": rt.data.source,
                "last": history[-1] if history else {}, "eval": evals,
+               "eval_change": held_out.changes_since_earlier(cfg.run_dir, cfg.stage, evals),
                "curves": [str(p) for p in curves], "config": to_dict(cfg), **(extra or {})}
     (cfg.stage_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     return summary

@@ -6,8 +6,10 @@ task-source registry ``sqlrl.tasks.loaders.LOADERS`` (``jsonl``, ``spider``), fi
 ``data.difficulties``, and mixes each split by ``data.mixture`` (Zeno; Talon = critic only).
 
 Guarantees:
-- The held-out tasks are the same for every stage of a run (same seed, size and mixture), drawn
-  with seed ``data.seed + 1`` from the eval split; training tasks with ``data.seed``.
+- The held-out tasks are the same for every stage of a run (same seed, size, mixture and
+  difficulties), drawn with seed ``data.seed + 1`` from the eval split, each task at most once,
+  balanced across (kind, difficulty, domain) strata (``held_out_tasks``); training tasks with
+  ``data.seed`` (``curriculum.mixing``).
 - Only tasks whose database is in the catalog are kept.
 - Generated data: a missing split file is a ``FileNotFoundError`` naming the file and the files
   that are there. Spider: train questions for training, dev for evaluation (held-out databases);
@@ -132,5 +134,18 @@ def prepare_data(cfg: StageConfig) -> StageData:
         train = [t for t in train if getattr(t, "difficulty", None) in wanted]
         held = [t for t in held if getattr(t, "difficulty", None) in wanted]
     train_mix = mix(pools_by_kind(train), MixtureConfig(cfg.data.mixture, cfg.data.train_size, cfg.data.seed))
-    eval_mix = mix(pools_by_kind(held), MixtureConfig(cfg.data.mixture, cfg.data.eval_size, cfg.data.seed + 1))
-    return StageData(tuple(train_mix), tuple(eval_mix), catalog, schemas, source)
+    eval_set = held_out_tasks(held, cfg)
+    return StageData(tuple(train_mix), tuple(eval_set), catalog, schemas, source)
+
+
+def held_out_tasks(held: Sequence[Any], cfg: StageConfig) -> list[Any]:
+    """``data.eval_size`` distinct held-out tasks, kinds by ``data.mixture``, balanced across
+    (kind, difficulty, domain) strata (``sqlrl.eval.strata.stratified_sample``, seed ``data.seed + 1``);
+    fewer, with a warning, when the eval split has fewer."""
+    from sqlrl.eval.strata import stratified_sample
+
+    picked = stratified_sample(held, cfg.data.eval_size, seed=cfg.data.seed + 1, weights=cfg.data.mixture)
+    if len(picked) < cfg.data.eval_size:
+        console.print(f"[bold]data[/bold]: the eval split has {len(picked)} usable held-out tasks, fewer "
+                      f"than data.eval_size={cfg.data.eval_size}: evaluating on all {len(picked)}")
+    return picked

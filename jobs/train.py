@@ -5,7 +5,10 @@
   ``group_size`` samples with the current policy, score them (``StageConfig.reward``), keep the
   rows that carry a group signal (``sqlrl.learn.groups.trainable_rows``), build the batch with verl's
   GRPO advantages, update ``rl.updates_per_batch`` times, sync the new weights to the rollout
-  workers.
+  workers. With ``rl.sampling_rounds > 1`` (DAPO's dynamic sampling) a step draws further batches
+  of ``tasks_per_step`` tasks (the next ones, cycling) until ``tasks_per_step`` groups have unequal
+  rewards or the rounds are spent, and trains only on those groups (``informative_rows``); every
+  step logs ``sampling_draws``, ``groups_drawn``, ``groups_trained`` and the reward parts.
 
 Guarantees: a trainer returns the learner (still holding the trained weights, for the job to save)
 and one metrics dict per step, each also logged (``logger.log``); the optimizer's schedule spans
@@ -63,7 +66,7 @@ def train_sft(rt: Any, model: str, examples: Sequence[Any], logger: Any) -> tupl
 def train_grpo(rt: Any, model: str, tasks: Sequence[Any], logger: Any) -> tuple[Any, list[dict]]:
     """``rl.steps`` GRPO steps: roll out, score, filter the groups, update, sync the weights."""
     from sqlrl.learn.batch import rl_batch
-    from sqlrl.learn.groups import trainable_rows
+    from sqlrl.learn.groups import informative_rows, trainable_rows
     from sqlrl.policy.load import load_tokenizer
 
     r, stage, batch_size = rt.cfg.rl, rt.cfg.stage, rt.cfg.rollout.batch
@@ -72,39 +75,59 @@ def train_grpo(rt: Any, model: str, tasks: Sequence[Any], logger: Any) -> tuple[
     rollout = rt.rollout_group(model, rt.cfg.mode, temperature=r.temperature, top_p=r.top_p, seed=rt.cfg.data.seed)
     _, pad_id = load_tokenizer(model)
     history = []
+    cursor = 0  # next task to draw (tasks cycle)
     with Heartbeat(f"{stage} GRPO", total=r.steps, unit="steps done") as beat:
         for step in range(r.steps):
-            start = step * r.tasks_per_step
-            group_tasks = [tasks[(start + i) % len(tasks)] for i in range(r.tasks_per_step) for _ in range(r.group_size)]
             t0 = time.perf_counter()
-            trajs = []
-            for first in range(0, len(group_tasks), batch_size):
-                beat.update(step, note=f"step {step + 1}: rollout, {len(trajs)}/{len(group_tasks)} trajectories")
-                trajs += rollout.rollout(group_tasks[first:first + batch_size])
-            t1 = time.perf_counter()
-            beat.update(step, note=f"step {step + 1}: reward")
-            breakdowns = rt.score(trajs, group_tasks, rt.cfg.reward)
+            group_tasks: list[Any] = []
+            trajs: list[Any] = []
+            breakdowns: list[Any] = []
+            roll_s = reward_s = 0.0
+            keep: list[int] = []
+            for draw in range(r.sampling_rounds):  # 1 = no dynamic sampling
+                drawn = [tasks[(cursor + i) % len(tasks)] for i in range(r.tasks_per_step) for _ in range(r.group_size)]
+                cursor += r.tasks_per_step
+                ta = time.perf_counter()
+                new: list[Any] = []
+                for first in range(0, len(drawn), batch_size):
+                    beat.update(step, note=f"step {step + 1}: rollout (draw {draw + 1}), "
+                                f"{len(new)}/{len(drawn)} trajectories")
+                    new += rollout.rollout(drawn[first:first + batch_size])
+                tb = time.perf_counter()
+                beat.update(step, note=f"step {step + 1}: reward")
+                group_tasks += drawn
+                trajs += new
+                breakdowns += rt.score(new, drawn, rt.cfg.reward)
+                roll_s, reward_s = roll_s + tb - ta, reward_s + time.perf_counter() - tb
+                gids = [f"{step}/{draw}/{t.task_id}" for t in group_tasks]  # a group = one task in one draw
+                keep = trainable_rows(trajs, breakdowns, gids)
+                if r.sampling_rounds > 1:
+                    keep = informative_rows(keep, [b.score for b in breakdowns], gids)
+                    if len({gids[i] for i in keep}) >= r.tasks_per_step:
+                        break
             t2 = time.perf_counter()
-            keep = trainable_rows(trajs, breakdowns, [t.task_id for t in group_tasks])
             metrics: dict[str, Any] = rollout_metrics(trajs, breakdowns, keep)
+            metrics.update(sampling_draws=draw + 1, groups_drawn=len(set(gids)),
+                           groups_trained=len({gids[i] for i in keep}))
             if keep:
                 beat.update(step, note=f"step {step + 1}: update")
                 batch = rl_batch([trajs[i] for i in keep], [breakdowns[i].score for i in keep],
-                                 [f"{step}/{group_tasks[i].task_id}" for i in keep], r.loss,
+                                 [gids[i] for i in keep], r.loss,
                                  pad_id=pad_id, max_length=rt.cfg.rollout.max_total_tokens)
                 for _ in range(r.updates_per_batch):
                     metrics.update(learner.step(batch, "grpo", r.loss))
             t3 = time.perf_counter()
             beat.update(step, note=f"step {step + 1}: weight sync")
             version, sync_s = learner.sync_to(rollout)
-            metrics.update({"policy_version": version, "time_rollout_s": t1 - t0, "time_reward_s": t2 - t1,
+            metrics.update({"policy_version": version, "time_rollout_s": roll_s, "time_reward_s": reward_s,
                             "time_update_s": t3 - t2, "time_sync_s": sync_s,
                             "time_tool_s": sum(t.tool_ms for tr in trajs for t in tr.turns) / 1000.0})
             logger.log(step, metrics)
             history.append(metrics)
             beat.update(step + 1, note="")
             console.print(f"  {stage} step {step + 1}/{r.steps}: reward {metrics['reward_mean']:.3f}, "
-                          f"pass {metrics['pass_rate']:.2f}, rollout {t1 - t0:.0f}s, update {t3 - t2:.0f}s")
+                          f"pass {metrics['pass_rate']:.2f}, groups trained {metrics['groups_trained']}/"
+                          f"{metrics['groups_drawn']}, rollout {roll_s:.0f}s, update {t3 - t2:.0f}s")
     rt.release(rollout)
     return learner, history
 

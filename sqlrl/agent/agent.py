@@ -130,6 +130,10 @@ class Agent:
         self.version = version
         return version
 
+    def close(self) -> None:
+        """Close the backend if it holds processes (``VLLMBackend.close``); a no-op otherwise."""
+        getattr(self.backend, "close", lambda: None)()
+
     def configured(self, **changes: Any) -> LoopConfig:
         """This agent's loop config with fields replaced (``max_turns=…``, ``sampling=…``)."""
         return replace(self.loop, **changes)

@@ -11,6 +11,10 @@ Guarantees:
   advantage of a lone sample would be its raw reward (verl's group-of-one convention), not a
   comparison, so such groups are dropped whole.
 - The result is the kept indices in input order; inputs are not changed. Pure Python, no torch.
+
+``informative_rows(rows, scores, group_ids)`` narrows kept rows to the groups whose rewards differ
+(max - min > ``tol``): GRPO's advantage is zero for a group of equal rewards, so such groups carry
+no gradient and only dilute a token-mean loss (DAPO's dynamic sampling drops them and draws more).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Hashable, Sequence
 
-__all__ = ["trainable_rows"]
+__all__ = ["informative_rows", "trainable_rows"]
 
 
 def trainable_rows(trajectories: Sequence[Any], breakdowns: Sequence[Any],
@@ -31,3 +35,15 @@ def trainable_rows(trajectories: Sequence[Any], breakdowns: Sequence[Any],
           if not b.excluded and tr.stop_reason != "error" and tr.n_generated > 0]
     per_group = Counter(group_ids[i] for i in ok)
     return [i for i in ok if per_group[group_ids[i]] >= 2]
+
+
+def informative_rows(rows: Sequence[int], scores: Sequence[float], group_ids: Sequence[Hashable],
+                     tol: float = 1e-6) -> list[int]:
+    """The indices of ``rows`` (e.g. ``trainable_rows``'s) whose group, among ``rows``, has rewards
+    that differ by more than ``tol``; input order kept."""
+    lo: dict[Hashable, float] = {}
+    hi: dict[Hashable, float] = {}
+    for i in rows:
+        g, s = group_ids[i], float(scores[i])
+        lo[g], hi[g] = min(lo.get(g, s), s), max(hi.get(g, s), s)
+    return [i for i in rows if hi[group_ids[i]] - lo[group_ids[i]] > tol]

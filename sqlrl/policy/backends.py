@@ -6,6 +6,9 @@
   (``prefix_cache``, ``max_cached_tokens``);
 - ``"vllm"``: ``VLLMBackend`` on the policy's folder, with the policy's dtype and end tokens
   (vLLM's CPU build here, its CUDA build on GPU machines) -- options go to it and on to ``vllm.LLM``;
+- ``"auto"``: ``"vllm"`` where it can serve the policy (installed; on CPU, a head size its
+  kernels have -- SmolLM2 yes, the tiny test model no), else ``"hf"`` (given the options it
+  accepts: vLLM-only ones such as ``kv_cache_gb`` are dropped);
 - ``"scripted"``: ``ScriptedBackend`` (``sqlrl.policy.scripted``), canned turns through the real
   tokenizer, for tests, demos and benchmarks of everything around the model.
 
@@ -45,8 +48,35 @@ def _scripted(policy: Any, **options: Any) -> GenerationBackend:
     return ScriptedBackend(policy.tokenizer, policy.eos_token_ids, **options)
 
 
+def vllm_unavailable(policy: Any) -> str | None:
+    """Why ``"vllm"`` cannot serve this policy here (None: it can) -- without starting an engine."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        return "vllm is not installed"
+    from .vllm_backend import CPU_HEAD_SIZES, head_size
+
+    import torch
+
+    size = head_size(policy.path)
+    if not torch.cuda.is_available() and size is not None and size not in CPU_HEAD_SIZES:
+        return f"vLLM's CPU attention has no kernel for head size {size}"
+    return None
+
+
+def _auto(policy: Any, **options: Any) -> GenerationBackend:
+    if not vllm_unavailable(policy):
+        return _vllm(policy, **options)
+    import inspect
+
+    from .hf_backend import HFBackend
+
+    accepted = inspect.signature(HFBackend.__init__).parameters  # vLLM-only options are dropped
+    return _hf(policy, **{k: v for k, v in options.items() if k in accepted})
+
+
 BACKENDS: dict[str, Callable[..., GenerationBackend]] = {
-    "hf": _hf, "vllm": _vllm, "scripted": _scripted}
+    "auto": _auto, "hf": _hf, "vllm": _vllm, "scripted": _scripted}
 
 
 def generate_streaming(backend: Any, prompts: Any, params: Any,

@@ -66,7 +66,12 @@ def setup(tmp_path_factory):
                for t in tasks[:3]]
     yield {"db": db, "tasks": tasks, "schemas": schemas, "policy": policy, "vllm": vllm,
            "hf": HFBackend(policy), "prompts": prompts}
-    vllm.close()
+    vllm.close()  # the engine's processes end (ActorGroup.stop closes in-process workers this way)
+    import psutil
+
+    engines = [p for p in psutil.Process().children(recursive=True) if p.name().startswith("VLLM")]
+    gone, alive = psutil.wait_procs(engines, timeout=60)
+    assert not alive, f"vLLM engine processes still running after close(): {alive}"
 
 
 def _max_diff(a, b) -> float:

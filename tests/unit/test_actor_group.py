@@ -48,3 +48,24 @@ def test_members_are_added_removed_and_stopped(no_ray) -> None:
     assert group.pop("a").index == 1 and "a" not in group
     group.stop()
     assert len(group) == 0 and group.fan_out(Member.work, {}, timeout_s=1) == {}
+
+
+class Closable(Member):
+    closed: list[int] = []
+
+    def close(self) -> None:
+        Closable.closed.append(self.index)
+
+
+def test_stop_closes_in_process_members_that_can_close(no_ray) -> None:
+    Closable.closed = []
+    group = ActorGroup(Closable, in_process=True)
+    group.add({k: (k,) for k in (0, 1, 2)})
+    group.stop([1])
+    assert Closable.closed == [1] and sorted(group.members) == [0, 2]
+    group.stop()
+    assert sorted(Closable.closed) == [0, 1, 2] and not group.members
+    plain = ActorGroup(Member, in_process=True)  # no close(): stopping is just forgetting
+    plain.add({0: (0,)})
+    plain.stop()
+    assert not plain.members

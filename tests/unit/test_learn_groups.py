@@ -6,7 +6,7 @@ from types import SimpleNamespace as NS
 
 import pytest
 
-from sqlrl.learn.groups import trainable_rows
+from sqlrl.learn.groups import informative_rows, trainable_rows
 
 
 def _row(stop="submitted", generated=5, excluded=False):
@@ -36,3 +36,21 @@ def test_lengths_must_agree():
     trajs, breakdowns = _split([_row(), _row()])
     with pytest.raises(ValueError, match="same length"):
         trainable_rows(trajs, breakdowns, ["a"])
+
+
+def test_informative_rows_keep_only_groups_whose_rewards_differ():
+    groups = ["a", "a", "b", "b", "c", "c", "c"]
+    scores = [1.0, 0.0, 0.5, 0.5, 0.0, 0.0, 1e-9]
+    assert informative_rows(range(7), scores, groups) == [0, 1]  # b equal; c within tol
+    assert informative_rows([0, 1, 4, 5, 6], [1, 0, 0, 0, 0, 0, 0.3], groups) == [0, 1, 4, 5, 6]
+    assert informative_rows([0, 2, 3], scores, groups) == []  # a reduced to one row: no spread
+    assert informative_rows([], scores, groups) == []
+
+
+def test_sampling_rounds_must_be_a_positive_integer():
+    from curriculum.config import RLSettings
+
+    assert RLSettings(sampling_rounds=3).sampling_rounds == 3
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="sampling_rounds"):
+            RLSettings(sampling_rounds=bad)

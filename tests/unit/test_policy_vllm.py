@@ -41,3 +41,34 @@ def test_head_size_from_config(tmp_path):
     (tmp_path / "config.json").write_text("not json")
     assert head_size(tmp_path) is None
     assert head_size(tmp_path / "missing") is None
+
+
+def test_auto_backend_picks_vllm_only_where_it_can_run(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from sqlrl.policy import backends
+
+    pytest.importorskip("torch")
+    (tmp_path / "config.json").write_text('{"hidden_size": 576, "num_attention_heads": 9}')  # SmolLM2: 64
+    smol_like = SimpleNamespace(path=tmp_path)
+    tiny_dir = tmp_path / "tiny"
+    tiny_dir.mkdir()
+    (tiny_dir / "config.json").write_text('{"hidden_size": 64, "num_attention_heads": 4}')
+    tiny_like = SimpleNamespace(path=tiny_dir)
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    import importlib.util
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else None)
+    assert backends.vllm_unavailable(smol_like) is None
+    assert "head size 16" in backends.vllm_unavailable(tiny_like)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
+    assert backends.vllm_unavailable(smol_like) == "vllm is not installed"
+    chosen = []
+    monkeypatch.setattr(backends, "_hf", lambda policy, **o: chosen.append(("hf", o)) or "hf-backend")
+    monkeypatch.setattr(backends, "_vllm", lambda policy, **o: chosen.append(("vllm", o)) or "vllm-backend")
+    assert backends.make_backend("auto", smol_like, kv_cache_gb=1) == "hf-backend"  # vllm missing
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else None)
+    assert backends.make_backend("auto", smol_like, kv_cache_gb=1) == "vllm-backend"
+    assert backends.make_backend("auto", tiny_like) == "hf-backend"
+    assert backends.make_backend("auto", tiny_like, prefix_cache=False) == "hf-backend"
+    assert chosen == [("hf", {}), ("vllm", {"kv_cache_gb": 1}), ("hf", {}), ("hf", {"prefix_cache": False})]

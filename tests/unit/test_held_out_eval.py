@@ -1,0 +1,115 @@
+"""jobs.held_out with the rollouts and rewards faked: the summary keeps its keys and gains per-task
+outcomes and the Wilson interval; two evaluations compare task by task; a stage's summary finds the
+latest earlier stage evaluated in the same mode; jobs.stage_data draws one stratified held-out set
+for every stage; jobs.main's table shows intervals and changes."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import pytest
+
+import jobs.held_out as held_out
+import jobs.main as job_main
+import jobs.stage_data as stage_data
+from sqlrl.eval.stats import wilson_interval
+
+
+@dataclass(frozen=True)
+class Task:
+    task_id: str
+    kind: str
+    difficulty: str
+    db_id: str
+
+
+@dataclass
+class Breakdown:
+    parts: dict
+    excluded: bool = False
+
+
+class FakeRuntime:
+    """Rolls out nothing; the reward solves the tasks named in ``solved`` and excludes ``broken``."""
+
+    def __init__(self, solved: set[str], broken: set[str] = frozenset()) -> None:
+        self.cfg = SimpleNamespace(rollout=SimpleNamespace(batch=3), eval=SimpleNamespace(temperature=0.0))
+        self.solved, self.broken, self.released = solved, broken, 0
+
+    def rollout_group(self, model, mode, temperature):
+        return SimpleNamespace(rollout=lambda tasks: [SimpleNamespace(turns=[1], stop_reason="submit") for _ in tasks])
+
+    def release(self, group):
+        self.released += 1
+
+    def score(self, trajs, tasks, reward):
+        return [Breakdown({"result": float(t.task_id in self.solved), "format": 1.0}, t.task_id in self.broken)
+                for t in tasks]
+
+
+TASKS = [Task(f"t{i}", "text2sql" if i % 2 else "critic", "simple", "shop") for i in range(8)]
+
+
+def test_evaluate_keeps_its_keys_and_adds_per_task_outcomes_and_the_interval():
+    out = held_out.evaluate(FakeRuntime({"t1", "t2", "t3"}, broken={"t7"}), "tiny", TASKS, "single")
+    assert {"model", "mode", "n", "scored", "success", "success_critic", "success_text2sql", "format_ok",
+            "mean_turns", "stop_reasons", "seconds"} <= set(out)
+    assert out["n"] == 8 and out["scored"] == 7 and out["successes"] == 3 and out["success"] == pytest.approx(3 / 7)
+    assert out["success_ci95"] == list(wilson_interval(3, 7))
+    assert out["per_task"]["t1"] == {"success": 1, "kind": "text2sql", "difficulty": "simple", "domain": "shop"}
+    assert out["per_task"]["t0"]["success"] == 0 and out["per_task"]["t7"]["success"] is None
+    assert json.loads(json.dumps(out)) == out  # summary.json-ready
+
+
+def test_compare_matches_by_task_and_reports_what_does_not_match():
+    before = held_out.evaluate(FakeRuntime({"t1"}), "a", TASKS, "single")
+    after = held_out.evaluate(FakeRuntime({"t1", "t2", "t3", "t4"}, broken={"t7"}), "b", TASKS, "single")
+    d = held_out.compare(before, after)
+    assert d["n"] == 7 and d["gained"] == 3 and d["lost"] == 0 and d["unscored"] == ["t7"]
+    assert d["diff"] == pytest.approx(3 / 7) and d["ci95"][0] > 0
+    assert "unmatched tasks!" in held_out.change_text(d) and held_out.change_text(d).startswith("+0.43 [+")
+    assert held_out.compare({"success": 0.5}, after) is None  # an old summary without per-task outcomes
+    assert held_out.success_text({"success": 0.5}) == "0.50"
+
+
+def test_a_stage_summary_compares_with_the_latest_earlier_stage_in_the_same_mode(tmp_path):
+    def write(stage, evals):
+        (tmp_path / stage).mkdir()
+        (tmp_path / stage / "summary.json").write_text(json.dumps({"eval": evals}))
+
+    single1 = held_out.evaluate(FakeRuntime(set()), "s1", TASKS, "single")
+    agentic2 = held_out.evaluate(FakeRuntime({"t0"}), "s2", TASKS, "agentic")
+    write("stage1", [single1])
+    write("stage2", [agentic2])
+    now = [held_out.evaluate(FakeRuntime({"t0", "t1"}), "s3", TASKS, "single"),
+           held_out.evaluate(FakeRuntime({"t0", "t1"}), "s3", TASKS, "agentic")]
+    changes = held_out.changes_since_earlier(tmp_path, "stage3", now)
+    assert changes["single"]["vs"] == "stage1" and changes["single"]["gained"] == 2
+    assert changes["agentic"]["vs"] == "stage2" and changes["agentic"]["gained"] == 1
+    assert held_out.changes_since_earlier(tmp_path, "stage1", now) == {}  # nothing before stage 1
+
+
+def test_every_stage_config_draws_the_same_stratified_held_out_set():
+    pool = [Task(f"{k}/{db}/{lvl}/{i}", k, lvl, db) for k in ("text2sql", "critic")
+            for db in ("shop", "music", "clinic") for lvl in ("simple", "moderate", "challenging") for i in range(4)]
+    data = SimpleNamespace(eval_size=64, seed=0, mixture={"text2sql": 0.5, "critic": 0.5})
+    a = stage_data.held_out_tasks(pool, SimpleNamespace(data=data))
+    b = stage_data.held_out_tasks(list(reversed(pool)), SimpleNamespace(data=data))
+    assert [t.task_id for t in a] == [t.task_id for t in b] and len({t.task_id for t in a}) == 64
+    assert sum(t.kind == "critic" for t in a) == 32
+
+
+def test_the_results_table_shows_intervals_and_paired_changes():
+    base = held_out.evaluate(FakeRuntime({"t1"}), "base", TASKS, "single")
+    after = held_out.evaluate(FakeRuntime({"t1", "t2", "t3", "t4", "t5"}), "s1", TASKS, "single")
+    rows = [{"name": "base (tiny)", "eval": {"single": base}, "seconds": 1.0},
+            {"name": "+ stage1", "eval": {"single": after}, "seconds": 2.0}]
+    job_main.add_changes(rows, ["single"])
+    assert rows[0]["change"] == {} and rows[1]["change"]["single"]["vs"] == "base (tiny)"
+    _, md = job_main.results_table(rows, ["single"], "generated")
+    lo, hi = wilson_interval(5, 8)
+    assert f"| + stage1 | 0.62 [{lo:.2f}, {hi:.2f}] (format 1.00, n=8) |" in md
+    assert "single +0.50 [+" in md and "(n=8, +4/-0)" in md
+    assert "change: single +0.50" in job_main.phase_line(rows[1], ["single"])
