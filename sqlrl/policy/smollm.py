@@ -69,7 +69,16 @@ def smollm2_path(cache_dir: str | os.PathLike | None = None) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
     tok = AutoTokenizer.from_pretrained(folder, gguf_file=name, local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, local_files_only=True).eval()
+    dequantised = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, local_files_only=True)
+    # A plain model with the dequantised weights: transformers >= 5.16 marks a GGUF-loaded model as
+    # quantized and refuses to save it ("not serializable"), though its weights are float tensors.
+    config = dequantised.config
+    if getattr(config, "quantization_config", None) is not None:
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config)
+    model.load_state_dict(dequantised.state_dict())
+    model.eval()
+    del dequantised
     tok.eos_token, tok.pad_token = IM_END, ENDOFTEXT
     tok.padding_side = "left"
     tok.clean_up_tokenization_spaces = False  # a WordPiece clean-up; BPE text must come back verbatim
