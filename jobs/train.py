@@ -82,6 +82,7 @@ def train_grpo(rt: Any, model: str, tasks: Sequence[Any], logger: Any) -> tuple[
             group_tasks: list[Any] = []
             trajs: list[Any] = []
             breakdowns: list[Any] = []
+            gids: list[str] = []  # a group = one task in one draw
             roll_s = reward_s = 0.0
             keep: list[int] = []
             for draw in range(r.sampling_rounds):  # 1 = no dynamic sampling
@@ -96,10 +97,10 @@ def train_grpo(rt: Any, model: str, tasks: Sequence[Any], logger: Any) -> tuple[
                 tb = time.perf_counter()
                 beat.update(step, note=f"step {step + 1}: reward")
                 group_tasks += drawn
+                gids += [f"{step}/{draw}/{t.task_id}" for t in drawn]
                 trajs += new
                 breakdowns += rt.score(new, drawn, rt.cfg.reward)
                 roll_s, reward_s = roll_s + tb - ta, reward_s + time.perf_counter() - tb
-                gids = [f"{step}/{draw}/{t.task_id}" for t in group_tasks]  # a group = one task in one draw
                 keep = trainable_rows(trajs, breakdowns, gids)
                 if r.sampling_rounds > 1:
                     keep = informative_rows(keep, [b.score for b in breakdowns], gids)

@@ -101,8 +101,9 @@ class VLLMBackend:
 
         if in_process is None:
             in_process = bool(current_platform.is_cpu())
-        if in_process:  # read when the engine is built; process-wide, as vLLM reads it
-            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        # vLLM reads this process-wide variable when it builds an engine: set it for this one either
+        # way, so an earlier in-process backend does not decide for a later one
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if in_process else "1"
         from vllm import LLM
 
         self.in_process = in_process

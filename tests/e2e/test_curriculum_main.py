@@ -88,3 +88,22 @@ def test_stage2_without_a_stage1_checkpoint_says_what_to_do(tmp_path):
                            "data.domains=[shop]"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode != 0
     assert "run stage1 first" in proc.stderr
+
+
+@pytest.mark.timeout(600)
+def test_dynamic_sampling_draws_more_groups_when_rewards_are_flat(tmp_path):
+    """rl.sampling_rounds=4 on the random tiny model (rewards all 0, so no group is informative):
+    every step draws four batches of groups and trains on none. The 6 training tasks cycle, so a
+    task comes back in the fourth draw: it is a new group there (a group = one task in one draw)."""
+    run = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "jobs.main", "--model", "tiny", "--run-dir", str(run),
+                           "--stages", "stage3", "model.init=tiny", f"data.synth_dir={tmp_path / 'synth'}",
+                           *MICRO, "rl.sampling_rounds=4", "rl.steps=2"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=550)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = [s for s in steps if "sampling_draws" in s]
+    assert len(steps) == 2
+    for s in steps:  # 2 tasks x 2 samples per draw
+        assert (s["sampling_draws"], s["groups_drawn"], s["trajectories"]) == (4, 8, 16), s
+        assert s["groups_trained"] == 0 and s["reward_mean"] == 0.0

@@ -66,8 +66,12 @@ def setup(tmp_path_factory):
                for t in tasks[:3]]
     yield {"db": db, "tasks": tasks, "schemas": schemas, "policy": policy, "vllm": vllm,
            "hf": HFBackend(policy), "prompts": prompts}
-    vllm.close()  # the engine's processes end (ActorGroup.stop closes in-process workers this way)
-    import psutil
+    vllm.close()  # the engine ends (ActorGroup.stop closes in-process workers this way)
+    assert vllm.llm is None
+    with pytest.raises(RuntimeError, match="closed"):
+        vllm.generate(prompts[:1], SamplingParams(max_new_tokens=2))
+    vllm.close()  # idempotent
+    import psutil  # with child processes (in_process=False), none is left running
 
     engines = [p for p in psutil.Process().children(recursive=True) if p.name().startswith("VLLM")]
     gone, alive = psutil.wait_procs(engines, timeout=60)
