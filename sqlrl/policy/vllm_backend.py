@@ -84,9 +84,9 @@ class VLLMBackend:
     ``eos_token_ids``: the policy's end tokens (every one ends a completion with ``"eos"``, as in
     ``HFBackend``; the folder's ``generation_config.json`` may name fewer). ``kv_cache_gb`` sizes the
     KV cache on CPU, in whole GiB. ``in_process`` (default: on CPU) runs vLLM's engine core and
-    worker in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) instead of two child processes:
-    measured here on SmolLM2, start-up 15 s instead of 45 s and 1.4x the tokens/s on 2 cores, where
-    three processes contend; the engine then uses this process's torch threads (vLLM's ``VLLM_CPU_KVCACHE_SPACE``, unless that is set);
+    worker in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) instead of two child processes,
+    which contend with the driver for 2 cores (observed once: start-up 15 s instead of 45 s); the
+    engine then uses this process's torch threads (vLLM's ``VLLM_CPU_KVCACHE_SPACE``, unless that is set);
     other keyword arguments go to ``vllm.LLM`` (``tensor_parallel_size``, ``gpu_memory_utilization``, ...).
     """
 
