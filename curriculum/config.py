@@ -54,14 +54,21 @@ class DataConfig:
     eval_split: str = "test"  # held-out tasks (heldout_test: held-out databases too)
     difficulties: tuple[str, ...] = ()  # () = all
     mixture: dict[str, float] = field(default_factory=lambda: {"text2sql": 0.5, "critic": 0.5})
+    eval_mixture: dict[str, float] | None = None  # held-out kinds; None = mixture (Talon trained on critic, scored on both)
     train_size: int = 32
     eval_size: int = 16
     seed: int = 0
+
+    @property
+    def held_out_mixture(self) -> dict[str, float]:
+        return dict(self.eval_mixture if self.eval_mixture is not None else self.mixture)
 
     def __post_init__(self) -> None:
         from curriculum.mixing import MixtureConfig
 
         MixtureConfig(weights=self.mixture, size=max(1, self.train_size), seed=self.seed)
+        if self.eval_mixture is not None:
+            MixtureConfig(weights=self.eval_mixture, size=max(1, self.eval_size), seed=self.seed)
         if self.train_size < 1 or self.eval_size < 0:
             raise ValueError("data.train_size must be >= 1 and data.eval_size >= 0")
 

@@ -5,16 +5,23 @@
     python -m jobs.main --ray                # the same on a local Ray cluster (actors for everything)
     python -m jobs.main rl.steps=1 ...       # key=value overrides go to every stage
     python -m jobs.main --overwrite          # run again into a run dir that holds stage results
+    python -m jobs.main --preset long --spider-eval ../shared/data/spider
+                                             # Zeno and Talon, 64 held-out tasks + 100 Spider dev questions
 
-Setup: the generated data (``data.synth_dir``, built once). Run: the base model is evaluated on the
-held-out tasks, then the stages of ``curriculum.stages.STAGES`` (1–4) run one after another, each
-from its shipped config (``StageSpec.config``: ``jobs/configs/<stage>.yaml``) through the one stage
-recipe ``jobs.stage.run_stage`` — each starts from the previous stage's checkpoint and is
-evaluated after it. Report: a table in the spirit of the BIRD-RL paper — success on held-out tasks
+Setup: the preset (``jobs.presets``: ``default`` = the shipped stage configs; ``long`` =
+``jobs/configs/presets/long.yaml``) and the generated data (``data.synth_dir``, built once). Run:
+the base model is evaluated on the held-out tasks (and, with ``--spider-eval PATH``, on a fixed
+subset of Spider dev), then for each of the preset's variants (long: Zeno, then Talon, each in
+``<run_dir>/<variant>``) the stages of ``curriculum.stages.STAGES`` (1–4) run one after another,
+each from its shipped config (``StageSpec.config``: ``jobs/configs/<stage>.yaml``) plus the
+preset's overrides through the one stage recipe ``jobs.stage.run_stage`` — the first from the base
+model, each later one from the previous stage's checkpoint — and each is evaluated after it. Report: a table in the spirit of the BIRD-RL paper — success on held-out tasks
 (single-turn and agentic) with its 95% Wilson interval for the base model and after every stage,
 and the paired difference (95% bootstrap interval, ``jobs.held_out.compare``) against the previous
-row evaluated in the same mode on the same tasks — printed once at the end and
-written to ``<run_dir>/results.{json,md}`` (one summary line per phase as it ends). Checkpoints
+row of the same variant (the base model for a variant's first stage) evaluated in the same mode
+on the same tasks — printed once at the end and
+written to ``<run_dir>/results.{json,md}`` with the figures of ``jobs.report`` in
+``<run_dir>/curves`` (one summary line per phase as it ends). Checkpoints
 stay in ``<run_dir>/<stage>/final`` for serving.
 
 A run dir whose stages already hold results (``<run_dir>/<stage>/summary.json`` or ``final/``) is
@@ -41,6 +48,8 @@ import jobs.held_out as held_out
 import jobs.runtime as runtime
 import jobs.stage as stage_job
 import jobs.stage_data as stage_data
+from jobs.presets import PRESETS, load_preset
+from jobs.report import write_figures
 from curriculum.stages import STAGES
 from jobs.console import heading, make_console, quiet_third_party_bars
 from sqlrl.db.dialects.descriptor import find
@@ -64,12 +73,15 @@ LEGEND = ("success [95% Wilson interval]; change = success minus the previous ro
 
 def add_changes(rows: list[dict], modes: list[str]) -> None:
     """Give each row ``change``: per mode, the paired difference (``jobs.held_out.compare``) against
-    the latest earlier row evaluated in that mode, with that row's name as ``vs``."""
+    the latest earlier row of the same variant (or the first row, the base model) evaluated in that
+    mode, with that row's name as ``vs``."""
     for i, row in enumerate(rows):
         row["change"] = {}
         for m in modes:
             e = row["eval"].get(m)
-            prev = next((r for r in reversed(rows[:i]) if r["eval"].get(m) is not None), None)
+            prev = next((r for j, r in reversed(list(enumerate(rows[:i])))
+                         if r["eval"].get(m) is not None and (j == 0 or r.get("variant", "") == row.get("variant", ""))),
+                        None)
             if e is None or prev is None:
                 continue
             d = held_out.compare(prev["eval"][m], e)
@@ -101,7 +113,7 @@ def results_table(rows: list[dict], modes: list[str], held_out_name: str) -> tup
                 cells += ["—", "—"]
             else:
                 cells += [f"{held_out.success_text(e)} (format {e.get('format_ok', 0.0):.2f}, n={e['scored']})",
-                          f"{e.get('success_critic', float('nan')):.2f} / {e.get('success_text2sql', float('nan')):.2f}"]
+                          " / ".join(f"{e[k]:.2f}" if k in e else "—" for k in ("success_critic", "success_text2sql"))]
         cells.append(change_cell(row, modes))
         cells.append(f"{row['seconds']:.0f} s")
         table.add_row(row["name"], *cells)
@@ -164,11 +176,18 @@ class Phases:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m jobs.main", description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="smollm2-135m", help="the base model (smollm2-135m, tiny, or a folder)")
-    ap.add_argument("--run-dir", default="runs/main")
+    ap.add_argument("--preset", default="default", choices=sorted(PRESETS),
+                    help="default: the shipped stage configs (<= 30 min); long: jobs/configs/presets/long.yaml")
+    ap.add_argument("--variants", default=None, help="comma-separated subset of the preset's variants (long: zeno,talon)")
+    ap.add_argument("--run-dir", default=None, help="default: the preset's (runs/main; long: runs/long)")
     ap.add_argument("--stages", default=",".join(STAGES), help="comma-separated subset, in order")
     ap.add_argument("--eval-modes", default="own",
                     help="modes every stage is evaluated in: 'own' (the stage's own mode; the base model "
                          "in both) or a list such as single,agentic")
+    ap.add_argument("--spider-eval", default=None, metavar="PATH",
+                    help="a Spider folder: also evaluate every checkpoint on a fixed subset of its dev questions "
+                         "(single-turn; --spider-size questions)")
+    ap.add_argument("--spider-size", type=int, default=None, help="default: the preset's spider_eval, else 100")
     ap.add_argument("--ray", action="store_true", help="run every stage on Ray actors (local cluster)")
     ap.add_argument("--overwrite", action="store_true",
                     help="replace the results of stages already run in --run-dir (else the job refuses)")
@@ -178,9 +197,21 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [s for s in stages if s not in STAGES]
     if unknown:
         raise SystemExit(f"unknown stage(s) {unknown}; known: {', '.join(STAGES)}")
+    try:
+        preset = load_preset(a.preset, STAGES)
+    except ValueError as exc:
+        raise SystemExit(f"main: {exc}") from None
+    variants = preset.variant_names()
+    if a.variants:
+        variants = [v for v in a.variants.split(",") if v]
+        bad = [v for v in variants if v not in preset.variants]
+        if bad:
+            raise SystemExit(f"main: unknown variant(s) {bad} for preset {a.preset!r}; known: "
+                             f"{', '.join(preset.variants) or 'none'}")
+    run_dir = Path(a.run_dir or preset.run_dir or "runs/main")
     own = a.eval_modes == "own"
     modes = ["single", "agentic"] if own else [m for m in a.eval_modes.split(",") if m]
-    common = [f"run_dir={a.run_dir}", *([] if own else [f"eval.modes=[{', '.join(modes)}]"]), *a.overrides]
+    common = [*([] if own else [f"eval.modes=[{', '.join(modes)}]"]), *a.overrides]
     if a.ray:
         common.append("cluster.ray=true")
     t_start = time.perf_counter()
@@ -190,62 +221,86 @@ def main(argv: list[str] | None = None) -> int:
     from curriculum.config import load_stage_config
     from sqlrl.config import ConfigError
 
-    def config(stage: str, args: list[str]) -> Any:
-        return load_stage_config(STAGES[stage].config_path(), [f"stage={stage}", *args])
+    def args_for(stage: str, variant: str, init: str) -> list[str]:
+        vdir = run_dir / variant if variant else run_dir
+        return [*preset.overrides(stage, variant), f"run_dir={vdir}", *common, f"model.init={init}"]
+
+    def config(stage: str, variant: str, init: str = "previous") -> Any:
+        return load_stage_config(STAGES[stage].config_path(), [f"stage={stage}", *args_for(stage, variant, init)])
 
     try:
-        first = config(stages[0], [*common, f"model.init={a.model}"])
+        first = config(stages[0], variants[0], a.model)
         overwrite = a.overwrite or first.overwrite  # --overwrite, or overwrite=true given as an override
         if overwrite:
             common.append("overwrite=true")
-        done = [s for s in stages if config(s, common).existing_result()]
+        done = [f"{v + '/' if v else ''}{s}" for v in variants for s in stages if config(s, v).existing_result()]
     except (ConfigError, ValueError) as exc:
         raise SystemExit(f"main: {exc}") from None
-    run_dir = Path(first.run_dir)
     if done and not overwrite:
         raise SystemExit(f"main: {run_dir} already holds results of {', '.join(done)}; not replacing them: "
                          f"pass --overwrite to replace them, or --run-dir <another folder> to keep them")
+    spider_n = a.spider_size if a.spider_size is not None else (preset.spider_eval or 100)
+    if a.spider_eval:
+        modes.append("spider")
     data = stage_data.prepare_data(first)
-    heading(console, f"sqlrl main job: {a.model}, stages {', '.join(stages)}, data {data.source}, run dir {run_dir}"
-                     + (" (overwrite)" if done else ""))
-    console.print(f"tasks: {data.counts()}", markup=False)
-    rows = []
-    with Phases(1 + len(stages)) as phases:
+    spider = stage_data.spider_held_out(a.spider_eval, spider_n, first.data.seed + 1) if a.spider_eval else None
+    heading(console, f"sqlrl main job: {a.model}, preset {a.preset}"
+                     + (f" (variants {', '.join(variants)})" if variants != [""] else "")
+                     + f", stages {', '.join(stages)}, data {data.source}, run dir {run_dir}" + (" (overwrite)" if done else ""))
+    console.print(f"tasks: {data.counts()}" + (f"; {spider.source}" if spider else ""), markup=False)
+
+    def spider_eval(model: str) -> dict[str, Any]:
+        if spider is None:
+            return {}
+        with runtime.Runtime(first, spider) as rt:
+            return {"spider": held_out.evaluate(rt, model, spider.eval, "single")}
+
+    rows: list[dict[str, Any]] = []
+    with Phases(1 + len(stages) * len(variants)) as phases:
         phases.start("base model evaluation")
         t0 = time.perf_counter()
         with runtime.Runtime(first, data) as rt:
-            base = {m: held_out.evaluate(rt, a.model, data.eval, m) for m in modes}
-        rows.append({"name": f"base ({a.model})", "eval": base, "seconds": time.perf_counter() - t0})
+            base = {m: held_out.evaluate(rt, a.model, data.eval, m) for m in modes if m != "spider"}
+        base.update(spider_eval(a.model))
+        rows.append({"name": f"base ({a.model})", "variant": "", "eval": base, "seconds": time.perf_counter() - t0})
         add_changes(rows, modes)
         phases.finished(phase_line(rows[-1], modes))
 
-        # -- run: the stages, each from the previous one's checkpoint
-        for i, stage in enumerate(stages):
-            title = STAGES[stage].title
-            phases.start(f"{stage}: {title}")
-            init = a.model if i == 0 else "previous"
-            t0 = time.perf_counter()
-            summary = stage_job.run_stage(stage, stage_args(stage, [*common, f"model.init={init}"]))
-            rows.append({"name": f"+ {stage} {title}", "eval": {e["mode"]: e for e in summary["eval"]},
-                         "seconds": time.perf_counter() - t0})
-            add_changes(rows, modes)
-            phases.finished(phase_line(rows[-1], modes))
+        # -- run: each variant's stages, each from the previous one's checkpoint
+        for variant in variants:
+            for i, stage in enumerate(stages):
+                title = STAGES[stage].title
+                label = f"{variant} {stage}" if variant else stage
+                phases.start(f"{label}: {title}")
+                t0 = time.perf_counter()
+                summary = stage_job.run_stage(stage, stage_args(stage, args_for(stage, variant, a.model if i == 0 else "previous")))
+                evals = {e["mode"]: e for e in summary["eval"]}
+                if spider is not None:
+                    evals.update(spider_eval(summary["checkpoint"]))
+                rows.append({"name": f"+ {label} {title}", "label": f"+ {stage} {title}", "variant": variant, "eval": evals,
+                             "seconds": time.perf_counter() - t0})
+                add_changes(rows, modes)
+                phases.finished(phase_line(rows[-1], modes))
 
-    # -- report: the table, once
+    # -- report: the table, once, and the figures
     table, md = results_table(rows, modes, data.source)
     total = time.perf_counter() - t_start
-    report = {"model": a.model, "held_out": data.source, "rows": rows, "seconds": total}
+    report = {"model": a.model, "preset": a.preset, "variants": variants, "held_out": data.source,
+              "spider": spider.source if spider else None, "rows": rows, "seconds": total}
     (run_dir / "results.json").write_text(json.dumps(report, indent=2, default=str))
-    (run_dir / "results.md").write_text(md + f"\nHeld-out tasks: {data.source}. {LEGEND}. Total: {total / 60:.1f} min.\n")
+    figures = write_figures(run_dir)
+    (run_dir / "results.md").write_text(md + f"\nHeld-out tasks: {data.source}. {LEGEND}. Total: {total / 60:.1f} min.\n"
+                                        + "".join(f"\n![{p.stem}]({p.relative_to(run_dir)})\n" for p in figures))
     heading(console, "result")
     if console.is_terminal:
         console.print(table)
     else:  # plain markdown, full width: nothing wrapped or cut in a log
         print(table_title(data.source), md, sep="\n", end="", flush=True)
     console.print(LEGEND, markup=False, highlight=False, soft_wrap=True)
-    console.print(f"total {total / 60:.1f} min; checkpoints in {run_dir}/<stage>/final; "
-                  f"curves in {run_dir}/curves; metrics in {run_dir}/metrics.jsonl", markup=False)
-    console.print(f"serve the trained model (docs/serving.md):\n  {serve_command(run_dir / stages[-1] / 'final', data.catalog)}",
+    last = run_dir / variants[0] if variants[0] else run_dir
+    console.print(f"total {total / 60:.1f} min; checkpoints in {last}/<stage>/final; "
+                  f"figures in {run_dir}/curves; metrics in {last}/metrics.jsonl", markup=False)
+    console.print(f"serve the trained model (docs/serving.md):\n  {serve_command(last / stages[-1] / 'final', data.catalog)}",
                   markup=False, highlight=False, soft_wrap=True)
     return 0
 

@@ -3,7 +3,8 @@
 ``prepare_data(cfg)`` reads the data source the config names -- the embedded default data
 (``data.synth_dir``, generated there when missing) or Spider (``data.spider=PATH``) -- through the
 task-source registry ``sqlrl.tasks.loaders.LOADERS`` (``jsonl``, ``spider``), filters by
-``data.difficulties``, and mixes each split by ``data.mixture`` (Zeno; Talon = critic only).
+``data.difficulties``, and mixes the train split by ``data.mixture`` (Zeno; Talon = critic only) and the held-out one by
+``data.eval_mixture`` (default: the same), so a Talon run can be scored on both task kinds.
 
 Guarantees:
 - The held-out tasks are the same for every stage of a run (same seed, size, mixture and
@@ -74,8 +75,9 @@ def generated(cfg: StageConfig) -> Split:
         with Heartbeat("data: generating the embedded default data", note=str(root)):
             build_default_dataset(root, seed=cfg.data.seed, n_per_domain=cfg.data.n_per_domain, **kw)
     kinds = [k for k, w in cfg.data.mixture.items() if w > 0]
+    eval_kinds = [k for k, w in cfg.data.held_out_mixture.items() if w > 0]
     train_sets = _load_split(root, cfg.data.train_split, kinds)
-    eval_sets = _load_split(root, cfg.data.eval_split, kinds)
+    eval_sets = _load_split(root, cfg.data.eval_split, eval_kinds)
     catalog, schemas = {}, {}
     for ts in train_sets + eval_sets:
         catalog.update(ts.catalog)
@@ -99,7 +101,7 @@ def spider(cfg: StageConfig) -> Split:
     schemas = {**train_set.schemas, **dev_set.schemas}
     train = [t for t in train_set.tasks if t.db_id in catalog]
     held = [t for t in dev_set.tasks if t.db_id in catalog]
-    if cfg.data.mixture.get("critic", 0) > 0:
+    if max(cfg.data.mixture.get("critic", 0), cfg.data.held_out_mixture.get("critic", 0)) > 0:
         cache = Path(cfg.run_dir) / "data" / "spider_critic"
         cache.mkdir(parents=True, exist_ok=True)
         for name, tasks in (("train", train), ("dev", held)):
@@ -138,13 +140,31 @@ def prepare_data(cfg: StageConfig) -> StageData:
     return StageData(tuple(train_mix), tuple(eval_set), catalog, schemas, source)
 
 
+def spider_held_out(root: str | Path, n: int, seed: int = 0) -> StageData:
+    """A fixed subset of ``n`` Spider dev questions (databases never seen in training), balanced
+    across (difficulty, database) strata with ``seed``: the same questions for every checkpoint.
+    A folder without Spider is a ``FileNotFoundError`` naming what is missing."""
+    from sqlrl.eval.strata import stratified_sample
+    from sqlrl.tasks.loaders import load
+
+    root = Path(root)
+    if not (root / "dev.json").is_file():
+        raise FileNotFoundError(f"{root / 'dev.json'} does not exist: give the Spider folder (with dev.json, "
+                                f"tables.json and database/)")
+    with Heartbeat("data: loading Spider dev", note=str(root)):
+        dev = load("spider", root, split="dev")
+    tasks = [t for t in dev.tasks if t.db_id in dev.catalog]
+    picked = stratified_sample(tasks, n, seed=seed, weights={"text2sql": 1.0})
+    return StageData((), tuple(picked), dev.catalog, dev.schemas, f"spider dev ({root}, {len(picked)} questions)")
+
+
 def held_out_tasks(held: Sequence[Any], cfg: StageConfig) -> list[Any]:
-    """``data.eval_size`` distinct held-out tasks, kinds by ``data.mixture``, balanced across
+    """``data.eval_size`` distinct held-out tasks, kinds by ``data.eval_mixture`` (else ``data.mixture``), balanced across
     (kind, difficulty, domain) strata (``sqlrl.eval.strata.stratified_sample``, seed ``data.seed + 1``);
     fewer, with a warning, when the eval split has fewer."""
     from sqlrl.eval.strata import stratified_sample
 
-    picked = stratified_sample(held, cfg.data.eval_size, seed=cfg.data.seed + 1, weights=cfg.data.mixture)
+    picked = stratified_sample(held, cfg.data.eval_size, seed=cfg.data.seed + 1, weights=cfg.data.held_out_mixture)
     if len(picked) < cfg.data.eval_size:
         console.print(f"[bold]data[/bold]: the eval split has {len(picked)} usable held-out tasks, fewer "
                       f"than data.eval_size={cfg.data.eval_size}: evaluating on all {len(picked)}")

@@ -6,8 +6,10 @@ in single-turn mode).
 
 Guarantees:
 - The system message states the role, the SQL dialect (its descriptor's ``display_name``), the
-  database schema as ``CREATE TABLE`` statements (``DatabaseSchema.to_create_sql`` in that dialect;
-  a note to explore it when no schema is given) and, per mode, how to answer: agentic -- the tools
+  database schema in the rendering ``schema_style()`` names (``SCHEMA_STYLES``: ``compact``, the
+  default -- one line per table, ``DatabaseSchema.to_compact``, about half the tokens of
+  ``create`` -- or ``create``, ``CREATE TABLE`` statements, ``DatabaseSchema.to_create_sql``; both
+  in that dialect; a note to explore it when no schema is given) and, per mode, how to answer: agentic -- the tools
   (names from ``sqlrl.tools.TOOLS``), one call per turn in the parser's syntax, ``submit_solution``
   ends the episode; single -- ``<thought>…</thought><solution>…</solution>``, exactly the format
   ``sqlrl.rewards.parse.extract_single`` accepts.
@@ -21,6 +23,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import os
 from typing import Any, Callable
 
 from sqlrl.db.dialects.descriptor import dialect_of
@@ -35,6 +38,27 @@ from .parsers import get_parser
 MODES = ("agentic", "single")
 
 _STYLE = STYLES["birdrl"]
+
+# How the schema is shown: SFT, RL, inference and serving all render it here, so a checkpoint is
+# always prompted the way it was trained. SQLRL_SCHEMA_STYLE picks another one for an A/B run
+# (docs/curriculum.md, "Cheaper tokens"); a model trained with one must be served with the same.
+SCHEMA_STYLES: dict[str, Callable[[DatabaseSchema, str], str]] = {
+    "compact": lambda schema, dialect: (f"The database `{schema.db_id}` has these tables "
+                                        f"(column type, PK = primary key, -> = foreign key):\n"
+                                        f"{schema.to_compact(dialect)}"),
+    "create": lambda schema, dialect: (f"The database `{schema.db_id}` has this schema:\n\n"
+                                       f"{schema.to_create_sql(dialect)}"),
+}
+DEFAULT_SCHEMA_STYLE = "compact"
+
+
+def schema_style() -> str:
+    """The schema rendering in use: ``$SQLRL_SCHEMA_STYLE``, else ``DEFAULT_SCHEMA_STYLE``; an
+    unknown name is a ``ValueError`` listing the known ones."""
+    name = os.environ.get("SQLRL_SCHEMA_STYLE") or DEFAULT_SCHEMA_STYLE
+    if name not in SCHEMA_STYLES:
+        raise ValueError(f"SQLRL_SCHEMA_STYLE={name!r} is not a schema style; known: {', '.join(SCHEMA_STYLES)}")
+    return name
 
 
 def tools_for(mode: str) -> list[dict[str, Any]] | None:
@@ -62,8 +86,7 @@ def _system(task: Task | Any, schema: DatabaseSchema | None, mode: str, dialect:
     parts = [f"You are an expert {name} database engineer. Your job: {job}. "
              f"Write SQL for {name} only."]
     if schema is not None and schema.tables:
-        parts.append(f"The database `{schema.db_id}` has this schema:\n\n"
-                     f"{schema.to_create_sql(dialect)}")
+        parts.append(SCHEMA_STYLES[schema_style()](schema, dialect))
     else:
         hint = ("explore it with execute_sql" if mode == "agentic"
                 else "use the names the question suggests")

@@ -103,7 +103,7 @@ def test_prompts_name_the_engine_and_render_its_schema(fakesql, fake_url: str) -
     system = build_messages(task, schema)[0]["content"]
     assert "You are an expert FakeSQL database engineer" in system
     assert "Write SQL for FakeSQL only." in system
-    assert "CREATE TABLE order_items (" in system and "CREATE TABLE [order] (" in system
+    assert "\norder_items(" in system and "\n[order](id)" in system  # reserved word quoted the engine's way
 
 
 def test_judging_and_comparison(fakesql, fake_url: str) -> None:

@@ -94,11 +94,50 @@ def test_a_stage_summary_compares_with_the_latest_earlier_stage_in_the_same_mode
 def test_every_stage_config_draws_the_same_stratified_held_out_set():
     pool = [Task(f"{k}/{db}/{lvl}/{i}", k, lvl, db) for k in ("text2sql", "critic")
             for db in ("shop", "music", "clinic") for lvl in ("simple", "moderate", "challenging") for i in range(4)]
-    data = SimpleNamespace(eval_size=64, seed=0, mixture={"text2sql": 0.5, "critic": 0.5})
+    data = SimpleNamespace(eval_size=64, seed=0, held_out_mixture={"text2sql": 0.5, "critic": 0.5})
     a = stage_data.held_out_tasks(pool, SimpleNamespace(data=data))
     b = stage_data.held_out_tasks(list(reversed(pool)), SimpleNamespace(data=data))
     assert [t.task_id for t in a] == [t.task_id for t in b] and len({t.task_id for t in a}) == 64
     assert sum(t.kind == "critic" for t in a) == 32
+
+
+def test_a_talon_run_is_trained_on_debugging_and_scored_on_both_kinds(monkeypatch, tmp_path):
+    from curriculum.config import DataConfig, load_stage_config
+
+    assert DataConfig(mixture={"critic": 1.0}).held_out_mixture == {"critic": 1.0}
+    talon = DataConfig(mixture={"critic": 1.0}, eval_mixture={"text2sql": 0.5, "critic": 0.5})
+    assert talon.held_out_mixture == {"text2sql": 0.5, "critic": 0.5}
+    with pytest.raises(ValueError):
+        DataConfig(eval_mixture={"text2sql": -1.0})
+    (tmp_path / "manifest.json").write_text("{}")
+    loaded = {}
+
+    def load_split(root, split, kinds):
+        loaded[split] = list(kinds)
+        return []
+
+    monkeypatch.setattr(stage_data, "_load_split", load_split)
+    cfg = load_stage_config(None, ["stage=stage1", f"data.synth_dir={tmp_path}", "data.mixture={critic: 1.0}",
+                                   "data.eval_mixture={text2sql: 0.5, critic: 0.5}"])
+    stage_data.generated(cfg)
+    assert loaded == {"train": ["critic"], "test": ["text2sql", "critic"]}
+
+
+@pytest.mark.skipif(not (SPIDER := __import__("pathlib").Path(__file__).resolve().parents[3] / "shared" / "data" / "spider").is_dir(),
+                    reason="../shared/data/spider is absent (Spider is read from the shared data folder, never copied)")
+def test_the_spider_subset_is_fixed_balanced_and_from_databases_never_trained_on():
+    a = stage_data.spider_held_out(SPIDER, 100, seed=1)
+    b = stage_data.spider_held_out(SPIDER, 100, seed=1)
+    assert [t.task_id for t in a.eval] == [t.task_id for t in b.eval] and len({t.task_id for t in a.eval}) == 100
+    assert {t.kind for t in a.eval} == {"text2sql"} and all(t.db_id in a.catalog for t in a.eval)
+    assert len({t.db_id for t in a.eval}) >= 15 and {t.difficulty for t in a.eval} == {"simple", "moderate", "challenging"}
+    train_dbs = {t.db_id for t in __import__("sqlrl.tasks.loaders", fromlist=["load"]).load("spider", SPIDER, split="train").tasks}
+    assert not train_dbs & {t.db_id for t in a.eval}
+
+
+def test_a_missing_spider_folder_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="dev.json does not exist: give the Spider folder"):
+        stage_data.spider_held_out(tmp_path, 100)
 
 
 def test_the_results_table_shows_intervals_and_paired_changes():

@@ -108,3 +108,85 @@ def test_later_stages_can_be_run_into_a_run_dir_that_holds_the_earlier_ones(fake
     assert [s for s, _ in fake["stages"]] == ["stage1", "stage2", "stage3", "stage4"]
     assert not any("overwrite=true" in argv for _, argv in fake["stages"])
     assert Path(run / "stage4" / "summary.json").is_file()
+
+
+def _compare_fake(monkeypatch):
+    """Evaluations with per-task outcomes, so the paired changes can be checked."""
+    def evaluate(rt, model, tasks, mode):
+        ok = 1 if "stage" in str(model) or model == "ckpt" else 0
+        return {**_eval(mode), "success": float(ok), "per_task": {f"t{i}": {"success": ok} for i in range(4)}}
+    monkeypatch.setattr(held_out, "evaluate", evaluate)
+
+
+def test_the_long_preset_runs_each_variant_in_its_own_folder_from_the_base_model(fake, tmp_path, capsys):
+    run = tmp_path / "long"
+    assert job_main.main(["--preset", "long", "--model", "tiny", "--run-dir", str(run)]) == 0
+    out, err = capsys.readouterr()
+    names = [s for s, _ in fake["stages"]]
+    assert names == ["stage1", "stage2", "stage3", "stage4"] * 2
+    zeno, talon = fake["stages"][0][1], fake["stages"][4][1]
+    assert f"run_dir={run / 'zeno'}" in zeno and f"run_dir={run / 'talon'}" in talon
+    assert "model.init=tiny" in zeno and "model.init=tiny" in talon  # both start from the base model
+    assert "data.mixture={critic: 1.0}" in talon and "data.mixture={text2sql: 0.5, critic: 0.5}" in zeno
+    for argv in (zeno, talon):
+        assert "data.eval_size=64" in argv and "data.eval_mixture={text2sql: 0.5, critic: 0.5}" in argv
+        assert "data.train_size=160" in argv  # the preset's stage1 size
+    rows = json.loads((run / "results.json").read_text())["rows"]
+    assert [r["variant"] for r in rows] == [""] + ["zeno"] * 4 + ["talon"] * 4
+    assert "| + talon stage1 reasoning SFT |" in out
+    assert (run / "zeno" / "stage4" / "summary.json").is_file() and (run / "talon" / "stage4" / "summary.json").is_file()
+
+
+def test_a_variant_is_compared_with_its_own_previous_stage_and_its_first_stage_with_the_base(
+        fake, tmp_path, monkeypatch):
+    _compare_fake(monkeypatch)
+    run = tmp_path / "long"
+
+    def run_stage(stage, argv):
+        cfg = stage_job.parse_stage_args(stage, argv)
+        stage_job.save_config(cfg)
+        (cfg.stage_dir / "final").mkdir(exist_ok=True)
+        (cfg.stage_dir / "final" / "config.json").write_text("{}")
+        (cfg.stage_dir / "summary.json").write_text("{}")
+        e = held_out.evaluate(None, str(cfg.stage_dir), (), STAGES[stage].mode)
+        return {"eval": [e], "checkpoint": str(cfg.stage_dir / "final")}
+
+    monkeypatch.setattr(stage_job, "run_stage", run_stage)
+    assert job_main.main(["--preset", "long", "--model", "tiny", "--run-dir", str(run)]) == 0
+    rows = json.loads((run / "results.json").read_text())["rows"]
+    talon1 = next(r for r in rows if r["name"] == "+ talon stage1 reasoning SFT")
+    zeno3 = next(r for r in rows if r["name"] == "+ zeno stage3 reasoning GRPO")
+    talon3 = next(r for r in rows if r["name"] == "+ talon stage3 reasoning GRPO")
+    assert talon1["change"]["single"]["vs"] == "base (tiny)" and talon1["change"]["single"]["gained"] == 4
+    assert zeno3["change"]["single"]["vs"] == "+ zeno stage1 reasoning SFT"
+    assert talon3["change"]["single"]["vs"] == "+ talon stage1 reasoning SFT"
+
+
+def test_spider_is_evaluated_for_the_base_model_and_every_checkpoint(fake, tmp_path, monkeypatch, capsys):
+    seen = []
+    spider = stage_data.StageData(train=(), eval=(), catalog={}, schemas={}, source="spider dev (fake, 100 questions)")
+    monkeypatch.setattr(stage_data, "spider_held_out", lambda root, n, seed: seen.append((root, n)) or spider)
+
+    def run_stage(stage, argv):
+        cfg = stage_job.parse_stage_args(stage, argv)
+        (cfg.stage_dir / "final").mkdir(parents=True, exist_ok=True)
+        (cfg.stage_dir / "final" / "config.json").write_text("{}")
+        return {"eval": [_eval(STAGES[stage].mode)], "checkpoint": str(cfg.stage_dir / "final")}
+
+    monkeypatch.setattr(stage_job, "run_stage", run_stage)
+    assert job_main.main(["--model", "tiny", "--run-dir", str(tmp_path / "r"), "--spider-eval", "/spider",
+                          "--spider-size", "7"]) == 0
+    assert seen == [("/spider", 7)]
+    rows = json.loads((tmp_path / "r" / "results.json").read_text())["rows"]
+    assert all("spider" in r["eval"] for r in rows) and len(rows) == 5
+    assert "spider success" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--preset", "long", "--variants", "zeno,bogus"], "unknown variant(s) ['bogus'] for preset 'long'; known: zeno, talon"),
+    (["--variants", "zeno"], "unknown variant(s) ['zeno'] for preset 'default'; known: none"),
+])
+def test_bad_variants_are_refused_before_any_work(fake, tmp_path, argv, message):
+    with pytest.raises(SystemExit) as exc:
+        job_main.main(["--model", "tiny", "--run-dir", str(tmp_path / "r"), *argv])
+    assert message in str(exc.value) and fake["stages"] == [] and fake["data"] == []

@@ -1,0 +1,58 @@
+"""jobs.presets: the shipped presets load, their overrides are valid stage config, and a bad
+preset file is refused with a message naming what is wrong."""
+
+from __future__ import annotations
+
+import pytest
+
+import jobs.presets as presets
+from curriculum.config import load_stage_config
+from curriculum.stages import STAGES
+
+
+def test_default_preset_changes_nothing():
+    p = presets.load_preset("default", STAGES)
+    assert p.variant_names() == [""] and p.overrides("stage1") == [] and p.spider_eval == 0
+
+
+def test_long_preset_builds_valid_configs_for_every_stage_of_every_variant():
+    p = presets.load_preset("long", STAGES)
+    assert p.variant_names() == ["zeno", "talon"] and p.run_dir == "runs/long" and p.spider_eval == 100
+    for v in p.variant_names():
+        for stage in STAGES:
+            cfg = load_stage_config(STAGES[stage].config_path(), [f"stage={stage}", *p.overrides(stage, v)])
+            assert cfg.data.eval_size >= 64 and cfg.data.held_out_mixture == {"text2sql": 0.5, "critic": 0.5}
+            assert cfg.data.mixture == ({"critic": 1.0} if v == "talon" else {"text2sql": 0.5, "critic": 0.5})
+    stage3 = load_stage_config(STAGES["stage3"].config_path(), ["stage=stage3", *p.overrides("stage3", "zeno")])
+    assert stage3.rl.sampling_rounds == 2 and stage3.rl.group_size == 8
+
+
+def test_later_overrides_win():
+    p = presets.Preset("x", variants={"a": {"sft.epochs": 5}}, all={"sft.epochs": 1, "data.seed": 3},
+                       stages={"stage1": {"sft.epochs": 2}})
+    cfg = load_stage_config(STAGES["stage1"].config_path(), ["stage=stage1", *p.overrides("stage1", "a")])
+    assert cfg.sft.epochs == 5 and cfg.data.seed == 3
+
+
+@pytest.mark.parametrize("text, message", [
+    ("bogus: 1\n", "unknown key(s) bogus"),
+    ("stages: {stage9: {sft.epochs: 1}}\n", "unknown stage(s) stage9"),
+    ("variants: [a, b]\n", "variants must be a mapping"),
+    ("variants: {'two words': {}}\n", "needs a plain name"),
+    ("- 1\n", "must hold a mapping"),
+])
+def test_a_bad_preset_file_is_refused(tmp_path, monkeypatch, text, message):
+    path = tmp_path / "p.yaml"
+    path.write_text(text)
+    monkeypatch.setitem(presets.PRESETS, "p", path)
+    with pytest.raises(ValueError, match="preset 'p'") as exc:
+        presets.load_preset("p", STAGES)
+    assert message in str(exc.value)
+
+
+def test_unknown_and_missing_presets(tmp_path, monkeypatch):
+    with pytest.raises(ValueError, match="unknown preset 'nope'; known: default, long"):
+        presets.load_preset("nope")
+    monkeypatch.setitem(presets.PRESETS, "gone", tmp_path / "gone.yaml")
+    with pytest.raises(ValueError, match="gone.yaml does not exist"):
+        presets.load_preset("gone")
