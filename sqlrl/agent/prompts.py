@@ -6,10 +6,9 @@ in single-turn mode).
 
 Guarantees:
 - The system message states the role, the SQL dialect (its descriptor's ``display_name``), the
-  database schema in the rendering ``schema_style()`` names (``SCHEMA_STYLES``: ``compact``, the
-  default -- one line per table, ``DatabaseSchema.to_compact``, about half the tokens of
-  ``create`` -- or ``create``, ``CREATE TABLE`` statements, ``DatabaseSchema.to_create_sql``; both
-  in that dialect; a note to explore it when no schema is given) and, per mode, how to answer: agentic -- the tools
+  database schema in the rendering ``schema_style()`` names (``SCHEMA_STYLES``: ``create``, the
+  default -- ``CREATE TABLE`` statements, ``DatabaseSchema.to_create_sql`` -- or ``compact``, one
+  line per table, ``DatabaseSchema.to_compact``, about half the tokens; both in that dialect; a note to explore it when no schema is given) and, per mode, how to answer: agentic -- the tools
   (names from ``sqlrl.tools.TOOLS``), one call per turn in the parser's syntax, ``submit_solution``
   ends the episode; single -- ``<thought>…</thought><solution>…</solution>``, exactly the format
   ``sqlrl.rewards.parse.extract_single`` accepts.
@@ -49,7 +48,7 @@ SCHEMA_STYLES: dict[str, Callable[[DatabaseSchema, str], str]] = {
     "create": lambda schema, dialect: (f"The database `{schema.db_id}` has this schema:\n\n"
                                        f"{schema.to_create_sql(dialect)}"),
 }
-DEFAULT_SCHEMA_STYLE = "compact"
+DEFAULT_SCHEMA_STYLE = "create"  # compact: fewer tokens, but its A/B is not settled (docs/curriculum.md)
 
 
 def schema_style() -> str:

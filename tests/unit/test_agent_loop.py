@@ -137,7 +137,7 @@ def test_rollout_goes_through_every_state_on_a_real_session(tok, fmt, sessions, 
     assert tools[2]["content"].startswith("Error (runtime): no such column: nope")
     assert t.messages[-1]["tool_calls"][0]["function"] == {
         "name": "submit_solution", "arguments": {"sql": "SELECT count(*)  FROM customers"}}
-    assert "\ncustomers(customer_id " in t.messages[0]["content"]
+    assert "CREATE TABLE customers" in t.messages[0]["content"]
 
 
 def test_token_ids_are_prompt_plus_generated_plus_continuations_exactly(tok, fmt, sessions, shop):

@@ -32,7 +32,7 @@ def test_agentic_critic_prompt(shop):
     assert system["role"] == "system" and user["role"] == "user"
     s = system["content"]
     assert "PostgreSQL" in s and "SQLite" not in s
-    assert shop.to_compact("postgresql") in s and "\norder_items(" in s
+    assert shop.to_create_sql("postgresql") in s and "CREATE TABLE order_items" in s
     assert "execute_sql" in s and "submit_solution" in s and HermesParser.example in s
     assert "exactly ONE tool call" in s
     u = user["content"]
@@ -43,7 +43,7 @@ def test_agentic_critic_prompt(shop):
 
 def test_text2sql_prompt_has_question_and_evidence_not_gold(shop):
     system, user = build_messages(T2S, shop, "agentic")
-    assert "SQLite" in system["content"] and shop.to_compact("sqlite") in system["content"]
+    assert "SQLite" in system["content"] and shop.to_create_sql("sqlite") in system["content"]
     assert T2S.question in user["content"] and T2S.evidence in user["content"]
     assert "GOLD_MARKER" not in system["content"] + user["content"]
     no_evidence = Text2SQLTask(task_id="t2", db_id="shop", question="Q?", gold_sql="SELECT 1")
@@ -60,7 +60,7 @@ def test_single_turn_prompt_asks_for_the_checked_format(shop):
 
 def test_dialect_override_and_missing_schema(shop):
     system, _ = build_messages(T2S, shop, "agentic", dialect="mysql")
-    assert "MySQL" in system["content"] and shop.to_compact("mysql") in system["content"]
+    assert "MySQL" in system["content"] and shop.to_create_sql("mysql") in system["content"]
     system, _ = build_messages(T2S, None, "agentic")
     assert "schema is not given; explore it with execute_sql" in system["content"]
     assert "CREATE TABLE" not in system["content"] and "PK" not in system["content"]
@@ -82,13 +82,14 @@ def test_compact_schema_keeps_every_table_column_type_and_key(shop):
 
 
 def test_schema_style_is_chosen_by_the_environment_and_checked(shop, monkeypatch):
-    monkeypatch.setenv("SQLRL_SCHEMA_STYLE", "create")
-    assert shop.to_create_sql("sqlite") in build_messages(T2S, shop, "single")[0]["content"]
+    monkeypatch.setenv("SQLRL_SCHEMA_STYLE", "compact")
+    system = build_messages(T2S, shop, "single")[0]["content"]
+    assert shop.to_compact("sqlite") in system and "CREATE TABLE" not in system
     monkeypatch.setenv("SQLRL_SCHEMA_STYLE", "prose")
     with pytest.raises(ValueError, match="SQLRL_SCHEMA_STYLE='prose' is not a schema style; known: compact, create"):
         build_messages(T2S, shop, "single")
     monkeypatch.delenv("SQLRL_SCHEMA_STYLE")
-    assert shop.to_compact("sqlite") in build_messages(T2S, shop, "single")[0]["content"]
+    assert shop.to_create_sql("sqlite") in build_messages(T2S, shop, "single")[0]["content"]
 
 
 def test_multi_statement_issue_sql_is_shown_whole(shop):

@@ -103,7 +103,9 @@ def test_prompts_name_the_engine_and_render_its_schema(fakesql, fake_url: str) -
     system = build_messages(task, schema)[0]["content"]
     assert "You are an expert FakeSQL database engineer" in system
     assert "Write SQL for FakeSQL only." in system
-    assert "\norder_items(" in system and "\n[order](id)" in system  # reserved word quoted the engine's way
+    assert "CREATE TABLE order_items (" in system and "CREATE TABLE [order] (" in system
+    compact = schema.to_compact("fakesql")
+    assert "\norder_items(" in compact and "\n[order](id)" in compact  # reserved word quoted the engine's way
 
 
 def test_judging_and_comparison(fakesql, fake_url: str) -> None:
