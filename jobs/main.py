@@ -15,14 +15,14 @@ subset of Spider dev), then for each of the preset's variants (long: Zeno, then 
 ``<run_dir>/<variant>``) the stages of ``curriculum.stages.STAGES`` (1–4) run one after another,
 each from its shipped config (``StageSpec.config``: ``jobs/configs/<stage>.yaml``) plus the
 preset's overrides through the one stage recipe ``jobs.stage.run_stage`` — the first from the base
-model, each later one from the previous stage's checkpoint — and each is evaluated after it. Report: a table in the spirit of the BIRD-RL paper — success on held-out tasks
-(single-turn and agentic) with its 95% Wilson interval for the base model and after every stage,
+model, each later one from the previous stage's checkpoint — and each is evaluated after it.
+Report: a table in the spirit of the BIRD-RL paper — success on held-out tasks (single-turn and
+agentic) with its 95% Wilson interval for the base model and after every stage,
 and the paired difference (95% bootstrap interval, ``jobs.held_out.compare``) against the previous
 row of the same variant (the base model for a variant's first stage) evaluated in the same mode
-on the same tasks — printed once at the end and
-written to ``<run_dir>/results.{json,md}`` with the figures of ``jobs.report`` in
-``<run_dir>/curves`` (one summary line per phase as it ends). Checkpoints
-stay in ``<run_dir>/<stage>/final`` for serving.
+on the same tasks — printed once at the end and written to ``<run_dir>/results.{json,md}`` with the
+figures of ``jobs.report`` in ``<run_dir>/curves`` (one summary line per phase as it ends).
+Checkpoints stay in ``<run_dir>/[<variant>/]<stage>/final`` for serving.
 
 A run dir whose stages already hold results (``<run_dir>/<stage>/summary.json`` or ``final/``) is
 refused before anything runs, unless ``--overwrite`` (passed on to every stage as

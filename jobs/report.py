@@ -31,6 +31,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from sqlrl.metrics import read_metrics
+
 MODE_ORDER = ("single", "agentic", "spider")
 RL_STAGES = ("stage3", "stage4")
 RL_METRICS = ("reward_mean", "pass_rate", "reward_format", "reward_result")
@@ -72,22 +74,15 @@ def load_series(run_dir: str | Path) -> Series:
     """Numeric per-step metrics of every source; garbled lines and non-numbers are skipped."""
     series: Series = {}
     for label, path in metrics_files(run_dir).items():
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                try:
-                    row = json.loads(line)
-                except ValueError:
-                    continue
-                if not isinstance(row, dict) or not isinstance(row.get("stage"), str):
-                    continue
-                step = _number(row.get("step"))
-                if step is None:
-                    continue
-                stage = series.setdefault(label, {}).setdefault(row["stage"], {})
-                for key, value in row.items():
-                    x = _number(value)
-                    if x is not None and key not in ("step", "time"):
-                        stage.setdefault(key, {})[step] = x
+        for row in read_metrics(path):
+            step = _number(row.get("step"))
+            if step is None or not isinstance(row.get("stage"), str):
+                continue
+            stage = series.setdefault(label, {}).setdefault(row["stage"], {})
+            for key, value in row.items():
+                x = _number(value)
+                if x is not None and key not in ("step", "time"):
+                    stage.setdefault(key, {})[step] = x
     return series
 
 

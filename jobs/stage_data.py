@@ -3,8 +3,9 @@
 ``prepare_data(cfg)`` reads the data source the config names -- the embedded default data
 (``data.synth_dir``, generated there when missing) or Spider (``data.spider=PATH``) -- through the
 task-source registry ``sqlrl.tasks.loaders.LOADERS`` (``jsonl``, ``spider``), filters by
-``data.difficulties``, and mixes the train split by ``data.mixture`` (Zeno; Talon = critic only) and the held-out one by
-``data.eval_mixture`` (default: the same), so a Talon run can be scored on both task kinds.
+``data.difficulties``, and mixes the train split by ``data.mixture`` (Zeno; Talon = critic only)
+and the held-out one by ``data.eval_mixture`` (default: the same), so a Talon run can be scored on
+both task kinds.
 
 Guarantees:
 - The held-out tasks are the same for every stage of a run (same seed, size, mixture and
@@ -159,8 +160,8 @@ def spider_held_out(root: str | Path, n: int, seed: int = 0) -> StageData:
 
 
 def held_out_tasks(held: Sequence[Any], cfg: StageConfig) -> list[Any]:
-    """``data.eval_size`` distinct held-out tasks, kinds by ``data.eval_mixture`` (else ``data.mixture``), balanced across
-    (kind, difficulty, domain) strata (``sqlrl.eval.strata.stratified_sample``, seed ``data.seed + 1``);
+    """``data.eval_size`` distinct held-out tasks, kinds by ``data.eval_mixture`` (else
+    ``data.mixture``), balanced across (kind, difficulty, domain) strata (``sqlrl.eval.strata.stratified_sample``, seed ``data.seed + 1``);
     fewer, with a warning, when the eval split has fewer."""
     from sqlrl.eval.strata import stratified_sample
 

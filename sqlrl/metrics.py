@@ -12,7 +12,7 @@ Guarantees:
   (skipped with a note otherwise).
 - ``close()`` draws ``run_dir/curves/<stage>.png`` (one panel per metric, up to ``max_panels``,
   in the order first logged) when matplotlib is importable, and returns the paths it wrote.
-- ``read_metrics(path, stage=None)`` reads the JSONL back.
+- ``read_metrics(path, stage=None)`` reads the JSONL back (skipping a torn line).
 """
 
 from __future__ import annotations
@@ -120,11 +120,15 @@ class MetricsLogger:
 
 
 def read_metrics(path: str | Path, stage: str | None = None) -> list[dict[str, Any]]:
+    """The logged rows (of ``stage`` when given), in order. A line that is not a JSON object -- the
+    torn last line of a job killed mid-write -- is skipped, so a stopped run can still be read."""
     rows = []
-    with open(path, encoding="utf-8") as fh:
+    with open(path, encoding="utf-8", errors="replace") as fh:
         for line in fh:
-            if line.strip():
+            try:
                 row = json.loads(line)
-                if stage is None or row.get("stage") == stage:
-                    rows.append(row)
+            except ValueError:
+                continue
+            if isinstance(row, dict) and (stage is None or row.get("stage") == stage):
+                rows.append(row)
     return rows

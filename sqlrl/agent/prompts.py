@@ -8,7 +8,8 @@ Guarantees:
 - The system message states the role, the SQL dialect (its descriptor's ``display_name``), the
   database schema in the rendering ``schema_style()`` names (``SCHEMA_STYLES``: ``create``, the
   default -- ``CREATE TABLE`` statements, ``DatabaseSchema.to_create_sql`` -- or ``compact``, one
-  line per table, ``DatabaseSchema.to_compact``, about half the tokens; both in that dialect; a note to explore it when no schema is given) and, per mode, how to answer: agentic -- the tools
+  line per table, ``DatabaseSchema.to_compact``, about half the tokens; both in that dialect; a
+  note to explore it when no schema is given) and, per mode, how to answer: agentic -- the tools
   (names from ``sqlrl.tools.TOOLS``), one call per turn in the parser's syntax, ``submit_solution``
   ends the episode; single -- ``<thought>…</thought><solution>…</solution>``, exactly the format
   ``sqlrl.rewards.parse.extract_single`` accepts.

@@ -37,3 +37,11 @@ def test_two_stages_share_one_log(tmp_path):
         b.log(0, {"loss": 1.0})
     assert [r["stage"] for r in read_metrics(tmp_path / "metrics.jsonl")] == ["stage1", "stage2"]
     assert read_metrics(tmp_path / "metrics.jsonl", "stage2")[0]["loss"] == 1.0
+
+
+def test_a_torn_last_line_is_skipped(tmp_path):
+    with MetricsLogger(tmp_path, "stage3", tensorboard=False) as log:
+        log.log(0, {"reward": 0.5})
+    with open(tmp_path / "metrics.jsonl", "a", encoding="utf-8") as fh:
+        fh.write('[1, 2]\n{"stage": "stage3", "step": 1, "rew')  # not an object; killed mid-write
+    assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [0]
