@@ -107,3 +107,35 @@ def test_dynamic_sampling_draws_more_groups_when_rewards_are_flat(tmp_path):
     for s in steps:  # 2 tasks x 2 samples per draw
         assert (s["sampling_draws"], s["groups_drawn"], s["trajectories"]) == (4, 8, 16), s
         assert s["groups_trained"] == 0 and s["reward_mean"] == 0.0
+
+
+SPIDER = ROOT.parent / "shared" / "data" / "spider"
+
+
+@pytest.mark.timeout(1200)
+def test_the_long_preset_trains_zeno_and_talon_and_draws_the_figures(tmp_path):
+    """The README's long-preset command at micro sizes (the tiny model; the preset's sizes are
+    overridden): both variants in their own folders, Talon trained on debugging only but scored on
+    both kinds, its first stage compared with the base model, the Spider subset (when the shared
+    data is there) for every row, and the figures linked from results.md."""
+    run = tmp_path / "long"
+    spider = ["--spider-eval", str(SPIDER), "--spider-size", "4"] if (SPIDER / "dev.json").is_file() else []
+    proc = subprocess.run([sys.executable, "-m", "jobs.main", "--preset", "long", "--model", "tiny",
+                           "--run-dir", str(run), *spider, f"data.synth_dir={tmp_path / 'synth'}", *MICRO],
+                          cwd=ROOT, capture_output=True, text=True, timeout=1100)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "main: 9/9 phases done" in proc.stderr
+    rows = json.loads((run / "results.json").read_text())["rows"]
+    assert [r["variant"] for r in rows] == [""] + ["zeno"] * 4 + ["talon"] * 4
+    for variant, kinds in (("zeno", {"text2sql", "critic"}), ("talon", {"critic"})):
+        summary = json.loads((run / variant / "stage1" / "summary.json").read_text())
+        assert set(summary["data"]["train"]) == kinds  # Talon trains on debugging only ...
+        assert set(summary["data"]["eval"]) == {"text2sql", "critic"}  # ... and is scored on both kinds
+        assert (run / variant / "stage4" / "final" / "config.json").is_file()
+    talon1 = next(r for r in rows if r["name"] == "+ talon stage1 reasoning SFT")
+    assert talon1["change"]["single"]["vs"] == "base (tiny)"
+    if spider:
+        assert all(r["eval"]["spider"]["n"] == 4 for r in rows)
+    md = (run / "results.md").read_text()
+    for figure in ("eval_success", "rl_curves", "sft_loss"):
+        assert (run / "curves" / f"{figure}.png").is_file() and f"(curves/{figure}.png)" in md

@@ -170,6 +170,9 @@ RULES: list[tuple[str, Here | Elsewhere | NotHere]] = [
         "CI builds the environment with it from nothing; its error cases have a test",
         run_by=(CI_SETUP, ("tests/unit/test_setup_script.py", ('"scripts/setup.sh"',))))),
     (r"python -m jobs\.main", Elsewhere("the main job, tiny model at micro sizes", run_by=(MAIN_TEST,))),
+    (r"python -m jobs\.main --preset long --spider-eval \.\./shared/data/spider", Elsewhere(
+        "the long preset (both variants, the Spider subset, the figures), tiny model at micro sizes",
+        run_by=(("tests/e2e/test_curriculum_main.py", ('"--preset", "long"', '"--spider-eval"')),))),
     (r"bash scripts/dbservers\.sh start", Elsewhere(
         "the test command starts the servers with it",
         run_by=(("scripts/test.sh", ("bash scripts/dbservers.sh start",)),))),
