@@ -118,6 +118,7 @@ class TeacherConfig:
     kind: Literal["programmatic", "openai"] = "programmatic"
     seed: int = 0
     brief: bool = False  # programmatic: short thoughts (micro-scale models, small token budgets)
+    explore: int | None = None  # programmatic: cap on a trajectory's exploration calls (0: check, submit)
     base_url: str | None = None  # openai: an OpenAI-compatible endpoint
     model: str | None = None
     api_key_env: str = "OPENAI_API_KEY"  # the key is read from this environment variable
@@ -135,7 +136,7 @@ class TeacherConfig:
         if self.kind == "programmatic":
             from curriculum.teachers import ProgrammaticTeacher
 
-            return ProgrammaticTeacher(seed=self.seed, brief=self.brief)
+            return ProgrammaticTeacher(seed=self.seed, brief=self.brief, explore=self.explore)
         import os
 
         from curriculum.openai_teacher import OpenAIConfig, OpenAITeacher
@@ -151,9 +152,17 @@ class SFTSettings:
     epochs: int = 1
     batch_size: int = 8  # examples per optimizer step
     max_length: int = 2048
+    # Replay (agentic SFT only): single-turn examples, stage 1's kind, written for this fraction of
+    # the stage's train tasks and mixed into its data, so tool-use SFT keeps stage 1's skill.
+    replay: float = 0.0
     loss: SFTConfig = field(default_factory=SFTConfig)
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=5e-5, warmup_steps=1, total_steps=8,
                                                                    micro_batch_size=2))
+
+    def __post_init__(self) -> None:
+        if isinstance(self.replay, bool) or not isinstance(self.replay, (int, float)) \
+                or not 0.0 <= self.replay <= 1.0:
+            raise ValueError(f"sft.replay must be a fraction in [0, 1], got {self.replay!r}")
 
 
 @dataclass(frozen=True)

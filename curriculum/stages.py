@@ -101,10 +101,37 @@ def build_tooluse_sft(inp: BuildInputs) -> "tuple[list[Any], BuildReport]":
     from curriculum.builders import build_stage2
 
     cfg = inp.cfg
-    rows, report = build_stage2(inp.tasks, cfg.teacher.build(cfg.stage_dir), cfg.stage_dir / "sft_data.jsonl",
+    teacher = cfg.teacher.build(cfg.stage_dir)
+    rows, report = build_stage2(inp.tasks, teacher, cfg.stage_dir / "sft_data.jsonl",
                                 catalog=inp.catalog, schemas=inp.schemas, progress=inp.progress,
                                 max_turns=cfg.rollout.max_turns, opener=inp.opener)
+    rows, report = _with_replay(inp, teacher, rows, report)
     return _sft_rows(rows), report
+
+
+def _with_replay(inp: BuildInputs, teacher: Any, rows: list[dict[str, Any]],
+                 report: "BuildReport") -> "tuple[list[dict[str, Any]], BuildReport]":
+    """``sft.replay``: add single-turn rows (build_stage1, verified) for the first ``replay``
+    fraction of the train tasks, written to replay_data.jsonl. The report counts them too (its
+    drops under ``replay-<reason>``, the file as ``files["replay"]``); replay 0 changes nothing."""
+    import dataclasses
+
+    from curriculum.builders import build_stage1
+
+    cfg, tasks = inp.cfg, list(inp.tasks)
+    n = round(len(tasks) * cfg.sft.replay)
+    if n <= 0:
+        return rows, report
+    path = cfg.stage_dir / "replay_data.jsonl"
+    more, rep = build_stage1(tasks[:n], teacher, path, catalog=inp.catalog, schemas=inp.schemas,
+                             progress=inp.progress)
+    dropped = dict(report.dropped)
+    for reason, count in rep.dropped.items():
+        dropped[f"replay-{reason}"] = dropped.get(f"replay-{reason}", 0) + count
+    merged = dataclasses.replace(report, total=report.total + rep.total, kept=report.kept + rep.kept,
+                                 dropped=dropped, files={**report.files, "replay": str(path)},
+                                 outcomes=report.outcomes + rep.outcomes)
+    return rows + more, merged
 
 
 def build_rl_tasks(inp: BuildInputs) -> "tuple[list[Any], BuildReport]":

@@ -21,7 +21,11 @@ sometimes inspects a table, names the differences between the issue and the solu
 diff with sqlglot's tokenizer), tests the fix and submits ``sol_sql``: 2–3 calls.
 ``brief=True`` keeps stage-1 thoughts short (text-to-SQL: where the data is and the conditions,
 grouping and ordering; debugging: only the fix) -- for micro-scale models whose generation budget
-is a few hundred tokens; the trajectories of stage 2 are the same either way. The teacher reads
+is a few hundred tokens; the trajectories of stage 2 are the same either way. ``explore=N`` caps a
+trajectory's exploration calls (the looks before the final check) at N: ``explore=0`` makes every
+trajectory "run the answer, submit it" (debugging: run the given SQL, test the fix, submit) -- short
+trajectories for models that otherwise imitate the exploring and never submit within ``max_turns``
+(measured on the long preset, issue 19); ``None`` keeps the drawn 0-2. The teacher reads
 a task through its kind (``sqlrl.tasks.kinds``: ``problem``, ``reference``, ``given_sql``): a task
 that hands over SQL to fix gets the debugging flow, any other the text-to-SQL one, so a new task
 kind needs no edit here.
@@ -243,9 +247,15 @@ class ProgrammaticTeacher:
 
     name = "programmatic"
 
-    def __init__(self, seed: int = 0, brief: bool = False) -> None:
+    def __init__(self, seed: int = 0, brief: bool = False, explore: int | None = None) -> None:
         self.seed = int(seed)
         self.brief = bool(brief)  # short thoughts: what changes / where the data is, no restating
+        if explore is not None and (isinstance(explore, bool) or not isinstance(explore, int) or explore < 0):
+            raise ValueError(f"explore must be None or an integer >= 0, got {explore!r}")
+        self.explore = explore  # cap on exploration calls per trajectory (None: as drawn, 0-2)
+
+    def _cap(self, n: int) -> int:
+        return n if self.explore is None else min(n, self.explore)
 
     def _rng(self, task: Task, what: str) -> random.Random:
         return random.Random(f"{self.seed}:{what}:{type(task).kind}:{task.task_id}")
@@ -307,7 +317,7 @@ class ProgrammaticTeacher:
         explore = _inspections(facts, task.dialect)
         rng.shuffle(explore)
         n = rng.randint(1, 3)
-        steps = explore[: n - 1]
+        steps = explore[: self._cap(n - 1)]
         need = _describe(facts, brief=True)
         check = rng.choice(["Let me run my query to check its result.",
                             "Let me try the query before submitting it.",
@@ -325,7 +335,7 @@ class ProgrammaticTeacher:
         steps = [_Step(rng.choice(["Let me first run the user's SQL to see what it does.",
                                    "First I'll run the SQL as given to see the problem."]),
                        "execute_sql", issue)]
-        if rng.randint(2, 3) == 3:
+        if rng.randint(2, 3) == 3 and self._cap(1):
             explore = _inspections(sql_facts(sol, task.dialect) or sql_facts(issue, task.dialect),
                                    task.dialect)
             if explore:

@@ -325,3 +325,44 @@ def test_stage1_and_stage2_on_spider_dev(spider_dir, tmp_path):
     assert set(r1.dropped) <= {"gold-error"} and r1.kept >= 20
     assert r2.kept == r1.kept and set(r2.dropped) <= {"gold-error"}
     assert all(json.dumps(r) for r in rows)
+
+
+# -- stage 2's replay of single-turn rows (sft.replay) -----------------------------------------------
+
+@pytest.mark.parametrize("replay", [0.0, 0.5])
+def test_tooluse_sft_replays_verified_single_turn_rows_for_a_fraction_of_the_tasks(data, tmp_path, replay,
+                                                                                   monkeypatch):
+    from curriculum.config import load_stage_config
+    from curriculum.stages import STAGES, BuildInputs, build_tooluse_sft
+
+    tasks = data["tasks"][:6]
+    bad = {tasks[0].task_id: "wrong"}  # its single-turn answer fails: dropped, counted as replay-*
+    cfg = load_stage_config(STAGES["stage2"].config_path(),
+                            [f"run_dir={tmp_path}", f"sft.replay={replay}", "teacher.explore=0"])
+    inp = BuildInputs(cfg=cfg, tasks=tasks, opener=LocalSessions(), **kw(data))
+    monkeypatch.setattr("curriculum.config.TeacherConfig.build", lambda self, stage_dir: Scripted(bad))
+    examples, report = build_tooluse_sft(inp)
+    agentic = [e for e in examples if e.tools]
+    single = [e for e in examples if not e.tools]
+    assert len(agentic) == 5  # the "wrong" task's trajectory submits a wrong answer: dropped
+    if replay == 0:
+        assert single == [] and "replay" not in report.files
+        assert not (tmp_path / "stage2" / "replay_data.jsonl").exists()
+        return
+    # the first round(6 * 0.5) = 3 tasks get a single-turn row; the "wrong" one is dropped
+    assert len(single) == 2 and report.total == 6 + 3 and report.kept == 5 + 2
+    assert report.dropped == {"wrong-result": 1, "replay-wrong-result": 1}
+    assert report.files["replay"] == str(tmp_path / "stage2" / "replay_data.jsonl")
+    kept = lines(tmp_path / "stage2" / "replay_data.jsonl")
+    assert len(kept) == 2
+    for row, ex in zip(kept, single):
+        answer = row["messages"][-1]["content"]
+        assert extract_single(answer).format_ok and ex.messages[-1]["content"] == answer
+
+
+def test_replay_must_be_a_fraction():
+    from curriculum.config import SFTSettings
+
+    for bad in (-0.1, 1.5, True, "half"):
+        with pytest.raises(ValueError, match=r"sft.replay must be a fraction in \[0, 1\]"):
+            SFTSettings(replay=bad)

@@ -88,6 +88,27 @@ def test_brief_reasoning_is_short_well_formed_and_keeps_the_fix(tasks):
     assert brief.plan(critic) == full.plan(critic) and brief.plan(t2s) == full.plan(t2s)
 
 
+def test_explore_caps_the_exploration_calls_and_keeps_check_then_submit(tasks):
+    drawn = ProgrammaticTeacher(seed=0)
+    lengths = {task.kind: set() for task in tasks}
+    for task in tasks:
+        full, none, one = (drawn.plan(task), ProgrammaticTeacher(seed=0, explore=0).plan(task),
+                           ProgrammaticTeacher(seed=0, explore=1).plan(task))
+        lengths[task.kind].add(len(full))
+        gold = reference_sql(task)
+        # explore=0: (debugging: run the given SQL,) run the answer, submit it -- nothing else
+        assert [s.tool for s in none][-2:] == ["execute_sql", "submit_solution"]
+        assert none[-1].sql == none[-2].sql == gold
+        assert len(none) == (3 if task.kind == "critic" else 2)
+        assert len(none) <= len(one) <= len(full) and len(one) <= len(none) + 1
+        assert [(s.tool, s.sql) for s in none[-2:]] == [(s.tool, s.sql) for s in full[-2:]]
+    # the cap bites: without it the drawn plans are longer for some tasks of each kind
+    assert max(lengths["text2sql"]) > 2 and max(lengths["critic"]) > 3
+    for bad in (-1, 1.5, True, "0"):
+        with pytest.raises(ValueError, match="explore must be None or an integer >= 0"):
+            ProgrammaticTeacher(explore=bad)
+
+
 def test_every_turn_parses_to_exactly_one_call_and_ends_with_the_submission(tasks):
     teacher = ProgrammaticTeacher(seed=1)
     for task in tasks:
