@@ -26,7 +26,11 @@ Checkpoints stay in ``<run_dir>/[<variant>/]<stage>/final`` for serving.
 
 A run dir whose stages already hold results (``<run_dir>/<stage>/summary.json`` or ``final/``) is
 refused before anything runs, unless ``--overwrite`` (passed on to every stage as
-``overwrite=true``) or another ``--run-dir``. In a terminal the progress is a rich display and the
+``overwrite=true``) or another ``--run-dir``, or ``--resume``: a variant's finished stages (they
+must come first in its chain) are not run again -- their rows are read back from their
+``summary.json`` (the Spider subset, when asked for, is scored again) -- and the base model's
+scores are read back from ``<run_dir>/base_eval.json`` when it holds the same model, modes and
+held-out tasks (every run writes it); the rest runs as usual, from the last finished checkpoint. In a terminal the progress is a rich display and the
 table a rich table; otherwise (CI, ``ray job submit`` logs) plain lines, heartbeats during long
 phases (``jobs.console``), and the table as plain markdown, full width.
 """
@@ -115,10 +119,41 @@ def results_table(rows: list[dict], modes: list[str], held_out_name: str) -> tup
                 cells += [f"{held_out.success_text(e)} (format {e.get('format_ok', 0.0):.2f}, n={e['scored']})",
                           " / ".join(f"{e[k]:.2f}" if k in e else "—" for k in ("success_critic", "success_text2sql"))]
         cells.append(change_cell(row, modes))
-        cells.append(f"{row['seconds']:.0f} s")
+        cells.append(time_cell(row))
         table.add_row(row["name"], *cells)
         md.append(f"| {row['name']} | " + " | ".join(cells) + " |")
     return table, "\n".join(md) + "\n"
+
+
+def time_cell(row: dict) -> str:
+    """The row's time; a row read back by ``--resume`` says so (its training time is not known)."""
+    return "resumed" if row.get("resumed") else f"{row['seconds']:.0f} s"
+
+
+def read_summary(stage_dir: Path) -> dict[str, Any]:
+    """A finished stage's ``summary.json`` (``--resume``); a missing or unreadable one is an error
+    naming the file."""
+    path = Path(stage_dir) / "summary.json"
+    try:
+        summary = json.loads(path.read_text())
+        if not isinstance(summary, dict) or "checkpoint" not in summary or "eval" not in summary:
+            raise ValueError("no checkpoint/eval")
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"main: --resume: cannot read the finished stage's {path} ({exc}); "
+                         "pass --overwrite to run it again") from None
+    return summary
+
+
+def read_base_eval(run_dir: Path, key: dict[str, Any]) -> dict[str, Any] | None:
+    """The base model's cached scores from ``<run_dir>/base_eval.json`` when they were made for the
+    same model, modes and held-out tasks (``key``); otherwise ``None`` (evaluate again)."""
+    try:
+        cached = json.loads((Path(run_dir) / "base_eval.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(cached, dict) or any(cached.get(k) != v for k, v in key.items()):
+        return None
+    return cached.get("eval") if isinstance(cached.get("eval"), dict) else None
 
 
 def phase_line(row: dict, modes: list[str]) -> str:
@@ -127,7 +162,7 @@ def phase_line(row: dict, modes: list[str]) -> str:
     evals = [f"{m} {held_out.success_text(e)} (format {e.get('format_ok', 0.0):.2f}, n={e['scored']})"
              for m in modes if (e := row["eval"].get(m)) is not None]
     changes = [f"{m} {held_out.change_text(d)} vs {d['vs']}" for m in modes if (d := row.get("change", {}).get(m))]
-    return (f"{row['name']}: {', '.join(evals) or 'not evaluated'}; {row['seconds']:.0f} s"
+    return (f"{row['name']}: {', '.join(evals) or 'not evaluated'}; {time_cell(row)}"
             + (f"; change: {', '.join(changes)}" if changes else ""))
 
 
@@ -191,6 +226,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ray", action="store_true", help="run every stage on Ray actors (local cluster)")
     ap.add_argument("--overwrite", action="store_true",
                     help="replace the results of stages already run in --run-dir (else the job refuses)")
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the stages that already hold results (a prefix of each variant's chain) and the "
+                         "base model's cached scores; run the rest")
     ap.add_argument("overrides", nargs="*", help="key=value overrides for every stage")
     a = ap.parse_args(argv)
     stages = [s for s in a.stages.split(",") if s]
@@ -236,6 +274,16 @@ def main(argv: list[str] | None = None) -> int:
         done = [f"{v + '/' if v else ''}{s}" for v in variants for s in stages if config(s, v).existing_result()]
     except (ConfigError, ValueError) as exc:
         raise SystemExit(f"main: {exc}") from None
+    if a.resume and overwrite:
+        raise SystemExit("main: --resume keeps finished stages and --overwrite replaces them: pass one")
+    if a.resume:
+        for v in variants:
+            flags = [bool(config(s, v).existing_result()) for s in stages]
+            if any(flags[i + 1] and not flags[i] for i in range(len(flags) - 1)):
+                raise SystemExit(f"main: --resume: {run_dir / v if v else run_dir} holds results of a later stage "
+                                 f"without the earlier ones ({', '.join(s for s, f in zip(stages, flags) if f)}); "
+                                 "pass --overwrite, or --run-dir <another folder>")
+        done = []
     if done and not overwrite:
         raise SystemExit(f"main: {run_dir} already holds results of {', '.join(done)}; not replacing them: "
                          f"pass --overwrite to replace them, or --run-dir <another folder> to keep them")
@@ -259,10 +307,20 @@ def main(argv: list[str] | None = None) -> int:
     with Phases(1 + len(stages) * len(variants)) as phases:
         phases.start("base model evaluation")
         t0 = time.perf_counter()
-        with runtime.Runtime(first, data) as rt:
-            base = {m: held_out.evaluate(rt, a.model, data.eval, m) for m in modes if m != "spider"}
-        base.update(spider_eval(a.model))
-        rows.append({"name": f"base ({a.model})", "variant": "", "eval": base, "seconds": time.perf_counter() - t0})
+        base_key = {"model": a.model, "modes": modes, "tasks": [t.task_id for t in data.eval],
+                    "spider": [t.task_id for t in spider.eval] if spider else None}
+        base = read_base_eval(run_dir, base_key) if a.resume else None
+        if base is None:
+            with runtime.Runtime(first, data) as rt:
+                base = {m: held_out.evaluate(rt, a.model, data.eval, m) for m in modes if m != "spider"}
+            base.update(spider_eval(a.model))
+            run_dir.mkdir(parents=True, exist_ok=True)
+            (run_dir / "base_eval.json").write_text(json.dumps({**base_key, "eval": base}, default=str))
+            resumed = False
+        else:
+            resumed = True
+        rows.append({"name": f"base ({a.model})", "variant": "", "eval": base, "seconds": time.perf_counter() - t0,
+                     "resumed": resumed})
         add_changes(rows, modes)
         phases.finished(phase_line(rows[-1], modes))
 
@@ -273,12 +331,14 @@ def main(argv: list[str] | None = None) -> int:
                 label = f"{variant} {stage}" if variant else stage
                 phases.start(f"{label}: {title}")
                 t0 = time.perf_counter()
-                summary = stage_job.run_stage(stage, stage_args(stage, args_for(stage, variant, a.model if i == 0 else "previous")))
+                argv = stage_args(stage, args_for(stage, variant, a.model if i == 0 else "previous"))
+                kept = a.resume and config(stage, variant).existing_result()
+                summary = read_summary(config(stage, variant).stage_dir) if kept else stage_job.run_stage(stage, argv)
                 evals = {e["mode"]: e for e in summary["eval"]}
                 if spider is not None:
                     evals.update(spider_eval(summary["checkpoint"]))
                 rows.append({"name": f"+ {label} {title}", "label": f"+ {stage} {title}", "variant": variant, "eval": evals,
-                             "seconds": time.perf_counter() - t0})
+                             "seconds": time.perf_counter() - t0, "resumed": bool(kept)})
                 add_changes(rows, modes)
                 phases.finished(phase_line(rows[-1], modes))
 

@@ -22,6 +22,9 @@ Guarantees (the ``sqlrl.policy.types`` contract):
   (vLLM's CPU backend keeps its own copy of a tied ``lm_head``, so both must be sent);
 - on CPU the engine runs in the calling process by default (``in_process``, below), so closing
   or killing that process ends it; with child processes (GPU default) ``close()`` stops them;
+- a failed ``generate`` aborts every request left in the engine and raises ``RuntimeError`` naming
+  the cause (logged with its traceback), so the next call starts clean instead of waiting forever
+  on the failed call's requests; if the abort fails too, the backend is closed (later calls raise);
 - prefix caching is on; ``enforce_eager`` is on by default (``torch.compile`` warm-up costs more
   than it saves at this scale; pass ``enforce_eager=False`` on GPUs for CUDA graphs);
 - on CPU a model whose attention head size vLLM's CPU kernels lack (e.g. the 16-wide heads of the
@@ -33,6 +36,7 @@ Guarantees (the ``sqlrl.policy.types`` contract):
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import tempfile
@@ -40,6 +44,8 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from .types import Generation, SamplingParams
+
+logger = logging.getLogger(__name__)
 
 WORKER_EXTENSION = "sqlrl.policy.vllm_worker.WeightSync"
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)  # vLLM 0.32's CPU attention
@@ -140,8 +146,30 @@ class VLLMBackend:
                                        seed=params.seed, logprobs=0, include_stop_str_in_output=True,
                                        skip_special_tokens=True, stop_token_ids=self.eos_token_ids or None)
         requests = [{"prompt_token_ids": [int(t) for t in p]} for p in prompts]
-        outputs = self.llm.generate(requests, sampling, use_tqdm=False)
+        try:
+            outputs = self.llm.generate(requests, sampling, use_tqdm=False)
+        except Exception as exc:
+            # the failed call's requests stay in the engine; left there, the next generate waits on
+            # them forever (measured: a long-preset run spun in vLLM's scheduler for 15 min)
+            aborted = self._abort_unfinished()
+            logger.exception("vLLM generation failed; %d unfinished request(s) aborted", aborted)
+            raise RuntimeError(f"vLLM generation failed ({type(exc).__name__}: {exc}); "
+                               f"{aborted} unfinished request(s) aborted") from exc
         return [to_generation(c, i, j) for i, out in enumerate(outputs) for j, c in enumerate(out.outputs)]
+
+    def _abort_unfinished(self) -> int:
+        """Abort every request still in the engine (after a failed ``generate``); returns how many.
+        If even that fails the backend is closed, so later calls raise instead of hanging."""
+        try:
+            engine = self.llm.llm_engine
+            ids = list(engine.output_processor.request_states)
+            if ids:
+                engine.abort_request(ids, internal=True)
+            return len(ids)
+        except Exception:
+            logger.exception("could not abort the vLLM engine's requests; closing the backend")
+            self.close()
+            return 0
 
     def load_weights(self, state_dict: Mapping[str, Any]) -> int:
         """Load a full HF-named state dict into the running engine; returns the tensors loaded."""

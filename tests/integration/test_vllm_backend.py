@@ -93,6 +93,31 @@ def test_greedy_ids_equal_hf_and_logprobs_agree(setup):
         assert _max_diff(gv.logprobs, gh.logprobs) < LOGPROB_TOL
 
 
+def test_a_failed_generate_aborts_its_requests_so_the_next_call_does_not_hang(setup, monkeypatch, caplog):
+    """A model step that raises (seen once in a long-preset run) used to leave the failed call's
+    requests in the in-process engine, and the next generate spun in vLLM's scheduler forever."""
+    vllm = setup["vllm"]
+    core = vllm.llm.llm_engine.engine_core.engine_core  # InprocClient -> EngineCore (CPU: in process)
+    real = core.model_executor.execute_model
+    calls = {"n": 0}
+
+    def fail_once(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("injected model failure")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(core.model_executor, "execute_model", fail_once)
+    params = SamplingParams(temperature=0.7, max_new_tokens=8, seed=1)
+    with pytest.raises(RuntimeError, match=r"vLLM generation failed \(RuntimeError: injected model failure\); "
+                                           r"3 unfinished request\(s\) aborted"):
+        vllm.generate(setup["prompts"], params)
+    assert "injected model failure" in caplog.text  # logged with its traceback
+    assert not vllm.llm.llm_engine.has_unfinished_requests()
+    again = vllm.generate(setup["prompts"], params)  # returns (before the fix: never)
+    assert len(again) == 3 and all(g.token_ids for g in again)
+
+
 def test_sampled_logprobs_are_the_sampling_distributions(setup):
     params = SamplingParams(n=3, temperature=0.8, max_new_tokens=16, seed=7)
     gens = setup["vllm"].generate(setup["prompts"][:2], params)

@@ -50,8 +50,9 @@ def fake(monkeypatch):
         stage_job.save_config(cfg)
         (cfg.stage_dir / "final").mkdir(exist_ok=True)
         (cfg.stage_dir / "final" / "config.json").write_text("{}")
-        (cfg.stage_dir / "summary.json").write_text("{}")
-        return {"eval": [_eval(STAGES[stage].mode)]}
+        summary = {"checkpoint": str(cfg.stage_dir / "final"), "eval": [_eval(STAGES[stage].mode)]}
+        (cfg.stage_dir / "summary.json").write_text(json.dumps(summary))
+        return summary
 
     monkeypatch.setattr(stage_data, "prepare_data", prepare_data)
     monkeypatch.setattr(runtime, "Runtime", FakeRuntime)
@@ -108,6 +109,46 @@ def test_later_stages_can_be_run_into_a_run_dir_that_holds_the_earlier_ones(fake
     assert [s for s, _ in fake["stages"]] == ["stage1", "stage2", "stage3", "stage4"]
     assert not any("overwrite=true" in argv for _, argv in fake["stages"])
     assert Path(run / "stage4" / "summary.json").is_file()
+
+
+def test_resume_keeps_finished_stages_and_the_cached_base_scores_and_runs_the_rest(fake, tmp_path, monkeypatch,
+                                                                                  capsys):
+    run = tmp_path / "run"
+    assert job_main.main(["--model", "tiny", "--run-dir", str(run), "--stages", "stage1,stage2"]) == 0
+    assert json.loads((run / "base_eval.json").read_text())["model"] == "tiny"
+    # a crashed stage 3 leaves files but no result: it is run again
+    (run / "stage3").mkdir()
+    (run / "stage3" / "stage3.jsonl").write_text("")
+    evaluated: list[str] = []
+    monkeypatch.setattr(held_out, "evaluate", lambda rt, model, tasks, mode: evaluated.append(model) or _eval(mode))
+    fake["stages"].clear()
+    capsys.readouterr()
+    assert job_main.main(["--model", "tiny", "--run-dir", str(run), "--resume"]) == 0
+    out, _ = capsys.readouterr()
+    assert [s for s, _ in fake["stages"]] == ["stage3", "stage4"]  # stages 1-2 kept, base not evaluated again
+    assert "tiny" not in evaluated
+    assert not any("overwrite=true" in argv for _, argv in fake["stages"])
+    rows = json.loads((run / "results.json").read_text())["rows"]
+    assert [r["resumed"] for r in rows] == [True, True, True, False, False]
+    assert "| + stage1 reasoning SFT | 0.50 (format 1.00, n=4) |" in out and "| resumed |" in out
+    # another base model (or other held-out tasks) is not a cache hit: evaluated again
+    fake["stages"].clear()
+    assert job_main.main(["--model", str(run / "stage1" / "final"), "--run-dir", str(run), "--resume"]) == 0
+    assert str(run / "stage1" / "final") in evaluated and fake["stages"] == []
+
+
+def test_resume_refuses_a_gap_in_a_chain_and_a_conflicting_overwrite(fake, tmp_path):
+    run = tmp_path / "run"
+    (run / "stage2" / "final").mkdir(parents=True)
+    with pytest.raises(SystemExit, match="holds results of a later stage without the earlier ones"):
+        job_main.main(["--model", "tiny", "--run-dir", str(run), "--resume"])
+    with pytest.raises(SystemExit, match="--resume keeps finished stages and --overwrite replaces them"):
+        job_main.main(["--model", "tiny", "--run-dir", str(run), "--resume", "--overwrite"])
+    (run / "stage1" / "final").mkdir(parents=True)
+    (run / "stage1" / "summary.json").write_text("{not json")
+    with pytest.raises(SystemExit, match=r"cannot read the finished stage's .*stage1/summary.json"):
+        job_main.main(["--model", "tiny", "--run-dir", str(run), "--resume"])
+    assert fake["stages"] == []
 
 
 def _compare_fake(monkeypatch):
