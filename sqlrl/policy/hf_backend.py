@@ -47,9 +47,8 @@ import random
 from typing import Any, Callable, Sequence
 
 from .prefix_cache import PrefixHit, PrefixKVCache, common_prefix_length
-from .types import Generation, SamplingParams
+from .types import Generation, SamplingParams, row_seed
 
-_SEED_MOD = 2**63 - 1
 DEFAULT_MAX_CACHED_TOKENS = 64_000
 MIN_SHARED_PREFIX = 32  # tokens distinct prompts of one call must share beyond the cache to prefill once
 
@@ -185,10 +184,6 @@ def _growing_cache(n_layers: int, capacity: int) -> Any:
     return Cache(layers=[layer(capacity) for _ in range(n_layers)])
 
 
-def _row_seed(seed: int, prompt_index: int, sample_index: int) -> int:
-    return (seed * 1_000_003 + prompt_index * 7919 + sample_index) % _SEED_MOD
-
-
 class HFBackend:
     """Batched sampling and teacher-forced scoring for a ``sqlrl.policy.load.Policy``."""
 
@@ -290,7 +285,7 @@ class HFBackend:
                              f"model's {limit} positions")
         n, rows = params.n, len(prompts) * params.n
         base_seed = params.seed if params.seed is not None else random.SystemRandom().getrandbits(62)
-        seeds = [_row_seed(base_seed, r // n, r % n) for r in range(rows)]
+        seeds = [row_seed(base_seed, r // n, r % n) for r in range(rows)]
         gens = [torch.Generator().manual_seed(s) for s in seeds]
         stops = tuple(s for s in params.stop if s)
         window = 4 * max((len(s) for s in stops), default=0) + 4

@@ -45,3 +45,9 @@ class Generation:
 
 class GenerationBackend(Protocol):
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]: ...
+
+
+def row_seed(seed: int, prompt_index: int, sample_index: int) -> int:
+    """The seed of sample ``sample_index`` of prompt ``prompt_index`` in a call seeded ``seed``: every
+    backend derives per-sample seeds this way, so equal prompts in one call draw different samples."""
+    return (seed * 1_000_003 + prompt_index * 7919 + sample_index) % (2**63 - 1)

@@ -22,6 +22,15 @@ Guarantees (the ``sqlrl.policy.types`` contract):
   (vLLM's CPU backend keeps its own copy of a tied ``lm_head``, so both must be sent);
 - on CPU the engine runs in the calling process by default (``in_process``, below), so closing
   or killing that process ends it; with child processes (GPU default) ``close()`` stops them;
+- seeds: with ``params.seed`` each prompt gets its own vLLM seed, derived from (seed, prompt
+  index) as ``HFBackend`` derives its own, so equal prompts in one call (a GRPO group) draw
+  different samples and a call is reproducible. Not on vLLM's CPU build (``per_request_seeds``
+  defaults to off there): its per-request CPU generators cannot rewind, which vLLM's bookkeeping
+  for partially prefilled requests needs (``RuntimeError: CPU Generator does not use offset``,
+  seen in a long-preset run); there every sample comes from the engine's generator, seeded at
+  construction -- different samples for equal prompts, reproducible for the same sequence of calls
+  on a fresh engine, not per call. (Before, ``params.seed`` went to every request unchanged, so a
+  GRPO group's samples were all the same and no group had a gradient.)
 - a failed ``generate`` aborts every request left in the engine and raises ``RuntimeError`` naming
   the cause (logged with its traceback), so the next call starts clean instead of waiting forever
   on the failed call's requests; if the abort fails too, the backend is closed (later calls raise);
@@ -43,7 +52,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from .types import Generation, SamplingParams
+from .types import Generation, SamplingParams, row_seed
 
 logger = logging.getLogger(__name__)
 
@@ -102,7 +111,7 @@ class VLLMBackend:
                  enforce_eager: bool = True, enable_prefix_caching: bool = True,
                  max_model_len: int | None = None, kv_cache_gb: float = 4.0,
                  eos_token_ids: Sequence[int] = (), in_process: bool | None = None,
-                 **engine_kwargs: Any) -> None:
+                 per_request_seeds: bool | None = None, **engine_kwargs: Any) -> None:
         from vllm.platforms import current_platform
 
         if in_process is None:
@@ -116,6 +125,8 @@ class VLLMBackend:
         self.model_path = os.fspath(model_path)
         self.eos_token_ids = [int(t) for t in eos_token_ids]  # stop tokens beyond generation_config's
         self.on_cpu = bool(current_platform.is_cpu())
+        # see the module doc, "seeds": None = per-request seeds except on vLLM's CPU build
+        self.per_request_seeds = (not self.on_cpu) if per_request_seeds is None else bool(per_request_seeds)
         if self.on_cpu:
             size = head_size(model_path)
             if size is not None and size not in CPU_HEAD_SIZES:
@@ -141,13 +152,21 @@ class VLLMBackend:
             return []
         if any(len(p) == 0 for p in prompts):
             raise ValueError("empty prompt")
-        sampling = vllm.SamplingParams(n=params.n, temperature=params.temperature, top_p=params.top_p,
+        def sampling(seed: int | None) -> Any:
+            return vllm.SamplingParams(n=params.n, temperature=params.temperature, top_p=params.top_p,
                                        max_tokens=params.max_new_tokens, stop=list(params.stop) or None,
-                                       seed=params.seed, logprobs=0, include_stop_str_in_output=True,
+                                       seed=seed, logprobs=0, include_stop_str_in_output=True,
                                        skip_special_tokens=True, stop_token_ids=self.eos_token_ids or None)
+
         requests = [{"prompt_token_ids": [int(t) for t in p]} for p in prompts]
+        if params.seed is not None and self.per_request_seeds:
+            # one seed per prompt, derived like HFBackend's: equal prompts (a GRPO group) must not
+            # share a generator, or every sample of the group is the same
+            per_prompt: Any = [sampling(row_seed(params.seed, i, 0)) for i in range(len(prompts))]
+        else:
+            per_prompt = sampling(None)  # the engine's own generator, seeded when it was built
         try:
-            outputs = self.llm.generate(requests, sampling, use_tqdm=False)
+            outputs = self.llm.generate(requests, per_prompt, use_tqdm=False)
         except Exception as exc:
             # the failed call's requests stay in the engine; left there, the next generate waits on
             # them forever (measured: a long-preset run spun in vLLM's scheduler for 15 min)

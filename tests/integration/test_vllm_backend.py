@@ -118,13 +118,29 @@ def test_a_failed_generate_aborts_its_requests_so_the_next_call_does_not_hang(se
     assert len(again) == 3 and all(g.token_ids for g in again)
 
 
+def test_equal_prompts_in_one_seeded_call_draw_different_samples(setup):
+    """A GRPO group is one prompt repeated: with a seed, every copy used to get the same vLLM
+    generator and so the same sample (no group ever had a reward spread)."""
+    vllm, prompt = setup["vllm"], setup["prompts"][0]
+    params = SamplingParams(temperature=0.7, max_new_tokens=12, seed=0)
+    assert len({g.token_ids for g in vllm.generate([prompt] * 6, params)}) > 1
+    vllm.per_request_seeds = True  # the GPU default: seeds derived per prompt (row_seed)
+    try:
+        first = vllm.generate([prompt] * 6, params)
+        assert len({g.token_ids for g in first}) > 1
+        assert [g.token_ids for g in vllm.generate([prompt] * 6, params)] == [g.token_ids for g in first]
+    finally:
+        vllm.per_request_seeds = False
+
+
 def test_sampled_logprobs_are_the_sampling_distributions(setup):
     params = SamplingParams(n=3, temperature=0.8, max_new_tokens=16, seed=7)
     gens = setup["vllm"].generate(setup["prompts"][:2], params)
     assert [g.meta["prompt_index"] for g in gens] == [0, 0, 0, 1, 1, 1]
     assert len({g.token_ids for g in gens[:3]}) > 1  # n samples, not one repeated
     again = setup["vllm"].generate(setup["prompts"][:2], params)
-    assert [g.token_ids for g in again] == [g.token_ids for g in gens]  # the seed fixes the samples
+    # on the CPU build a seed does not fix a call's samples (the module doc, "seeds")
+    assert not setup["vllm"].per_request_seeds and [g.token_ids for g in again] != [g.token_ids for g in gens]
     scored = setup["hf"].score([(setup["prompts"][g.meta["prompt_index"]], g.token_ids) for g in gens],
                                temperature=0.8)
     for g, s in zip(gens, scored):
