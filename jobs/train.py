@@ -54,8 +54,8 @@ def train_sft(rt: Any, model: str, examples: Sequence[Any], logger: Any) -> tupl
                 beat.update(step, note=f"epoch {epoch + 1}/{s.epochs}, step {step + 1} running")
                 t0 = time.perf_counter()
                 batch = sft_batch(order[start:start + s.batch_size], chat, max_length=s.max_length, pad_id=pad_id)
-                m = learner.step(batch, "sft", s.loss)
-                m = {**m, "epoch": epoch, "update_s": time.perf_counter() - t0}
+                m = dict(learner.step(batch, "sft", s.loss))
+                m = {**m, "learner_step": m.pop("step", None), "epoch": epoch, "update_s": time.perf_counter() - t0}
                 logger.log(step, m)
                 history.append(m)
                 step += 1
@@ -116,7 +116,9 @@ def train_grpo(rt: Any, model: str, tasks: Sequence[Any], logger: Any) -> tuple[
                                  [gids[i] for i in keep], r.loss,
                                  pad_id=pad_id, max_length=rt.cfg.rollout.max_total_tokens)
                 for _ in range(r.updates_per_batch):
-                    metrics.update(learner.step(batch, "grpo", r.loss))
+                    m = dict(learner.step(batch, "grpo", r.loss))
+                    m["learner_step"] = m.pop("step", None)  # the row's step is the GRPO step
+                    metrics.update(m)
             t3 = time.perf_counter()
             beat.update(step, note=f"step {step + 1}: weight sync")
             version, sync_s = learner.sync_to(rollout)
@@ -134,15 +136,18 @@ def train_grpo(rt: Any, model: str, tasks: Sequence[Any], logger: Any) -> tuple[
 
 
 def rollout_metrics(trajs: Sequence[Any], breakdowns: Sequence[Any], keep: Sequence[int]) -> dict[str, Any]:
-    """One GRPO step's rollout and reward metrics (rewards over the rows trained on)."""
-    kept_b = [breakdowns[i] for i in keep]
+    """One GRPO step's rollout and reward metrics. Rewards, their parts and the pass rate are over
+    every scored row the step drew (not the excluded ones), so they are the policy's learning curve
+    whichever groups dynamic sampling kept; ``trained_reward_mean`` is over the rows trained on."""
+    scored = [b for b in breakdowns if not b.excluded]
     parts: dict[str, list[float]] = {}
-    for b in kept_b:
+    for b in scored:
         for k, v in b.parts.items():
             parts.setdefault(k, []).append(v)
-    return {"reward_mean": mean(b.score for b in kept_b),
-            "pass_rate": mean(float(b.parts.get("result", 0.0) >= 1.0) for b in kept_b),
+    return {"reward_mean": mean(b.score for b in scored),
+            "pass_rate": mean(float(b.parts.get("result", 0.0) >= 1.0) for b in scored),
             **{f"reward_{k}": mean(v) for k, v in parts.items()},
+            "trained_reward_mean": mean(breakdowns[i].score for i in keep),
             "trajectories": len(trajs), "trained_on": len(keep),
             "excluded": sum(b.excluded for b in breakdowns),
             "turns_mean": mean(len(t.turns) for t in trajs),
