@@ -30,8 +30,8 @@ refused before anything runs, unless ``--overwrite`` (passed on to every stage a
 must come first in its chain) are not run again -- their rows are read back from their
 ``summary.json`` (the Spider subset, when asked for, is scored again) -- and the base model's
 scores are read back from ``<run_dir>/base_eval.json`` when it holds the same model, modes and
-held-out tasks (every run writes it); the rest runs as usual, from the last finished checkpoint. In a terminal the progress is a rich display and the
-table a rich table; otherwise (CI, ``ray job submit`` logs) plain lines, heartbeats during long
+held-out tasks (every run writes it); the rest runs as usual, from the last finished checkpoint.
+In a terminal the progress is a rich display and the table a rich table; otherwise (CI, ``ray job submit`` logs) plain lines, heartbeats during long
 phases (``jobs.console``), and the table as plain markdown, full width.
 """
 
@@ -271,14 +271,15 @@ def main(argv: list[str] | None = None) -> int:
         overwrite = a.overwrite or first.overwrite  # --overwrite, or overwrite=true given as an override
         if overwrite:
             common.append("overwrite=true")
-        done = [f"{v + '/' if v else ''}{s}" for v in variants for s in stages if config(s, v).existing_result()]
+        finished = {(v, s): bool(config(s, v).existing_result()) for v in variants for s in stages}
+        done = [f"{v + '/' if v else ''}{s}" for (v, s), f in finished.items() if f]
     except (ConfigError, ValueError) as exc:
         raise SystemExit(f"main: {exc}") from None
     if a.resume and overwrite:
         raise SystemExit("main: --resume keeps finished stages and --overwrite replaces them: pass one")
     if a.resume:
         for v in variants:
-            flags = [bool(config(s, v).existing_result()) for s in stages]
+            flags = [finished[v, s] for s in stages]
             if any(flags[i + 1] and not flags[i] for i in range(len(flags) - 1)):
                 raise SystemExit(f"main: --resume: {run_dir / v if v else run_dir} holds results of a later stage "
                                  f"without the earlier ones ({', '.join(s for s, f in zip(stages, flags) if f)}); "
@@ -332,13 +333,13 @@ def main(argv: list[str] | None = None) -> int:
                 phases.start(f"{label}: {title}")
                 t0 = time.perf_counter()
                 argv = stage_args(stage, args_for(stage, variant, a.model if i == 0 else "previous"))
-                kept = a.resume and config(stage, variant).existing_result()
+                kept = a.resume and finished[variant, stage]
                 summary = read_summary(config(stage, variant).stage_dir) if kept else stage_job.run_stage(stage, argv)
                 evals = {e["mode"]: e for e in summary["eval"]}
                 if spider is not None:
                     evals.update(spider_eval(summary["checkpoint"]))
                 rows.append({"name": f"+ {label} {title}", "label": f"+ {stage} {title}", "variant": variant, "eval": evals,
-                             "seconds": time.perf_counter() - t0, "resumed": bool(kept)})
+                             "seconds": time.perf_counter() - t0, "resumed": kept})
                 add_changes(rows, modes)
                 phases.finished(phase_line(rows[-1], modes))
 
