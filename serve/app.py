@@ -12,8 +12,10 @@ Endpoints (OpenAI's error shape and status codes for every failure):
 
 Order of checks for every ``/v1`` request: body size (413, before the body is parsed), API key
 (401), rate limit (429 + ``Retry-After``), JSON and schema (400), model / database exists (404),
-clamps, then the model deployment. A full model queue (``max_queued_requests``) gives 503, the
-end-to-end timeout (``limits.request_timeout_s``) 504.
+clamps, then admission: a model with ``ModelSpec.in_flight_limit`` requests in flight (every
+replica slot taken and ``max_queued_requests`` waiting) gives 503, counted exactly by the ingress
+(``serve/limits.py``'s ``Admission``; Serve's own queue limit is approximate, so it is left off);
+then the model deployment. The end-to-end timeout (``limits.request_timeout_s``) gives 504.
 
 ``build_app(args)`` is the application builder ``serve run`` calls with the config's ``args``. With
 ``colocate: true`` the ingress replicas hold the models themselves (``LocalModel``: the same calls
@@ -26,6 +28,7 @@ import asyncio
 import inspect
 import json
 import time
+import weakref
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -36,7 +39,7 @@ from ray.serve.exceptions import BackPressureError
 from . import metrics
 from .config import ServeConfig, load_serve_config
 from .engine import SQL_BODIES
-from .limits import RateLimiter, check_api_key
+from .limits import Admission, RateLimiter, check_api_key
 from .model_server import ModelServer
 from .openai_chat import APIError, ChatRequest, error_body
 
@@ -115,6 +118,8 @@ class Ingress:
         self.models = models
         lim = self.config.limits
         self.limiter = RateLimiter(lim.rate_limit_per_minute, lim.rate_limit_burst)
+        self.admission = Admission({name: spec.in_flight_limit(self.config.colocate)
+                                    for name, spec in self.config.models.items()})
         self.keys = self.config.auth.keys()
 
     async def _admit(self, request: Request) -> dict[str, Any]:
@@ -205,23 +210,43 @@ class Ingress:
             handle = self._handle(req.model)
             deadline = self._deadline()
             if req.stream:
-                return req.model, await self._stream(handle, data, deadline)
-            response = handle.chat.remote(data)
-            kind, status, result = await self._call(response, response.cancel, deadline)
+                return req.model, await self._stream(req.model, handle, data, deadline)
+            self.admission.enter(req.model)
+            try:
+                response = handle.chat.remote(data)
+                kind, status, result = await self._call(response, response.cancel, deadline)
+            finally:
+                self.admission.leave(req.model)
             if kind == "error":
                 raise APIError(status, result["error"]["message"], param=result["error"]["param"],
                                code=result["error"]["code"])
             return req.model, JSONResponse(result)
         return await self._run("chat", request, work)
 
-    async def _stream(self, handle: Any, data: dict[str, Any], deadline: float) -> StreamingResponse:
+    async def _stream(self, name: str, handle: Any, data: dict[str, Any],
+                      deadline: float) -> StreamingResponse:
         """SSE from the replica's ``chat_stream``: errors before the first token are a normal
-        OpenAI error response; a failure or the deadline after it is an ``error`` event."""
-        gen = handle.options(stream=True).chat_stream.remote(data)
-        kind, status, result = await self._call(gen.__anext__(), gen.cancel, deadline)
-        if kind == "error":
-            raise APIError(status, result["error"]["message"], param=result["error"]["param"],
-                           code=result["error"]["code"])
+        OpenAI error response; a failure or the deadline after it is an ``error`` event. The
+        request stays admitted until its last event is sent, or, if the client goes away before
+        the body starts (the generator then never runs), until the generator is collected."""
+        self.admission.enter(name)
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                self.admission.leave(name)
+
+        try:
+            gen = handle.options(stream=True).chat_stream.remote(data)
+            kind, status, result = await self._call(gen.__anext__(), gen.cancel, deadline)
+            if kind == "error":
+                raise APIError(status, result["error"]["message"], param=result["error"]["param"],
+                               code=result["error"]["code"])
+        except BaseException:
+            release()
+            raise
 
         async def events():
             try:
@@ -235,8 +260,12 @@ class Ingress:
                 yield f"data: {json.dumps(exc.body())}\n\n"
             except Exception as exc:  # the replica failed mid-stream
                 yield f"data: {json.dumps(error_body(500, f'{type(exc).__name__}: {exc}'))}\n\n"
+            finally:
+                release()
             yield "data: [DONE]\n\n"
-        return StreamingResponse(events(), media_type="text/event-stream")
+        stream = events()
+        weakref.finalize(stream, release)
+        return StreamingResponse(stream, media_type="text/event-stream")
 
     async def _sql(self, kind: str, request: Request) -> Any:
         async def work():
@@ -248,8 +277,12 @@ class Ingress:
                 raise APIError(400, msg, param=param) from None
             name = body.model or self.config.sql_models.get(kind)
             handle = self._handle(name)
-            response = handle.sql.remote(kind, data)
-            state, status, result = await self._call(response, response.cancel, self._deadline())
+            self.admission.enter(name)
+            try:
+                response = handle.sql.remote(kind, data)
+                state, status, result = await self._call(response, response.cancel, self._deadline())
+            finally:
+                self.admission.leave(name)
             if state == "error":
                 return name, JSONResponse(result, status_code=status)
             return name, JSONResponse(result)
@@ -269,7 +302,7 @@ def model_deployment(name: str, config: ServeConfig, raw: dict[str, Any]) -> Any
     return serve.deployment(ModelServer).options(
         name=f"model-{name}", num_replicas=spec.num_replicas,
         max_ongoing_requests=spec.max_ongoing_requests,
-        max_queued_requests=spec.max_queued_requests,
+        max_queued_requests=-1,  # the ingress's Admission enforces the queue limit exactly
         ray_actor_options={"num_cpus": spec.num_cpus, "num_gpus": spec.num_gpus},
     ).bind(name, raw)
 

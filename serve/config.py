@@ -13,8 +13,8 @@ wrong types are errors naming the dotted key).
   role). Clients name a database; they never pass a path or DSN.
 - ``sql_models``: which model answers ``/v1/sql/debug`` (Talon) and ``/v1/sql/generate`` (Zeno).
 - ``colocate``: the models run inside the ingress replicas instead of behind deployment handles
-  (one Ray hop less per request; per-model replicas, GPUs and ``max_queued_requests`` then do not
-  apply).
+  (one Ray hop less per request; per-model replicas and GPUs then do not apply; the queue limit
+  does: ``ModelSpec.in_flight_limit``, enforced by the ingress).
 - ``limits`` and ``auth``: what a public endpoint needs (see ``serve/limits.py``).
 
 Guarantees: ``__post_init__`` rejects inconsistent settings (``max_ongoing_requests`` below the
@@ -40,7 +40,7 @@ class ModelSpec:
     max_batch_size: int = 16  # prompts merged into one generation call (@serve.batch)
     batch_wait_timeout_s: float = 0.0  # Serve's window; requests arriving while the model works are merged anyway
     max_ongoing_requests: int = 32  # per replica; >= max_batch_size so a batch can fill
-    max_queued_requests: int = 64  # beyond this the caller gets 503
+    max_queued_requests: int = 64  # waiting beyond the replicas' slots; more get 503 (-1: no limit)
     num_replicas: int = 1
     num_cpus: float = 1.0
     num_gpus: float = 0.0
@@ -52,6 +52,17 @@ class ModelSpec:
         if self.max_ongoing_requests < self.max_batch_size:
             raise ValueError(f"max_ongoing_requests ({self.max_ongoing_requests}) must be >= "
                              f"max_batch_size ({self.max_batch_size}) or batches never fill")
+        if self.max_queued_requests < -1:
+            raise ValueError(f"max_queued_requests must be >= 0, or -1 for no limit; got "
+                             f"{self.max_queued_requests}")
+
+    def in_flight_limit(self, colocate: bool) -> int | None:
+        """Requests one ingress replica lets in at once: every replica slot plus the queue
+        (colocated: the ingress replica's own model). None: no limit."""
+        if self.max_queued_requests < 0:
+            return None
+        replicas = 1 if colocate else self.num_replicas
+        return self.max_ongoing_requests * replicas + self.max_queued_requests
 
 
 @dataclass(frozen=True)
@@ -98,7 +109,7 @@ class ServeConfig:
     auth: AuthSpec = field(default_factory=AuthSpec)
     # True: every ingress replica holds the models itself (no handle hop: lower latency; for small
     # models on one machine). False: one ModelServer deployment per model (own replicas, GPUs and
-    # queue limits -- max_queued_requests applies only here).
+    # replica counts -- num_replicas and num_gpus apply only here).
     colocate: bool = False
 
     def __post_init__(self) -> None:

@@ -6,6 +6,13 @@
 - ``RateLimiter(per_minute, burst)``: a token bucket per key; ``take(key)`` raises
   ``APIError(429)`` with a ``Retry-After`` header (whole seconds until a token is back).
   State is per ingress replica (N replicas allow N times the rate; say so when you scale out).
+- ``Admission(capacity)``: per model, the requests an ingress replica has in flight (generating,
+  or waiting for a slot); ``enter(name)`` raises ``APIError(503, code="queue_full")`` once a model
+  holds ``capacity[name]`` of them, ``leave(name)`` frees one. Exact, unlike Ray Serve's own
+  ``max_queued_requests``: Serve's router counts a request as queued only while it picks a replica,
+  not while a full replica is rejecting it, so a burst can find the count low and never be
+  refused (seen in CI) -- or find it high and be refused while slots are free. Per ingress replica,
+  like the rate limit.
 - ``clamp(value, maximum)``: client numbers are clamped to the configured maxima, never trusted.
 
 Guarantees: pure Python, injectable clock, no Ray.
@@ -56,6 +63,25 @@ class RateLimiter:
                 raise APIError(429, f"rate limit reached for this API key; retry after {wait} s",
                                code="rate_limit_exceeded", headers={"Retry-After": str(wait)})
             self._buckets[key] = (tokens - 1.0, now)
+
+
+class Admission:
+    def __init__(self, capacity: dict[str, int | None]) -> None:
+        self.capacity = dict(capacity)  # name -> most requests in flight; None = no limit
+        self.inflight = {name: 0 for name in capacity}
+        self._lock = threading.Lock()
+
+    def enter(self, name: str) -> None:
+        with self._lock:
+            limit = self.capacity.get(name)
+            if limit is not None and self.inflight.get(name, 0) >= limit:
+                raise APIError(503, f"the model {name!r} has {limit} requests in flight (its "
+                               "replicas' slots and queue are full); retry later", code="queue_full")
+            self.inflight[name] = self.inflight.get(name, 0) + 1
+
+    def leave(self, name: str) -> None:
+        with self._lock:
+            self.inflight[name] = max(0, self.inflight.get(name, 0) - 1)
 
 
 def clamp(value: int | None, maximum: int, default: int | None = None) -> int:

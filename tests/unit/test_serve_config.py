@@ -31,6 +31,20 @@ def test_bad_serve_configs_are_named():
         load_serve_config({"models": {"m": {"path": "tiny", "max_batch_size": 8, "max_ongoing_requests": 4}}})
     with pytest.raises(ConfigError, match="no models"):
         load_serve_config({})
+    with pytest.raises(ConfigError, match="max_queued_requests"):
+        load_serve_config({"models": {"m": {"path": "tiny", "max_queued_requests": -2}}})
+
+
+def test_in_flight_limit_is_every_replica_slot_plus_the_queue():
+    from serve.config import load_serve_config
+
+    cfg = load_serve_config({"models": {
+        "a": {"path": "tiny", "max_batch_size": 4, "max_ongoing_requests": 8, "num_replicas": 3,
+              "max_queued_requests": 2},
+        "b": {"path": "tiny", "max_queued_requests": -1}}})
+    assert cfg.models["a"].in_flight_limit(colocate=False) == 26
+    assert cfg.models["a"].in_flight_limit(colocate=True) == 10  # the ingress replica's own model
+    assert cfg.models["b"].in_flight_limit(colocate=False) is None
 
 
 def test_jobs_serve_flags_build_the_app_args(tmp_path, monkeypatch):

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from serve.limits import RateLimiter, check_api_key, clamp
+from serve.limits import Admission, RateLimiter, check_api_key, clamp
 from serve.openai_chat import APIError, ChatRequest, prepare
 from sqlrl.agent import (Agent, DebugRequest, GenerateRequest, LocalSessions, LoopConfig,
                          request_from_task)
@@ -107,3 +107,86 @@ def test_api_keys_rate_limit_and_clamps():
     now[0] += 1.0
     rl.take("a")
     assert clamp(10_000, 512) == 512 and clamp(None, 512, 64) == 64 and clamp(0, 8) == 1
+
+
+def test_admission_refuses_beyond_the_limit_and_frees_slots():
+    adm = Admission({"m": 2, "free": None})
+    adm.enter("m")
+    adm.enter("m")
+    with pytest.raises(APIError) as err:
+        adm.enter("m")
+    assert err.value.status == 503 and err.value.body()["error"]["code"] == "queue_full"
+    assert adm.inflight["m"] == 2  # a refusal takes no slot
+    adm.leave("m")
+    adm.enter("m")  # the slot given back is usable again
+    for _ in range(100):
+        adm.enter("free")  # no limit configured
+    assert adm.inflight == {"m": 2, "free": 100}
+
+
+class _FakeStream:
+    """What ``handle.options(stream=True).chat_stream.remote`` returns: the replica's items."""
+
+    def __init__(self, items):
+        self.items, self.cancelled = list(items), False
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        if not self.items:
+            raise StopAsyncIteration
+        return self.items.pop(0)
+
+    def cancel(self):
+        self.cancelled = True
+
+
+class _FakeHandle:
+    def __init__(self, items):
+        self.items = items
+
+    def options(self, **_):
+        return self
+
+    @property
+    def chat_stream(self):
+        return self
+
+    def remote(self, data):
+        return _FakeStream(self.items)
+
+
+def test_a_stream_holds_its_admission_until_its_body_ends_or_is_dropped():
+    import asyncio
+    import gc
+    import types
+
+    from serve.app import Ingress
+
+    cls = Ingress.func_or_class  # the class under Serve's ingress wrapper
+    ing = types.SimpleNamespace(admission=Admission({"m": 1}))
+    ing._call = lambda aw, cancel, deadline: cls._call(ing, aw, cancel, deadline)
+    items = [("ok", 200, None), {"choices": [{"delta": {"content": "hi"}}]}]
+
+    async def main():
+        # streamed to the end: the slot is held while the body runs, then given back
+        resp = await cls._stream(ing, "m", _FakeHandle(items), {}, deadline=1e18)
+        assert ing.admission.inflight["m"] == 1
+        with pytest.raises(APIError):  # the model is full while the stream is open
+            ing.admission.enter("m")
+        body = [part async for part in resp.body_iterator]
+        assert body[-1] == "data: [DONE]\n\n" and ing.admission.inflight["m"] == 0
+        # the client went away before the body started: freed when the response is collected
+        resp = await cls._stream(ing, "m", _FakeHandle(items), {}, deadline=1e18)
+        assert ing.admission.inflight["m"] == 1
+        del resp
+        gc.collect()
+        assert ing.admission.inflight["m"] == 0
+        # an error before the first token: a plain error, and the slot given back at once
+        bad = [("error", 400, {"error": {"message": "too long", "param": None, "code": None}})]
+        with pytest.raises(APIError):
+            await cls._stream(ing, "m", _FakeHandle(bad), {}, deadline=1e18)
+        assert ing.admission.inflight["m"] == 0
+
+    asyncio.run(main())
