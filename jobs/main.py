@@ -31,8 +31,9 @@ must come first in its chain) are not run again -- their rows are read back from
 ``summary.json`` (the Spider subset, when asked for, is scored again) -- and the base model's
 scores are read back from ``<run_dir>/base_eval.json`` when it holds the same model, modes and
 held-out tasks (every run writes it); the rest runs as usual, from the last finished checkpoint.
-In a terminal the progress is a rich display and the table a rich table; otherwise (CI, ``ray job submit`` logs) plain lines, heartbeats during long
-phases (``jobs.console``), and the table as plain markdown, full width.
+In a terminal the progress is a rich display and the table a rich table; otherwise (CI,
+``ray job submit`` logs) plain lines, heartbeats during long phases (``jobs.console``), and the
+table as plain markdown, full width.
 """
 
 from __future__ import annotations

@@ -34,7 +34,6 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from ray import serve
-from ray.serve.exceptions import BackPressureError
 
 from . import metrics
 from .config import ServeConfig, load_serve_config
@@ -157,12 +156,9 @@ class Ingress:
         return time.monotonic() + self.config.limits.request_timeout_s
 
     async def _call(self, awaitable: Any, cancel: Any, deadline: float) -> Any:
-        """Await a model call until ``deadline``: 503 when its queue is full, 504 past the deadline."""
+        """Await a model call until ``deadline``: 504 past it (the call is cancelled)."""
         try:
             return await asyncio.wait_for(awaitable, timeout=max(0.0, deadline - time.monotonic()))
-        except BackPressureError:
-            raise APIError(503, "the model's request queue is full; retry later",
-                           code="queue_full") from None
         except asyncio.TimeoutError:
             cancel()
             raise APIError(504, f"the request did not finish within "
@@ -211,12 +207,12 @@ class Ingress:
             deadline = self._deadline()
             if req.stream:
                 return req.model, await self._stream(req.model, handle, data, deadline)
-            self.admission.enter(req.model)
+            release = self.admission.enter(req.model)
             try:
                 response = handle.chat.remote(data)
                 kind, status, result = await self._call(response, response.cancel, deadline)
             finally:
-                self.admission.leave(req.model)
+                release()
             if kind == "error":
                 raise APIError(status, result["error"]["message"], param=result["error"]["param"],
                                code=result["error"]["code"])
@@ -229,15 +225,7 @@ class Ingress:
         OpenAI error response; a failure or the deadline after it is an ``error`` event. The
         request stays admitted until its last event is sent, or, if the client goes away before
         the body starts (the generator then never runs), until the generator is collected."""
-        self.admission.enter(name)
-        released = False
-
-        def release() -> None:
-            nonlocal released
-            if not released:
-                released = True
-                self.admission.leave(name)
-
+        release = self.admission.enter(name)
         try:
             gen = handle.options(stream=True).chat_stream.remote(data)
             kind, status, result = await self._call(gen.__anext__(), gen.cancel, deadline)
@@ -277,12 +265,12 @@ class Ingress:
                 raise APIError(400, msg, param=param) from None
             name = body.model or self.config.sql_models.get(kind)
             handle = self._handle(name)
-            self.admission.enter(name)
+            release = self.admission.enter(name)
             try:
                 response = handle.sql.remote(kind, data)
                 state, status, result = await self._call(response, response.cancel, self._deadline())
             finally:
-                self.admission.leave(name)
+                release()
             if state == "error":
                 return name, JSONResponse(result, status_code=status)
             return name, JSONResponse(result)

@@ -8,7 +8,8 @@
   State is per ingress replica (N replicas allow N times the rate; say so when you scale out).
 - ``Admission(capacity)``: per model, the requests an ingress replica has in flight (generating,
   or waiting for a slot); ``enter(name)`` raises ``APIError(503, code="queue_full")`` once a model
-  holds ``capacity[name]`` of them, ``leave(name)`` frees one. Exact, unlike Ray Serve's own
+  holds ``capacity[name]`` of them, else returns the request's ``release`` (idempotent: a second
+  call frees nothing, so a stream may release from its end and from its collection). Exact, unlike Ray Serve's own
   ``max_queued_requests``: Serve's router counts a request as queued only while it picks a replica,
   not while a full replica is rejecting it, so a burst can find the count low and never be
   refused (seen in CI) -- or find it high and be refused while slots are free. Per ingress replica,
@@ -71,17 +72,22 @@ class Admission:
         self.inflight = {name: 0 for name in capacity}
         self._lock = threading.Lock()
 
-    def enter(self, name: str) -> None:
+    def enter(self, name: str) -> Callable[[], None]:
         with self._lock:
             limit = self.capacity.get(name)
             if limit is not None and self.inflight.get(name, 0) >= limit:
                 raise APIError(503, f"the model {name!r} has {limit} requests in flight (its "
                                "replicas' slots and queue are full); retry later", code="queue_full")
             self.inflight[name] = self.inflight.get(name, 0) + 1
+        released = False
 
-    def leave(self, name: str) -> None:
-        with self._lock:
-            self.inflight[name] = max(0, self.inflight.get(name, 0) - 1)
+        def release() -> None:
+            nonlocal released
+            with self._lock:
+                if not released:
+                    released = True
+                    self.inflight[name] -= 1
+        return release
 
 
 def clamp(value: int | None, maximum: int, default: int | None = None) -> int:

@@ -111,14 +111,18 @@ def test_api_keys_rate_limit_and_clamps():
 
 def test_admission_refuses_beyond_the_limit_and_frees_slots():
     adm = Admission({"m": 2, "free": None})
-    adm.enter("m")
+    first = adm.enter("m")
     adm.enter("m")
     with pytest.raises(APIError) as err:
         adm.enter("m")
     assert err.value.status == 503 and err.value.body()["error"]["code"] == "queue_full"
     assert adm.inflight["m"] == 2  # a refusal takes no slot
-    adm.leave("m")
+    first()
+    first()  # a second release of the same request frees nothing more
+    assert adm.inflight["m"] == 1
     adm.enter("m")  # the slot given back is usable again
+    with pytest.raises(APIError):
+        adm.enter("m")
     for _ in range(100):
         adm.enter("free")  # no limit configured
     assert adm.inflight == {"m": 2, "free": 100}
