@@ -27,7 +27,8 @@ Checkpoints stay in ``<run_dir>/[<variant>/]<stage>/final`` for serving.
 A run dir whose stages already hold results (``<run_dir>/<stage>/summary.json`` or ``final/``) is
 refused before anything runs, unless ``--overwrite`` (passed on to every stage as
 ``overwrite=true``) or another ``--run-dir``, or ``--resume``: a variant's finished stages (they
-must come first in its chain) are not run again -- their rows are read back from their
+must come first in its chain, made with the very config this run gives them, else the run stops
+naming the keys that differ) are not run again -- their rows are read back from their
 ``summary.json`` (the Spider subset, when asked for, is scored again) -- and the base model's
 scores are read back from ``<run_dir>/base_eval.json`` when it holds the same model, modes and
 held-out tasks (every run writes it); the rest runs as usual, from the last finished checkpoint.
@@ -131,10 +132,14 @@ def time_cell(row: dict) -> str:
     return "resumed" if row.get("resumed") else f"{row['seconds']:.0f} s"
 
 
-def read_summary(stage_dir: Path) -> dict[str, Any]:
-    """A finished stage's ``summary.json`` (``--resume``); a missing or unreadable one is an error
-    naming the file."""
-    path = Path(stage_dir) / "summary.json"
+def read_summary(cfg: Any) -> dict[str, Any]:
+    """A finished stage's ``summary.json`` (``--resume``), made with the config ``cfg`` this run
+    would give it; a missing or unreadable one, or one trained with another config, is an error
+    naming the file (and the keys that differ: a row must not pass off another run's numbers;
+    where the run dir lives -- ``run_dir`` -- and ``overwrite`` are not part of what is compared)."""
+    from sqlrl.config import config_changes
+
+    path = cfg.stage_dir / "summary.json"
     try:
         summary = json.loads(path.read_text())
         if not isinstance(summary, dict) or "checkpoint" not in summary or "eval" not in summary:
@@ -142,6 +147,13 @@ def read_summary(stage_dir: Path) -> dict[str, Any]:
     except (OSError, ValueError) as exc:
         raise SystemExit(f"main: --resume: cannot read the finished stage's {path} ({exc}); "
                          "pass --overwrite to run it again") from None
+    saved = summary.get("config")
+    changes = (config_changes(saved, cfg, ignore=("overwrite", "run_dir")) if isinstance(saved, dict)
+               else ["it records no config"])
+    if changes:
+        raise SystemExit(f"main: --resume: {path} was made with another config than this run gives "
+                         f"{cfg.stage} ({'; '.join(changes[:8])}{' ...' if len(changes) > 8 else ''}); "
+                         "pass --overwrite to run it again, or --run-dir <another folder>")
     return summary
 
 
@@ -333,9 +345,10 @@ def main(argv: list[str] | None = None) -> int:
                 label = f"{variant} {stage}" if variant else stage
                 phases.start(f"{label}: {title}")
                 t0 = time.perf_counter()
-                argv = stage_args(stage, args_for(stage, variant, a.model if i == 0 else "previous"))
+                init = a.model if i == 0 else "previous"
+                argv = stage_args(stage, args_for(stage, variant, init))
                 kept = a.resume and finished[variant, stage]
-                summary = read_summary(config(stage, variant).stage_dir) if kept else stage_job.run_stage(stage, argv)
+                summary = read_summary(config(stage, variant, init)) if kept else stage_job.run_stage(stage, argv)
                 evals = {e["mode"]: e for e in summary["eval"]}
                 if spider is not None:
                     evals.update(spider_eval(summary["checkpoint"]))

@@ -14,6 +14,9 @@ Guarantees:
 - ``to_dict(cfg)`` gives the plain mapping back (for logs and the run's ``config.yaml``), and
   ``load_config(cls, None, [])`` equals ``cls()``. The dataclass's own ``__post_init__`` validation
   runs on the result.
+- ``config_changes(saved, cfg)`` lists, sorted, every dotted key where a mapping read back from a
+  run's JSON/YAML differs from ``cfg`` (tuples and lists compare equal; a key on one side only is
+  ``<absent>`` on the other), as ``key: saved -> current`` lines; ``[]`` means the same config.
 """
 
 from __future__ import annotations
@@ -73,6 +76,22 @@ def to_dict(cfg: Any) -> dict[str, Any]:
             return {k: plain(x) for k, x in v.items()}
         return v
     return plain(cfg)
+
+
+def config_changes(saved: Mapping[str, Any], cfg: Any, ignore: Sequence[str] = ()) -> list[str]:
+    """``key: saved -> current`` for every dotted key (not in ``ignore``) where they differ."""
+    def flat(v: Any, prefix: str = "") -> dict[str, Any]:
+        if isinstance(v, Mapping):
+            out: dict[str, Any] = {}
+            for k, x in v.items():
+                out.update(flat(x, f"{prefix}{k}."))
+            return out if out or not prefix else {prefix[:-1]: {}}
+        return {prefix[:-1]: list(v) if isinstance(v, tuple) else v}
+    before, after = flat(saved), flat(to_dict(cfg))
+    absent = "<absent>"
+    return [f"{k}: {before.get(k, absent)} -> {after.get(k, absent)}"
+            for k in sorted(before.keys() | after.keys())
+            if k not in ignore and before.get(k, absent) != after.get(k, absent)]
 
 
 def dump_config(cfg: Any, path: str | Path) -> None:

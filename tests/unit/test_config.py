@@ -5,7 +5,7 @@ from typing import Literal
 
 import pytest
 
-from sqlrl.config import ConfigError, dump_config, load_config, to_dict
+from sqlrl.config import ConfigError, config_changes, dump_config, load_config, to_dict
 
 
 @dataclass(frozen=True)
@@ -73,3 +73,19 @@ def test_bad_files(tmp_path):
     (tmp_path / "broken.yaml").write_text("a: [\n")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_config(Cfg, tmp_path / "broken.yaml")
+
+
+def test_config_changes_names_every_differing_key_of_a_saved_config():
+    import json
+
+    cfg = Cfg(tags=("a",), weights={"critic": 0.5, "text2sql": 0.5})
+    saved = json.loads(json.dumps(to_dict(cfg)))  # as read back from a run's summary.json
+    assert config_changes(saved, cfg) == []  # tuples read back as lists are the same
+    saved["optim"]["lr"] = 2e-5
+    del saved["weights"]["text2sql"]
+    saved["old_key"] = 1
+    assert config_changes(saved, cfg) == ["old_key: 1 -> <absent>", "optim.lr: 2e-05 -> 1e-05",
+                                          "weights.text2sql: <absent> -> 0.5"]
+    assert config_changes(saved, cfg, ignore=("optim.lr", "old_key")) == ["weights.text2sql: <absent> -> 0.5"]
+    assert config_changes({}, Cfg(weights={}))[-1] == "weights: <absent> -> {}"
+    assert config_changes({}, Cfg())[0] == "limit: <absent> -> None"

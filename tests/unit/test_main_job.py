@@ -16,6 +16,7 @@ import jobs.runtime as runtime
 import jobs.stage as stage_job
 import jobs.stage_data as stage_data
 from curriculum.stages import STAGES
+from sqlrl.config import to_dict
 
 
 def _eval(mode: str) -> dict:
@@ -50,7 +51,8 @@ def fake(monkeypatch):
         stage_job.save_config(cfg)
         (cfg.stage_dir / "final").mkdir(exist_ok=True)
         (cfg.stage_dir / "final" / "config.json").write_text("{}")
-        summary = {"checkpoint": str(cfg.stage_dir / "final"), "eval": [_eval(STAGES[stage].mode)]}
+        summary = {"checkpoint": str(cfg.stage_dir / "final"), "eval": [_eval(STAGES[stage].mode)],
+                   "config": to_dict(cfg)}
         (cfg.stage_dir / "summary.json").write_text(json.dumps(summary))
         return summary
 
@@ -131,10 +133,30 @@ def test_resume_keeps_finished_stages_and_the_cached_base_scores_and_runs_the_re
     rows = json.loads((run / "results.json").read_text())["rows"]
     assert [r["resumed"] for r in rows] == [True, True, True, False, False]
     assert "| + stage1 reasoning SFT | 0.50 (format 1.00, n=4) |" in out and "| resumed |" in out
-    # another base model (or other held-out tasks) is not a cache hit: evaluated again
+    # another base model (or other held-out tasks) is not a cache hit: evaluated again; and the
+    # finished stage 1, trained from the other base model, is not passed off as this run's
     fake["stages"].clear()
-    assert job_main.main(["--model", str(run / "stage1" / "final"), "--run-dir", str(run), "--resume"]) == 0
-    assert str(run / "stage1" / "final") in evaluated and fake["stages"] == []
+    other = str(run / "stage1" / "final")
+    with pytest.raises(SystemExit, match=rf"stage1/summary.json was made with another config .*model.init: tiny -> {other}"):
+        job_main.main(["--model", other, "--run-dir", str(run), "--resume"])
+    assert other in evaluated and fake["stages"] == []
+
+
+def test_resume_refuses_a_finished_stage_made_with_another_config(fake, tmp_path):
+    run = tmp_path / "run"
+    assert job_main.main(["--model", "tiny", "--run-dir", str(run), "--stages", "stage1,stage2"]) == 0
+    fake["stages"].clear()
+    with pytest.raises(SystemExit) as exc:
+        job_main.main(["--model", "tiny", "--run-dir", str(run), "--resume", "sft.epochs=3"])
+    message = str(exc.value)
+    assert "stage2/summary.json was made with another config than this run gives stage2 (sft.epochs: 1 -> 3)" in message
+    assert "--overwrite" in message and "\n" not in message and fake["stages"] == []
+    # a summary from before configs were recorded cannot show it was made alike: refused too
+    summary = json.loads((run / "stage1" / "summary.json").read_text())
+    del summary["config"]
+    (run / "stage1" / "summary.json").write_text(json.dumps(summary))
+    with pytest.raises(SystemExit, match=r"another config than this run gives stage1 \(it records no config\)"):
+        job_main.main(["--model", "tiny", "--run-dir", str(run), "--resume"])
 
 
 def test_resume_refuses_a_gap_in_a_chain_and_a_conflicting_overwrite(fake, tmp_path):
