@@ -11,16 +11,17 @@ the weights of the two models.
 Guarantees:
 - **Exact counts.** Pool ``p`` gets ``allocate(weights, size)[p]`` tasks: ``size * w_p / sum(w)``
   rounded by the largest-remainder method (floors first; the leftover units go to the largest
-  fractional parts, ties to the pool named first in ``weights``), so the counts sum to ``size``
+  fractional parts, ties to the alphabetically first pool), so the counts sum to ``size``
   exactly and each is within 1 of its exact share.
 - **Without replacement while possible.** A pool with at least its count of tasks contributes
   distinct tasks (a seeded sample). A pool smaller than its count is *repeated*: every task of it
   appears ⌊count/len⌋ or ⌈count/len⌉ times (whole shuffled passes, then a sample without
   replacement for the rest) -- sampling with replacement, balanced so no task is over-used by
   chance. ``MixReport.repeated`` names the pools this happened to.
-- **Seeded and order-independent.** The same pools, weights, size and seed give the same list;
-  each pool is drawn with its own generator (seed, pool name), and the result is shuffled with
-  the seed so pools are interleaved.
+- **Seeded and order-independent.** The same pools, weights, size and seed give the same list,
+  whatever the key order of ``weights`` (``{a: .5, b: .5}`` and ``{b: .5, a: .5}`` are one
+  config): each pool is drawn with its own generator (seed, pool name), the draws are joined in
+  pool-name order, and the result is shuffled with the seed so pools are interleaved.
 - **Bad weights are errors** (``MixtureError``, a ``ValueError``) naming the problem: a weight
   that is negative, not a finite number, or a bool; all weights zero; no weights; a weighted pool
   that is missing from ``pools`` (unknown pool) or empty while it should give tasks; a size that
@@ -111,7 +112,7 @@ def allocate(weights: Mapping[str, float], size: int) -> dict[str, int]:
     total = sum(w.values())
     exact = {name: size * v / total for name, v in w.items()}
     counts = {name: math.floor(x) for name, x in exact.items()}
-    order = list(w)
+    order = sorted(w)
     left = size - sum(counts.values())
     for name in sorted(order, key=lambda n: (-(exact[n] - counts[n]), order.index(n)))[:left]:
         counts[name] += 1
@@ -147,7 +148,7 @@ def mix_with_report(pools: Mapping[str, Sequence[Task]], cfg: MixtureConfig) -> 
     if empty:
         raise MixtureError(f"pool(s) {empty} are empty but their weight asks for tasks")
     out: list[Task] = []
-    for name, n in counts.items():
+    for name, n in sorted(counts.items()):
         out += _draw(list(pools[name]), n, random.Random(f"mix:{cfg.seed}:{name}"))
     random.Random(f"mix:{cfg.seed}:order").shuffle(out)
     available = {name: len(pools[name]) for name in counts}

@@ -132,11 +132,12 @@ def time_cell(row: dict) -> str:
     return "resumed" if row.get("resumed") else f"{row['seconds']:.0f} s"
 
 
-def read_summary(cfg: Any) -> dict[str, Any]:
+def read_summary(cfg: Any, eval_ids: list[str]) -> dict[str, Any]:
     """A finished stage's ``summary.json`` (``--resume``), made with the config ``cfg`` this run
-    would give it; a missing or unreadable one, or one trained with another config, is an error
-    naming the file (and the keys that differ: a row must not pass off another run's numbers;
-    where the run dir lives -- ``run_dir`` -- and ``overwrite`` are not part of what is compared)."""
+    would give it and evaluated on this run's held-out tasks (``eval_ids``); a missing or unreadable
+    one, one trained with another config, or one scored on other tasks is an error naming the file
+    (and the keys that differ: a row must not pass off another run's numbers; where the run dir
+    lives -- ``run_dir`` -- and ``overwrite`` are not part of what is compared)."""
     from sqlrl.config import config_changes
 
     path = cfg.stage_dir / "summary.json"
@@ -150,6 +151,8 @@ def read_summary(cfg: Any) -> dict[str, Any]:
     saved = summary.get("config")
     changes = (config_changes(saved, cfg, ignore=("overwrite", "run_dir")) if isinstance(saved, dict)
                else ["it records no config"])
+    changes += [f"its {e.get('mode')} evaluation was on other held-out tasks" for e in summary["eval"]
+                if sorted(e.get("per_task") or ()) != sorted(eval_ids)]
     if changes:
         raise SystemExit(f"main: --resume: {path} was made with another config than this run gives "
                          f"{cfg.stage} ({'; '.join(changes[:8])}{' ...' if len(changes) > 8 else ''}); "
@@ -348,7 +351,8 @@ def main(argv: list[str] | None = None) -> int:
                 init = a.model if i == 0 else "previous"
                 argv = stage_args(stage, args_for(stage, variant, init))
                 kept = a.resume and finished[variant, stage]
-                summary = read_summary(config(stage, variant, init)) if kept else stage_job.run_stage(stage, argv)
+                summary = (read_summary(config(stage, variant, init), [t.task_id for t in data.eval]) if kept
+                           else stage_job.run_stage(stage, argv))
                 evals = {e["mode"]: e for e in summary["eval"]}
                 if spider is not None:
                     evals.update(spider_eval(summary["checkpoint"]))

@@ -7,15 +7,17 @@ A stratum is ``(kind, difficulty, domain)``: the task kind (``task.kind``), its 
 database, ``task.db_id``, by default; the generated data has one database per domain).
 
 Guarantees:
-- **Deterministic.** The same pool (in any order), ``n``, ``seed`` and ``weights`` give the same
-  tasks in the same order: strata are ranked and tasks within a stratum shuffled with generators
-  seeded by strings (``random.Random(str)`` is stable across processes and Python versions).
+- **Deterministic.** The same pool (in any order), ``n``, ``seed`` and ``weights`` (in any key
+  order: ``{a: .5, b: .5}`` and ``{b: .5, a: .5}`` are one config) give the same tasks in the same
+  order: kinds are handed out in name order, strata are ranked and tasks within a stratum shuffled
+  with generators seeded by strings (``random.Random(str)`` is stable across processes and Python
+  versions).
 - **No task twice.** Task ids (``task.task_id``) must be unique in the pool (a duplicate is a
   ``ValueError`` naming it): a paired comparison matches evaluations by id.
 - **Exact size when possible.** ``min(n, len(eligible pool))`` tasks, where the eligible pool is the
   kinds with a positive weight (``weights=None``: every kind in the pool, equal weights).
 - **Kinds by weight.** Each kind gets ``n * w / sum(w)`` tasks, rounded by the largest-remainder
-  method (ties to the kind first in ``weights``, else the alphabetically first); a kind with fewer
+  method (ties to the alphabetically first kind); a kind with fewer
   tasks than its share gives all it has and the shortfall goes to the other kinds, by weight.
 - **Strata balanced within a kind.** Tasks are handed out one at a time to the stratum of that kind
   with the fewest tasks so far (ties: the difficulty, then the domain, with the fewest so far in
@@ -73,7 +75,7 @@ def allocate_kinds(available: Mapping[str, int], n: int, weights: Mapping[str, f
     for k, w in weights.items():
         if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or w < 0:
             raise ValueError(f"the weight of kind {k!r} must be a finite number >= 0, got {w!r}")
-    order = list(weights)
+    order = sorted(weights)
     live = {k: float(w) for k, w in weights.items() if w > 0}
     if not live:
         raise ValueError(f"no kind has a positive weight: {dict(weights)}")
@@ -116,7 +118,7 @@ def stratified_sample(tasks: Sequence[Any], n: int, *, seed: int = 0,
     picked: list[Any] = []
     took: Counter = Counter()
     overall: Counter = Counter()  # ("difficulty" | "domain", value) -> tasks so far, over all kinds
-    for kind, quota in per_kind.items():
+    for kind, quota in sorted(per_kind.items()):
         strata = [s for s in by_stratum if s[0] == kind]
         mine: Counter = Counter()  # the same, within this kind
         for _ in range(quota):

@@ -69,6 +69,9 @@ def test_mixing_is_seeded():
     assert a != mix(POOLS, MixtureConfig(ZENO, size=30, seed=8))
     swapped = {"critic": POOLS["critic"], "text2sql": POOLS["text2sql"]}
     assert a == mix(swapped, MixtureConfig(ZENO, size=30, seed=7))  # pool order does not matter
+    reordered = dict(reversed(list(ZENO.items())))  # nor the key order of the weights (a YAML dump sorts them)
+    assert list(reordered) != list(ZENO) and a == mix(POOLS, MixtureConfig(reordered, size=30, seed=7))
+    assert allocate({"b": 0.5, "a": 0.5}, 7) == {"a": 4, "b": 3}  # a tie goes to the first name, in any order
     assert mix(POOLS, MixtureConfig(ZENO, size=0)) == []
 
 

@@ -181,11 +181,17 @@ def test_the_selection_is_deterministic_and_order_independent():
     random.Random(0).shuffle(shuffled)
     assert [t.task_id for t in stratified_sample(shuffled, 40, seed=5)] == [t.task_id for t in a]
     assert {t.task_id for t in stratified_sample(tasks, 40, seed=6)} != {t.task_id for t in a}
+    # the same weights written in another key order are the same config: the same tasks, in order
+    for n in (9, 16, 40):
+        one = stratified_sample(tasks, n, seed=1, weights={"text2sql": 0.5, "critic": 0.5})
+        two = stratified_sample(tasks, n, seed=1, weights={"critic": 0.5, "text2sql": 0.5})
+        assert [t.task_id for t in one] == [t.task_id for t in two]
 
 
 def test_kind_shares_shortfalls_and_small_pools():
-    assert allocate_kinds({"critic": 50, "text2sql": 50}, 9, {"text2sql": 0.5, "critic": 0.5}) == \
-        {"text2sql": 5, "critic": 4}  # the tie goes to the kind named first
+    for weights in ({"text2sql": 0.5, "critic": 0.5}, {"critic": 0.5, "text2sql": 0.5}):
+        assert allocate_kinds({"critic": 50, "text2sql": 50}, 9, weights) == \
+            {"text2sql": 4, "critic": 5}  # the tie goes to the alphabetically first kind, in any key order
     assert allocate_kinds({"critic": 3, "text2sql": 50}, 10, {"text2sql": 1, "critic": 1}) == \
         {"text2sql": 7, "critic": 3}  # critic's shortfall goes to text2sql
     assert allocate_kinds({"critic": 3, "text2sql": 50}, 10, {"critic": 1.0}) == {"critic": 3}

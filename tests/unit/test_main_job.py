@@ -151,8 +151,14 @@ def test_resume_refuses_a_finished_stage_made_with_another_config(fake, tmp_path
     message = str(exc.value)
     assert "stage2/summary.json was made with another config than this run gives stage2 (sft.epochs: 1 -> 3)" in message
     assert "--overwrite" in message and "\n" not in message and fake["stages"] == []
-    # a summary from before configs were recorded cannot show it was made alike: refused too
+    # the same config scored on other held-out tasks (say, another task-selection rule): refused
     summary = json.loads((run / "stage1" / "summary.json").read_text())
+    summary["eval"][0]["per_task"] = {"synth/shop/1": {"success": 1}}
+    (run / "stage1" / "summary.json").write_text(json.dumps(summary))
+    with pytest.raises(SystemExit, match=r"gives stage1 \(its single evaluation was on other held-out tasks\)"):
+        job_main.main(["--model", "tiny", "--run-dir", str(run), "--resume"])
+    # a summary from before configs were recorded cannot show it was made alike: refused too
+    del summary["eval"][0]["per_task"]
     del summary["config"]
     (run / "stage1" / "summary.json").write_text(json.dumps(summary))
     with pytest.raises(SystemExit, match=r"another config than this run gives stage1 \(it records no config\)"):
