@@ -112,9 +112,8 @@ def allocate(weights: Mapping[str, float], size: int) -> dict[str, int]:
     total = sum(w.values())
     exact = {name: size * v / total for name, v in w.items()}
     counts = {name: math.floor(x) for name, x in exact.items()}
-    order = sorted(w)
     left = size - sum(counts.values())
-    for name in sorted(order, key=lambda n: (-(exact[n] - counts[n]), order.index(n)))[:left]:
+    for name in sorted(w, key=lambda n: (-(exact[n] - counts[n]), n))[:left]:  # ties: first name
         counts[name] += 1
     return counts
 

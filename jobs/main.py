@@ -154,7 +154,7 @@ def read_summary(cfg: Any, eval_ids: list[str]) -> dict[str, Any]:
     changes += [f"its {e.get('mode')} evaluation was on other held-out tasks" for e in summary["eval"]
                 if sorted(e.get("per_task") or ()) != sorted(eval_ids)]
     if changes:
-        raise SystemExit(f"main: --resume: {path} was made with another config than this run gives "
+        raise SystemExit(f"main: --resume: {path} does not match what this run gives "
                          f"{cfg.stage} ({'; '.join(changes[:8])}{' ...' if len(changes) > 8 else ''}); "
                          "pass --overwrite to run it again, or --run-dir <another folder>")
     return summary

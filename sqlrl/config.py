@@ -15,7 +15,7 @@ Guarantees:
   ``load_config(cls, None, [])`` equals ``cls()``. The dataclass's own ``__post_init__`` validation
   runs on the result.
 - ``config_changes(saved, cfg)`` lists, sorted, every dotted key where a mapping read back from a
-  run's JSON/YAML differs from ``cfg`` (tuples and lists compare equal; a key on one side only is
+  run's JSON/YAML differs from ``cfg`` (compared as ``to_dict`` gives it, tuples as lists; a key on one side only is
   ``<absent>`` on the other), as ``key: saved -> current`` lines; ``[]`` means the same config.
 """
 
@@ -86,7 +86,7 @@ def config_changes(saved: Mapping[str, Any], cfg: Any, ignore: Sequence[str] = (
             for k, x in v.items():
                 out.update(flat(x, f"{prefix}{k}."))
             return out if out or not prefix else {prefix[:-1]: {}}
-        return {prefix[:-1]: list(v) if isinstance(v, tuple) else v}
+        return {prefix[:-1]: v}
     before, after = flat(saved), flat(to_dict(cfg))
     absent = "<absent>"
     return [f"{k}: {before.get(k, absent)} -> {after.get(k, absent)}"

@@ -55,12 +55,12 @@ def strata_counts(tasks: Sequence[Any], domain_of: Callable[[Any], str] = defaul
     return dict(Counter(stratum_of(t, domain_of) for t in tasks))
 
 
-def _largest_remainder(weights: Mapping[str, float], size: int, order: Sequence[str]) -> dict[str, int]:
+def _largest_remainder(weights: Mapping[str, float], size: int) -> dict[str, int]:
     total = sum(weights.values())
     exact = {k: size * w / total for k, w in weights.items()}
     counts = {k: math.floor(x) for k, x in exact.items()}
     left = size - sum(counts.values())
-    for k in sorted(weights, key=lambda k: (-(exact[k] - counts[k]), order.index(k)))[:left]:
+    for k in sorted(weights, key=lambda k: (-(exact[k] - counts[k]), k))[:left]:  # ties: first name
         counts[k] += 1
     return counts
 
@@ -75,7 +75,6 @@ def allocate_kinds(available: Mapping[str, int], n: int, weights: Mapping[str, f
     for k, w in weights.items():
         if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or w < 0:
             raise ValueError(f"the weight of kind {k!r} must be a finite number >= 0, got {w!r}")
-    order = sorted(weights)
     live = {k: float(w) for k, w in weights.items() if w > 0}
     if not live:
         raise ValueError(f"no kind has a positive weight: {dict(weights)}")
@@ -83,7 +82,7 @@ def allocate_kinds(available: Mapping[str, int], n: int, weights: Mapping[str, f
     left = min(n, sum(available.get(k, 0) for k in live))
     while left > 0:
         open_ = {k: w for k, w in live.items() if counts[k] < available.get(k, 0)}
-        share = _largest_remainder(open_, left, order)
+        share = _largest_remainder(open_, left)
         for k, c in share.items():
             c = min(c, available.get(k, 0) - counts[k])
             counts[k] += c

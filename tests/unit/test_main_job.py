@@ -137,7 +137,7 @@ def test_resume_keeps_finished_stages_and_the_cached_base_scores_and_runs_the_re
     # finished stage 1, trained from the other base model, is not passed off as this run's
     fake["stages"].clear()
     other = str(run / "stage1" / "final")
-    with pytest.raises(SystemExit, match=rf"stage1/summary.json was made with another config .*model.init: tiny -> {other}"):
+    with pytest.raises(SystemExit, match=rf"stage1/summary.json does not match what this run gives stage1 .*model.init: tiny -> {other}"):
         job_main.main(["--model", other, "--run-dir", str(run), "--resume"])
     assert other in evaluated and fake["stages"] == []
 
@@ -149,7 +149,7 @@ def test_resume_refuses_a_finished_stage_made_with_another_config(fake, tmp_path
     with pytest.raises(SystemExit) as exc:
         job_main.main(["--model", "tiny", "--run-dir", str(run), "--resume", "sft.epochs=3"])
     message = str(exc.value)
-    assert "stage2/summary.json was made with another config than this run gives stage2 (sft.epochs: 1 -> 3)" in message
+    assert "stage2/summary.json does not match what this run gives stage2 (sft.epochs: 1 -> 3)" in message
     assert "--overwrite" in message and "\n" not in message and fake["stages"] == []
     # the same config scored on other held-out tasks (say, another task-selection rule): refused
     summary = json.loads((run / "stage1" / "summary.json").read_text())
@@ -161,7 +161,7 @@ def test_resume_refuses_a_finished_stage_made_with_another_config(fake, tmp_path
     del summary["eval"][0]["per_task"]
     del summary["config"]
     (run / "stage1" / "summary.json").write_text(json.dumps(summary))
-    with pytest.raises(SystemExit, match=r"another config than this run gives stage1 \(it records no config\)"):
+    with pytest.raises(SystemExit, match=r"does not match what this run gives stage1 \(it records no config\)"):
         job_main.main(["--model", "tiny", "--run-dir", str(run), "--resume"])
 
 
