@@ -12,7 +12,7 @@ Semantics (BIRD-CRITIC's ``evaluation/src``; differences are listed below):
   reaches the base database and clean-up is run only for fidelity.
 - An instance is solved when every test case passes. Empty ``test_cases`` means BIRD-CRITIC's
   default test case, run natively here: strip comments, query-level DISTINCT and ROUND from pred and
-  sol (``sandbox.strip_sql``), run pred's statements in order on its session and sol's in **its own**
+  sol (``critic_sql.strip_sql``), run pred's statements in order on its session and sol's in **its own**
   fresh session, take each side's last statement's rows, round floats to 2 places, and compare as
   sets (in order when ``conditions["order"]``); an empty result on either side never matches (as in
   BIRD-CRITIC's ``ex_base``). Because the sides run in separate sessions, a Management task (pred =
@@ -53,7 +53,8 @@ from sqlrl.db.source import LocalSessions, SessionRequest, SessionSource
 from sqlrl.db.url import dialect_name, parse_url
 from sqlrl.tasks.types import CriticTask
 
-from .sandbox import MAX_ROWS, results_match, run_test_code, strip_sql
+from .critic_sql import MAX_ROWS, results_match, strip_sql
+from .sandbox import run_test_code
 
 __all__ = ["CriticVerdict", "OutcomeKind", "SolCache", "TestCaseOutcome", "run_critic"]
 

@@ -11,8 +11,8 @@ import pytest
 
 from sqlrl.db import source
 from sqlrl.eval.critic import OutcomeKind, SolCache, run_critic
-from sqlrl.eval.sandbox import (preprocess_results, remove_distinct_sql, remove_round_sql,
-                                results_match, strip_sql, strip_sql_fallback)
+from sqlrl.eval.critic_sql import (preprocess_results, remove_distinct_sql, remove_round_sql,
+                                   results_match, strip_sql, strip_sql_fallback)
 from sqlrl.tasks.types import CriticTask
 
 OSLO = "SELECT name FROM customers WHERE city = 'Oslo'"
