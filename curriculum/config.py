@@ -13,6 +13,8 @@ Guarantees:
   ``existing_result()``) unless ``overwrite: true``.
 - ``data.mixture`` is a Zeno task mixture ``{"text2sql": w, "critic": w}`` (Talon: critic only),
   validated by ``curriculum.mixing.MixtureConfig``.
+- ``rl.loss.temperature`` always equals ``rl.temperature`` (the learner's log-probs are taken at the
+  temperature the rollouts were sampled at); a different explicit value is an error.
 - Defaults are the micro-scale main job on the embedded default (SmolLM2-135M, generated data,
   in-process); the GPU path is the same config with ``cluster`` and ``rollout.backend`` changed.
 - ``cluster.placement`` names a profile of ``deploy/placement.yaml`` (what each kind of actor asks
@@ -21,7 +23,7 @@ Guarantees:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Sequence
 
@@ -189,6 +191,16 @@ class RLSettings:
         if isinstance(self.sampling_rounds, bool) or not isinstance(self.sampling_rounds, int) \
                 or self.sampling_rounds < 1:
             raise ValueError(f"rl.sampling_rounds must be an integer >= 1, got {self.sampling_rounds!r}")
+        # The learner scores tokens under logits / rl.loss.temperature against the rollout's
+        # log-probs, which were sampled at rl.temperature: the two must be one number (verl likewise
+        # divides the actor's logits by the rollout temperature). rl.temperature is the one to set;
+        # the loss follows it. An explicit, different rl.loss.temperature is a contradiction.
+        if self.loss.temperature != self.temperature:
+            if self.loss.temperature != GRPOConfig.temperature:
+                raise ValueError(f"rl.loss.temperature ({self.loss.temperature}) must equal rl.temperature "
+                                 f"({self.temperature}), the sampling temperature of the rollouts it scores; "
+                                 "set rl.temperature only")
+            object.__setattr__(self, "loss", replace(self.loss, temperature=self.temperature))
 
 
 @dataclass(frozen=True)

@@ -54,3 +54,22 @@ def test_sampling_rounds_must_be_a_positive_integer():
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ValueError, match="sampling_rounds"):
             RLSettings(sampling_rounds=bad)
+
+
+def test_the_loss_temperature_follows_the_sampling_temperature():
+    """The learner's log-probs (logits / rl.loss.temperature) are compared with the rollout's, which
+    were sampled at rl.temperature: one number, set once. Before, the long preset sampled at 0.7
+    and scored at 1.0, so the PPO ratio started away from 1 and clipped the wrong tokens."""
+    from curriculum.config import RLSettings, load_stage_config
+    from curriculum.stages import STAGES
+    from sqlrl.learn.config import GRPOConfig
+
+    assert RLSettings(temperature=0.7).loss.temperature == 0.7
+    assert RLSettings().loss.temperature == 1.0
+    assert RLSettings(temperature=0.6, loss=GRPOConfig(temperature=0.6)).loss.temperature == 0.6
+    with pytest.raises(ValueError, match=r"rl.loss.temperature \(0.5\) must equal rl.temperature \(0.7\)"):
+        RLSettings(temperature=0.7, loss=GRPOConfig(temperature=0.5))
+    cfg = load_stage_config(STAGES["stage4"].config_path(), ["stage=stage4", "rl.temperature=0.8"])
+    assert cfg.rl.loss.temperature == 0.8
+    with pytest.raises(ValueError, match="set rl.temperature only"):
+        load_stage_config(STAGES["stage4"].config_path(), ["stage=stage4", "rl.loss.temperature=0.9"])

@@ -25,6 +25,8 @@ def test_long_preset_builds_valid_configs_for_every_stage_of_every_variant():
             assert cfg.data.mixture == ({"critic": 1.0} if v == "talon" else {"text2sql": 0.5, "critic": 0.5})
     stage3 = load_stage_config(STAGES["stage3"].config_path(), ["stage=stage3", *p.overrides("stage3", "zeno")])
     assert stage3.rl.sampling_rounds == 2 and stage3.rl.group_size == 8 and stage3.rl.temperature == 0.7
+    # the learner scores the rollouts at the temperature they were sampled at (was 1.0 against 0.7)
+    assert stage3.rl.loss.temperature == 0.7
     stage2 = load_stage_config(STAGES["stage2"].config_path(), ["stage=stage2", *p.overrides("stage2", "talon")])
     assert stage2.teacher.explore == 0 and stage2.teacher.brief and stage2.sft.replay == 0.5
 
