@@ -17,6 +17,9 @@ Guarantees:
 - ``config_changes(saved, cfg)`` lists, sorted, every dotted key where a mapping read back from a
   run's JSON/YAML differs from ``cfg`` (compared as ``to_dict`` gives it, tuples as lists; a key on one side only is
   ``<absent>`` on the other), as ``key: saved -> current`` lines; ``[]`` means the same config.
+  One exception: a dataclass field missing from ``saved`` whose value in ``cfg`` is its declared
+  default is not a change -- a key added to the code after the run was saved, left at a default
+  that keeps the old behaviour (a missing entry of a ``dict`` field still is one).
 """
 
 from __future__ import annotations
@@ -89,9 +92,27 @@ def config_changes(saved: Mapping[str, Any], cfg: Any, ignore: Sequence[str] = (
         return {prefix[:-1]: v}
     before, after = flat(saved), flat(to_dict(cfg))
     absent = "<absent>"
+    added = _fields_at_default(cfg)
     return [f"{k}: {before.get(k, absent)} -> {after.get(k, absent)}"
             for k in sorted(before.keys() | after.keys())
-            if k not in ignore and before.get(k, absent) != after.get(k, absent)]
+            if k not in ignore and before.get(k, absent) != after.get(k, absent)
+            and not (k not in before and k in added)]
+
+
+def _fields_at_default(cfg: Any, prefix: str = "") -> set[str]:
+    """Dotted keys of ``cfg``'s (nested) dataclass fields whose value equals the field's default."""
+    out: set[str] = set()
+    if not dataclasses.is_dataclass(cfg):
+        return out
+    for f in dataclasses.fields(cfg):
+        value, key = getattr(cfg, f.name), f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(value):
+            out |= _fields_at_default(value, key + ".")
+        elif f.default is not dataclasses.MISSING and value == f.default:
+            out.add(key)
+        elif f.default_factory is not dataclasses.MISSING and value == f.default_factory():
+            out.add(key)
+    return out
 
 
 def dump_config(cfg: Any, path: str | Path) -> None:

@@ -79,6 +79,9 @@ class GRPOConfig:
     norm_adv_by_std_in_grpo: bool = True  # False = Dr.GRPO (mean-centred only)
     temperature: float = 1.0  # the rollout sampling temperature: logits / temperature
     loss_scale_factor: int | None = None  # only for "seq-mean-token-sum-norm"
+    # Run a group's shared prompt once per micro-batch and its samples on its KV cache (same numbers
+    # up to float rounding; losses.forward_logprobs). Pays off when a micro-batch holds whole groups.
+    share_prefix: bool = True
 
     def __post_init__(self) -> None:
         owner = "GRPOConfig"
@@ -96,6 +99,8 @@ class GRPOConfig:
         if _number(owner, "temperature", self.temperature) <= 0:
             raise ValueError(f"{owner}.temperature must be > 0 (greedy rollouts have no sampling "
                              f"distribution to correct for), got {self.temperature}")
+        if not isinstance(self.share_prefix, bool):
+            raise ValueError(f"{owner}.share_prefix must be a bool, got {self.share_prefix!r}")
         if not isinstance(self.norm_adv_by_std_in_grpo, bool):
             raise ValueError(f"{owner}.norm_adv_by_std_in_grpo must be a bool, got {self.norm_adv_by_std_in_grpo!r}")
         base = self.kl_type[:-1] if isinstance(self.kl_type, str) and self.kl_type.endswith("+") else self.kl_type

@@ -15,7 +15,7 @@ means ``torch.autocast`` (bf16 matmuls, fp32 weights), with FSDP it means FSDP2'
   gradients are divided by the global weight (sum of ``weight`` over all micro-batches and ranks,
   times ``1/world_size`` under FSDP, which averages over ranks). The update therefore equals the
   single-process full-batch update, whatever the micro-batch size or the number of ranks;
-- reference log-probs (``loss_cfg.kl_coef > 0`` and the batch has none) come from the frozen
+- reference log-probs (``loss_cfg.kl_coef > 0`` and the batch has none; trained columns) come from the frozen
   reference model under ``no_grad`` before the update;
 - global grad-norm clipping (DTensor-aware ``clip_grad_norm_``), ``AdamW`` step, ``LambdaLR`` step;
   a non-finite grad norm skips the update (reported as ``skipped=1``, the step counter stays);
@@ -136,7 +136,8 @@ class Learner:
         from .losses import forward_logprobs
 
         with torch.no_grad(), self.autocast():
-            logprobs, _ = forward_logprobs(self.ref_model, mb, temperature=getattr(loss_cfg, "temperature", 1.0))
+            logprobs, _ = forward_logprobs(self.ref_model, mb, temperature=getattr(loss_cfg, "temperature", 1.0),
+                                           trained_only=True, share_prefix=getattr(loss_cfg, "share_prefix", False))
         return logprobs.float()
 
     # -------------------------------------------------------------------------------------- step

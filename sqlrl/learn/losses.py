@@ -50,18 +50,80 @@ def loss_weight(batch: TokenBatch, loss_agg_mode: str) -> float:
 
 
 def forward_logprobs(model: Any, batch: TokenBatch, *, temperature: float = 1.0, with_entropy: bool = False,
-                     entropy_grad: bool = True, trained_only: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                     entropy_grad: bool = True, trained_only: bool = False,
+                     share_prefix: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Teacher-forced ``[B, T]`` log-probs (and entropies) of ``batch.input_ids`` under ``model``.
 
     ``trained_only``: compute the vocabulary projection only from the first column any row trains
     on (``loss_mask``) to the end — the prompt's logits are never needed by a loss, and on long
     prompts they are most of the LM-head and log-softmax work. Columns before that are 0; the
-    trained columns are identical to the full computation."""
-    import verl.utils.torch_functional as verl_F
+    trained columns are identical to the full computation.
 
+    ``share_prefix`` (with ``trained_only``): rows whose prompts -- every column before their first
+    trained one -- are identical (a GRPO group: one prompt, ``group_size`` samples) run the prompt
+    once and their continuations on its KV cache (``shared_prefix_logprobs``); other rows run as
+    above. The trained columns equal the full computation up to float rounding (and so do the
+    gradients: the prompt's activations get the sum of every row's gradient)."""
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature!r}")
+    clusters = prompt_clusters(batch) if share_prefix and trained_only else []
+    if not clusters:
+        return _forward(model, batch, temperature, with_entropy, entropy_grad, trained_only)
+    shared = {r for _, rows in clusters for r in rows}
+    rest = [r for r in range(len(batch)) if r not in shared]
+    parts = [(rows, shared_prefix_logprobs(model, batch.select(rows), p, temperature, with_entropy, entropy_grad))
+             for p, rows in clusters]
+    if rest:
+        parts.append((rest, _forward(model, batch.select(rest), temperature, with_entropy, entropy_grad, True)))
+    order = torch.tensor([r for rows, _ in parts for r in rows])
+    inverse = torch.empty_like(order)
+    inverse[order] = torch.arange(len(order))
+    width = batch.input_ids.shape[1]
+
+    def join(k: int) -> torch.Tensor:  # select() trims padding: pad each part back to the batch's width
+        return torch.cat([torch.nn.functional.pad(out[k], (0, width - out[k].shape[1])) for _, out in parts])[inverse]
+
+    return join(0), (join(1) if with_entropy else None)
+
+
+def prompt_clusters(batch: TokenBatch) -> list[tuple[int, list[int]]]:
+    """``(P, rows)`` for every set of >= 2 rows of ``batch`` with the same prompt: the same tokens,
+    all real, before the same first trained column ``P + 1`` (``P >= 1``). ``P`` is where their
+    shared forward stops: column ``P``'s logits predict the first trained token, so it is run with
+    the continuation. Rows in input order; clusters in order of their first row."""
+    trained = batch.loss_mask.bool()
     real = batch.attention_mask.bool()
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for r in range(len(batch)):
+        cols = torch.nonzero(trained[r]).flatten()
+        if not len(cols) or int(cols[0]) < 2 or not bool(real[r, :int(cols[0])].all()):
+            continue
+        groups.setdefault(tuple(batch.input_ids[r, :int(cols[0])].tolist()), []).append(r)
+    return [(len(key) - 1, rows) for key, rows in groups.items() if len(rows) >= 2]
+
+
+def shared_prefix_logprobs(model: Any, batch: TokenBatch, prefix: int, temperature: float, with_entropy: bool,
+                           entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``forward_logprobs(trained_only=True)`` for rows whose first ``prefix`` columns are the same
+    real tokens and whose first trained column is ``>= prefix + 1``: the prefix runs once (batch 1,
+    with grad), its KV cache is repeated for every row, and the rest of the columns run on it.
+    Columns ``<= prefix`` are 0."""
+    import verl.utils.torch_functional as verl_F
+
+    width = batch.input_ids.shape[1]
+    head = model(input_ids=batch.input_ids[:1, :prefix], attention_mask=batch.attention_mask[:1, :prefix],
+                 use_cache=True, logits_to_keep=1)
+    cache = head.past_key_values
+    cache.batch_repeat_interleave(len(batch))
+    out = model(input_ids=batch.input_ids[:, prefix:], attention_mask=batch.attention_mask,
+                past_key_values=cache, use_cache=True, logits_to_keep=width - prefix)
+    return _logprobs_from(out.logits, batch, prefix + 1, temperature, with_entropy, entropy_grad, verl_F)
+
+
+def _forward(model: Any, batch: TokenBatch, temperature: float, with_entropy: bool, entropy_grad: bool,
+             trained_only: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    import verl.utils.torch_functional as verl_F
+
     width = batch.input_ids.shape[1]
     first = 1
     if trained_only and width > 1:
@@ -72,7 +134,15 @@ def forward_logprobs(model: Any, batch: TokenBatch, *, temperature: float = 1.0,
     if width == 1:  # nothing is predicted; keep the graph for a zero loss
         zero = out.logits[..., 0].float() * 0.0
         return zero, (zero if with_entropy else None)
-    logits = out.logits[:, :-1].float()  # predicts columns first .. width-1
+    return _logprobs_from(out.logits, batch, first, temperature, with_entropy, entropy_grad, verl_F)
+
+
+def _logprobs_from(logits: torch.Tensor, batch: TokenBatch, first: int, temperature: float, with_entropy: bool,
+                   entropy_grad: bool, verl_F: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``[B, T]`` log-probs (and entropies) from the logits of columns ``first - 1 .. T - 1`` (the
+    last is dropped: it predicts nothing); columns before ``first`` and padding are 0."""
+    real = batch.attention_mask.bool()
+    logits = logits[:, :-1].float()  # predicts columns first .. width-1
     if temperature != 1.0:
         logits = logits / temperature
     lp = verl_F.logprobs_from_logits(logits, batch.input_ids[:, first:], inplace_backward=False)
@@ -199,10 +269,12 @@ def rollout_mismatch(log_prob: torch.Tensor, old_log_prob: torch.Tensor, mask: t
 
 
 def grpo_loss(model: Any, batch: TokenBatch, cfg: GRPOConfig) -> LossOutput:
-    """``forward_logprobs`` at ``cfg.temperature``, then ``grpo_loss_from_logprobs``."""
+    """``forward_logprobs`` at ``cfg.temperature`` (trained columns; a group's prompt run once when
+    ``cfg.share_prefix``), then ``grpo_loss_from_logprobs``."""
     _check_cfg(cfg, GRPOConfig)
     log_prob, entropy = forward_logprobs(model, batch, temperature=cfg.temperature, with_entropy=True,
-                                         entropy_grad=cfg.entropy_coef > 0, trained_only=True)
+                                         entropy_grad=cfg.entropy_coef > 0, trained_only=True,
+                                         share_prefix=cfg.share_prefix)
     return grpo_loss_from_logprobs(log_prob, entropy, batch, cfg)
 
 

@@ -88,4 +88,18 @@ def test_config_changes_names_every_differing_key_of_a_saved_config():
                                           "weights.text2sql: <absent> -> 0.5"]
     assert config_changes(saved, cfg, ignore=("optim.lr", "old_key")) == ["weights.text2sql: <absent> -> 0.5"]
     assert config_changes({}, Cfg(weights={}))[-1] == "weights: <absent> -> {}"
-    assert config_changes({}, Cfg())[0] == "limit: <absent> -> None"
+    assert config_changes({}, Cfg(limit=3))[0] == "limit: <absent> -> 3"
+
+
+def test_config_changes_accepts_a_field_added_later_at_its_default():
+    """A run saved before a field existed matches a config that leaves the field at its default;
+    the field set to anything else, or a missing dict entry, is still a change."""
+    saved = to_dict(Cfg())
+    del saved["limit"], saved["optim"]["steps"]
+    assert config_changes(saved, Cfg()) == []
+    assert config_changes(saved, Cfg(limit=4, optim=Optim(steps=3))) == ["limit: <absent> -> 4",
+                                                                         "optim.steps: <absent> -> 3"]
+    mixed = Cfg(weights={"critic": 0.5, "text2sql": 0.5})
+    saved = to_dict(mixed)
+    del saved["weights"]["text2sql"]
+    assert config_changes(saved, mixed) == ["weights.text2sql: <absent> -> 0.5"]

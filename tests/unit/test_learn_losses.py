@@ -285,3 +285,66 @@ def test_trained_only_logprobs_equal_the_full_computation_on_trained_columns():
     assert torch.allclose(full[trained], part[trained], atol=1e-6)
     assert torch.allclose(full_h[trained], part_h[trained], atol=1e-5)
     assert (part[:, :5] == 0).all()  # nothing computed before the first trained column
+
+
+# ------------------------------------------------------------------------------------------------
+# share_prefix: a group's prompt runs once
+
+
+def shared_prompt_batch() -> TokenBatch:
+    """Rows 0-3 share prompt A (40 tokens), rows 4-6 prompt B (33), row 7 has a prompt of its own, and
+    row 8 starts like A but trains from an earlier column (another prompt); right padding of
+    several lengths, and row 2's trained span stops before its last token."""
+    gen = torch.Generator().manual_seed(0)
+    a, b, c = (torch.randint(5, 200, (n,), generator=gen) for n in (40, 33, 37))
+    prompts = [a, a, a, a, b, b, b, c, a[:30]]
+    lengths = [5, 17, 9, 12, 3, 25, 8, 14, 11]
+    width = max(len(p) + n for p, n in zip(prompts, lengths))
+    ids = torch.zeros(len(prompts), width, dtype=torch.long)
+    attn, mask = torch.zeros_like(ids), torch.zeros(len(prompts), width)
+    for r, (p, n) in enumerate(zip(prompts, lengths)):
+        seq = torch.cat([p, torch.randint(5, 200, (n,), generator=gen)])
+        ids[r, :len(seq)], attn[r, :len(seq)], mask[r, len(p):len(seq)] = seq, 1, 1
+    mask[2, 40 + 6:] = 0
+    return TokenBatch(input_ids=ids, attention_mask=attn, loss_mask=mask)
+
+
+def test_prompt_clusters_are_the_rows_with_one_prompt():
+    from sqlrl.learn.losses import prompt_clusters
+
+    b = shared_prompt_batch()
+    assert prompt_clusters(b) == [(39, [0, 1, 2, 3]), (32, [4, 5, 6])]
+    # a padded (not real) column inside the prompt, or no trained column: never shared
+    b2 = dataclasses.replace(b, attention_mask=b.attention_mask.clone(), loss_mask=b.loss_mask.clone())
+    b2.attention_mask[1, 3] = 0
+    b2.loss_mask[5] = 0
+    assert prompt_clusters(b2) == [(39, [0, 2, 3]), (32, [4, 6])]
+
+
+def test_shared_prefix_logprobs_and_gradients_equal_the_plain_computation(tiny):
+    b = shared_prompt_batch()
+    mask = b.loss_mask.bool()
+
+    def run(share: bool):
+        tiny.model.zero_grad()
+        lp, h = forward_logprobs(tiny.model, b, temperature=TEMPERATURE, with_entropy=True, trained_only=True,
+                                 share_prefix=share)
+        ((lp * b.loss_mask).sum() + 0.1 * (h * b.loss_mask).sum()).backward()
+        grads = torch.cat([p.grad.flatten() for p in tiny.model.parameters() if p.grad is not None])
+        return lp.detach(), h.detach(), grads
+
+    plain, shared = run(False), run(True)
+    tiny.model.zero_grad()
+    assert plain[0].shape == shared[0].shape == b.input_ids.shape
+    assert torch.allclose(plain[0][mask], shared[0][mask], atol=1e-5)
+    assert torch.allclose(plain[1][mask], shared[1][mask], atol=1e-5)
+    assert (shared[0][~b.attention_mask.bool()] == 0).all()  # padding stays 0
+    assert ((plain[2] - shared[2]).norm() / plain[2].norm()).item() < 1e-5
+    # the whole loss: grpo_loss with and without sharing agrees, metrics included
+    rl = dataclasses.replace(b, old_logprobs=plain[0], advantages=torch.where(mask, 0.5, 0.0))
+    on = grpo_loss(tiny.model, rl, GRPOConfig(temperature=TEMPERATURE))
+    off = grpo_loss(tiny.model, rl, GRPOConfig(temperature=TEMPERATURE, share_prefix=False))
+    assert on.loss.item() == pytest.approx(off.loss.item(), abs=1e-5)
+    assert on.metrics["rollout_probs_diff_max"] < 1e-4 and off.metrics["rollout_probs_diff_max"] < 1e-6
+    with pytest.raises(ValueError, match="share_prefix must be a bool"):
+        GRPOConfig(share_prefix="yes")
