@@ -108,8 +108,6 @@ def shared_prefix_logprobs(model: Any, batch: TokenBatch, prefix: int, temperatu
     real tokens and whose first trained column is ``>= prefix + 1``: the prefix runs once (batch 1,
     with grad), its KV cache is repeated for every row, and the rest of the columns run on it.
     Columns ``<= prefix`` are 0."""
-    import verl.utils.torch_functional as verl_F
-
     width = batch.input_ids.shape[1]
     head = model(input_ids=batch.input_ids[:1, :prefix], attention_mask=batch.attention_mask[:1, :prefix],
                  use_cache=True, logits_to_keep=1)
@@ -117,13 +115,11 @@ def shared_prefix_logprobs(model: Any, batch: TokenBatch, prefix: int, temperatu
     cache.batch_repeat_interleave(len(batch))
     out = model(input_ids=batch.input_ids[:, prefix:], attention_mask=batch.attention_mask,
                 past_key_values=cache, use_cache=True, logits_to_keep=width - prefix)
-    return _logprobs_from(out.logits, batch, prefix + 1, temperature, with_entropy, entropy_grad, verl_F)
+    return _logprobs_from(out.logits, batch, prefix + 1, temperature, with_entropy, entropy_grad)
 
 
 def _forward(model: Any, batch: TokenBatch, temperature: float, with_entropy: bool, entropy_grad: bool,
              trained_only: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    import verl.utils.torch_functional as verl_F
-
     width = batch.input_ids.shape[1]
     first = 1
     if trained_only and width > 1:
@@ -134,13 +130,15 @@ def _forward(model: Any, batch: TokenBatch, temperature: float, with_entropy: bo
     if width == 1:  # nothing is predicted; keep the graph for a zero loss
         zero = out.logits[..., 0].float() * 0.0
         return zero, (zero if with_entropy else None)
-    return _logprobs_from(out.logits, batch, first, temperature, with_entropy, entropy_grad, verl_F)
+    return _logprobs_from(out.logits, batch, first, temperature, with_entropy, entropy_grad)
 
 
 def _logprobs_from(logits: torch.Tensor, batch: TokenBatch, first: int, temperature: float, with_entropy: bool,
-                   entropy_grad: bool, verl_F: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+                   entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``[B, T]`` log-probs (and entropies) from the logits of columns ``first - 1 .. T - 1`` (the
     last is dropped: it predicts nothing); columns before ``first`` and padding are 0."""
+    import verl.utils.torch_functional as verl_F
+
     real = batch.attention_mask.bool()
     logits = logits[:, :-1].float()  # predicts columns first .. width-1
     if temperature != 1.0:
