@@ -63,9 +63,15 @@ def forward_logprobs(model: Any, batch: TokenBatch, *, temperature: float = 1.0,
     trained one -- are identical (a GRPO group: one prompt, ``group_size`` samples) run the prompt
     once and their continuations on its KV cache (``shared_prefix_logprobs``); other rows run as
     above. The trained columns equal the full computation up to float rounding (and so do the
-    gradients: the prompt's activations get the sum of every row's gradient)."""
+    gradients: the prompt's activations get the sum of every row's gradient).
+
+    On an FSDP2-sharded model ``share_prefix`` applies only without grad (reference log-probs):
+    FSDP2 frees a layer's gathered weights when the backward reaches that layer's *output*, but the
+    prompt pass also feeds the continuation through its KV cache, so part of its backward comes
+    later, on freed weights ("setStorage ... storage of size 0"). With grad, rows run as above."""
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature!r}")
+    share_prefix = share_prefix and not (torch.is_grad_enabled() and _fsdp_sharded(model))
     clusters = prompt_clusters(batch) if share_prefix and trained_only else []
     if not clusters:
         return _forward(model, batch, temperature, with_entropy, entropy_grad, trained_only)
@@ -84,6 +90,12 @@ def forward_logprobs(model: Any, batch: TokenBatch, *, temperature: float = 1.0,
         return torch.cat([torch.nn.functional.pad(out[k], (0, width - out[k].shape[1])) for _, out in parts])[inverse]
 
     return join(0), (join(1) if with_entropy else None)
+
+
+def _fsdp_sharded(model: Any) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
 
 
 def prompt_clusters(batch: TokenBatch) -> list[tuple[int, list[int]]]:

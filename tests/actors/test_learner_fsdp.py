@@ -1,5 +1,5 @@
 """The learner group on Ray: 2 FSDP2 ranks over gloo give the single-process losses and weights,
-checkpoint (HF-loadable) and resume on 2 ranks, weight sync to a rollout worker with versions,
+checkpoint (HF-loadable) and resume on 2 ranks, GRPO groups with shared prompts, weight sync to a rollout worker with versions,
 consistent errors keep the group usable, a dead rank is a clear error (not a hang)."""
 
 from __future__ import annotations
@@ -15,10 +15,11 @@ from actors.rollout import RolloutConfig, RolloutGroup  # noqa: E402
 from sqlrl.agent.chat_format import HFChatFormat  # noqa: E402
 from sqlrl.learn.batch import sft_batch  # noqa: E402
 from sqlrl.learn.checkpoint import read_manifest  # noqa: E402
-from sqlrl.learn.config import SFTConfig  # noqa: E402
+from sqlrl.learn.config import GRPOConfig, SFTConfig  # noqa: E402
 from sqlrl.learn.optim import OptimConfig  # noqa: E402
 from sqlrl.policy.load import load_policy, tiny_path  # noqa: E402
 from tests.unit.test_learn_engine import examples  # noqa: E402
+from tests.unit.test_learn_losses import shared_prompt_batch  # noqa: E402
 
 # micro_batch_size=2 on 5-row batches: rank 0 gets 3 rows (2 passes), rank 1 gets 2 rows (1 pass +
 # one zero-weight pass), the in-process learner 5 rows (3 passes) — all must give the same update.
@@ -82,6 +83,27 @@ def test_two_fsdp_ranks_match_one_process(fsdp, single, batches, tmp_path_factor
     again = [fsdp.step(b, "sft", SFTConfig()) for b in batches[2:]]
     for a, b in zip(got[2:], again):
         assert b["loss"] == pytest.approx(a["loss"], rel=1e-6, abs=1e-7)
+
+
+def test_grpo_groups_with_shared_prompts_match_one_process(fsdp, tmp_path) -> None:
+    """A GRPO batch of groups (one prompt, several samples) with ``share_prefix`` on (the default):
+    the in-process learner runs each prompt once; FSDP ranks run rows whole with grad (the shared
+    prompt's late backward would read freed weights) -- the step (KL term included) is the same."""
+    import dataclasses
+
+    b = shared_prompt_batch()
+    mask = b.loss_mask.bool()
+    batch = dataclasses.replace(b, old_logprobs=torch.where(mask, -5.0, 0.0), ref_logprobs=torch.where(mask, -5.0, 0.0),
+                                advantages=torch.where(mask, 0.5, 0.0) - 0.3 * (torch.arange(len(b)) % 2)[:, None] * mask)
+    cfg = GRPOConfig(kl_coef=0.05)
+    assert cfg.share_prefix
+    one = LearnerGroup(fsdp.save(tmp_path / "start"), OPTIM, in_process=True)
+    want, got = one.step(batch, "grpo", cfg), fsdp.step(batch, "grpo", cfg)
+    one.shutdown()
+    assert got["n_tokens"] == want["n_tokens"] and want["kl"] > 0
+    for key in ("loss", "pg_loss", "kl", "entropy"):
+        assert got[key] == pytest.approx(want[key], rel=1e-4, abs=1e-6), key
+    assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-4)
 
 
 def test_weight_sync_changes_the_rollout_worker(fsdp, tiny) -> None:
