@@ -60,6 +60,10 @@ class DataConfig:
     train_size: int = 32
     eval_size: int = 16
     seed: int = 0
+    # True: train only on tasks that no earlier stage of this run_dir trained on (by origin: a
+    # debugging task made from a question counts as that question), so RL is not rewarded for
+    # what SFT memorised (jobs.stage_data.seen_origins)
+    unseen: bool = False
 
     @property
     def held_out_mixture(self) -> dict[str, float]:

@@ -17,6 +17,10 @@ Guarantees:
   that are there. Spider: train questions for training, dev for evaluation (held-out databases);
   with critic weight > 0, debugging tasks made by bug injection over the same gold SQL are built on
   first use and cached in ``<run_dir>/data/spider_critic``.
+- ``data.unseen``: the training pool loses every task whose origin (``task_origin``) an earlier
+  stage of the same ``run_dir`` trained on -- recomputed from those stages' saved
+  ``config.yaml`` by this same function, so the exclusion is exactly what they drew. Stages with no
+  saved config exclude nothing; the count excluded is printed.
 - Long steps (generation, loading Spider, bug injection) print heartbeats (``jobs.console``).
 """
 
@@ -136,9 +140,39 @@ def prepare_data(cfg: StageConfig) -> StageData:
         wanted = set(cfg.data.difficulties)
         train = [t for t in train if getattr(t, "difficulty", None) in wanted]
         held = [t for t in held if getattr(t, "difficulty", None) in wanted]
+    if cfg.data.unseen:
+        seen, stages = seen_origins(cfg)
+        kept = [t for t in train if task_origin(t) not in seen]
+        console.print(f"[bold]data[/bold]: data.unseen: {len(train) - len(kept)} of {len(train)} training tasks "
+                      f"left out (trained on by {', '.join(stages) or 'no earlier stage in ' + str(cfg.run_dir)})")
+        train = kept
     train_mix = mix(pools_by_kind(train), MixtureConfig(cfg.data.mixture, cfg.data.train_size, cfg.data.seed))
     eval_set = held_out_tasks(held, cfg)
     return StageData(tuple(train_mix), tuple(eval_set), catalog, schemas, source)
+
+
+def task_origin(task: Any) -> str:
+    """The question a task comes from: a debugging task made by bug injection names it in
+    ``meta["origin_task_id"]``; any other task is its own origin."""
+    meta = getattr(task, "meta", None) or {}
+    return str(meta.get("origin_task_id") or task.task_id)
+
+
+def seen_origins(cfg: StageConfig) -> tuple[set[str], list[str]]:
+    """The origins of the training tasks of the stages before ``cfg.stage`` (``curriculum.stages``
+    order) that saved a config in ``cfg.run_dir``, and those stages' names."""
+    from curriculum.config import load_stage_config
+    from curriculum.stages import STAGES
+
+    order = list(STAGES)
+    seen: set[str] = set()
+    stages = []
+    for stage in order[:order.index(cfg.stage)]:
+        path = Path(cfg.run_dir) / stage / "config.yaml"
+        if path.is_file():
+            seen |= {task_origin(t) for t in prepare_data(load_stage_config(path)).train}
+            stages.append(stage)
+    return seen, stages
 
 
 def spider_held_out(root: str | Path, n: int, seed: int = 0) -> StageData:

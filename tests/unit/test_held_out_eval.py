@@ -123,6 +123,44 @@ def test_a_talon_run_is_trained_on_debugging_and_scored_on_both_kinds(monkeypatc
     assert loaded == {"train": ["critic"], "test": ["text2sql", "critic"]}
 
 
+@dataclass(frozen=True)
+class OriginTask:
+    task_id: str
+    kind: str
+    meta: dict
+    difficulty: str = "simple"
+    db_id: str = "shop"
+
+
+def test_unseen_training_tasks_leave_out_every_origin_an_earlier_stage_trained_on(monkeypatch, tmp_path):
+    """``data.unseen``: stage 3 draws from the pool less the questions stage 1 trained on, a
+    debugging task made from such a question included; without it, stage 3 re-draws stage 1's tasks."""
+    from curriculum.config import load_stage_config
+    from sqlrl.config import dump_config
+
+    questions = [OriginTask(f"q{i}", "text2sql", {}) for i in range(12)]
+    bugs = [OriginTask(f"bug/{i}", "critic", {"origin_task_id": f"q{(i * 5) % 12}"}) for i in range(12)]
+    monkeypatch.setitem(stage_data.SOURCES, "generated", lambda cfg: (questions + bugs, [], {}, {}, "fake"))
+
+    def config(stage, *extra):
+        return load_stage_config(None, [f"stage={stage}", f"run_dir={tmp_path}", *extra])
+
+    origins = lambda data: {stage_data.task_origin(t) for t in data.train}  # noqa: E731
+    assert stage_data.prepare_data(config("stage3", "data.train_size=4", "data.unseen=true")).train  # nothing before it
+    stage1 = config("stage1", "data.train_size=8")
+    (tmp_path / "stage1").mkdir()
+    dump_config(stage1, tmp_path / "stage1" / "config.yaml")
+    seen = origins(stage_data.prepare_data(stage1))
+    assert stage_data.seen_origins(config("stage3"))[0] == seen and len(seen) > 4
+    again = stage_data.prepare_data(config("stage3", "data.train_size=4"))
+    assert origins(again) & seen  # the default draws what stage 1 trained on
+    fresh = stage_data.prepare_data(config("stage3", "data.train_size=4", "data.unseen=true"))
+    assert len(fresh.train) == 4 and not origins(fresh) & seen
+    # a debugging task whose question stage 1 trained on as text-to-SQL is left out too
+    assert any(t.kind == "critic" and t.meta["origin_task_id"] in seen for t in bugs)
+    assert all(stage_data.task_origin(t) not in seen for t in fresh.train if t.kind == "critic")
+
+
 @pytest.mark.skipif(not (SPIDER := __import__("pathlib").Path(__file__).resolve().parents[3] / "shared" / "data" / "spider").is_dir(),
                     reason="../shared/data/spider is absent (Spider is read from the shared data folder, never copied)")
 def test_the_spider_subset_is_fixed_balanced_and_from_databases_never_trained_on():
