@@ -37,7 +37,8 @@ def _submit_once(client, entrypoint: str, timeout_s: float) -> tuple[str, str]:
 
     # A dashboard whose job agent is not up yet (a loaded machine) answers "No available agent to
     # submit job, please try again later": wait for it to accept the job (bounded), then go on.
-    accept_by = time.monotonic() + 180
+    # 180 s was not enough in CI while a long run shared the two cores.
+    accept_by = time.monotonic() + 600
     while True:
         try:
             job = client.submit_job(entrypoint=entrypoint, runtime_env={"working_dir": str(ROOT)})
