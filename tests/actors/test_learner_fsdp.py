@@ -1,6 +1,7 @@
 """The learner group on Ray: 2 FSDP2 ranks over gloo give the single-process losses and weights,
-checkpoint (HF-loadable) and resume on 2 ranks, GRPO groups with shared prompts, weight sync to a rollout worker with versions,
-consistent errors keep the group usable, a dead rank is a clear error (not a hang)."""
+checkpoint (HF-loadable) and resume on 2 ranks, GRPO groups with shared prompts, weight sync to a
+rollout worker with versions, consistent errors keep the group usable, a dead rank is a clear error
+(not a hang)."""
 
 from __future__ import annotations
 
