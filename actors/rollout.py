@@ -30,7 +30,7 @@ from sqlrl.agent.agent import Agent, AgentConfig, error_trajectories
 from sqlrl.agent.loop import LoopConfig
 from sqlrl.agent.trajectory import Trajectory
 from sqlrl.db.source import PoolSessions
-from sqlrl.policy.backends import BACKENDS
+from sqlrl.policy.backends import BACKENDS, check_device
 
 __all__ = ["BACKENDS", "PoolSessions", "RolloutConfig", "RolloutGroup", "RolloutWorker",
            "error_trajectories"]
@@ -41,6 +41,7 @@ class RolloutConfig:
     model: str = "tiny"  # a sqlrl.policy.load MODELS name or a checkpoint folder
     dtype: str = "float32"
     backend: str = "hf"
+    device: str = "auto"  # where HF generation runs (sqlrl.policy.backends.generation_device)
     loop: LoopConfig = field(default_factory=LoopConfig)
     in_process: bool = False  # one worker in this process, no Ray
     n_workers: int = 1  # Ray workers (when not in_process)
@@ -55,6 +56,7 @@ class RolloutConfig:
                              "(in_process=True runs one worker in this process)")
         if self.backend not in BACKENDS:
             raise ValueError(f"unknown backend {self.backend!r}; known: {', '.join(BACKENDS)}")
+        check_device(self.device)
 
 
 class RolloutWorker:
@@ -65,7 +67,7 @@ class RolloutWorker:
         self.pool = pool_client
         self.agent = Agent.build(
             AgentConfig(model=config.model, dtype=config.dtype, backend=config.backend,
-                        loop=config.loop),
+                        loop=config.loop, device=config.device),
             sessions=PoolSessions(pool_client) if pool_client is not None else None,
             schemas=schemas)
         self._batches = 0

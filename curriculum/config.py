@@ -106,10 +106,17 @@ class ClusterConfig:
 @dataclass(frozen=True)
 class RolloutSettings:
     backend: str = "auto"  # vllm where it can run the model (sqlrl.policy.backends), else hf
+    # where hf generation runs: auto = the GPU when the rollout process sees one (not beside vLLM), cpu, cuda[:N]
+    device: str = "auto"
     max_turns: int = 4  # the programmatic teacher's trajectories take 2-4 turns
     max_new_tokens: int = 160
     max_total_tokens: int = 2048
     batch: int = 16  # trajectories per rollout call
+
+    def __post_init__(self) -> None:
+        from sqlrl.policy.backends import check_device
+
+        check_device(self.device)
 
 
 @dataclass(frozen=True)

@@ -195,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     r = cfg.rollout
     loop = loop_config(cfg.mode, max_turns=r.max_turns, max_total_tokens=r.max_total_tokens,
                        max_new_tokens=r.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed)
-    group = rollout_group(pool, taskset.schemas, cfg.model, loop, backend=r.backend, workers=cfg.workers, asks=asks)
+    group = rollout_group(pool, taskset.schemas, cfg.model, loop, backend=r.backend, workers=cfg.workers, asks=asks,
+                          device=r.device)
 
     # -- roll out (each task k times, in batches)
     from rich.progress import Progress

@@ -45,8 +45,14 @@ class ModelSpec:
     num_cpus: float = 1.0
     num_gpus: float = 0.0
     torch_threads: int = 1
+    # where hf generation runs: auto = the GPU when the replica sees one (num_gpus > 0) and the
+    # backend is not vLLM, else the CPU; or cpu, cuda, cuda:N (sqlrl.policy.backends.generation_device)
+    device: str = "auto"
 
     def __post_init__(self) -> None:
+        from sqlrl.policy.backends import check_device
+
+        check_device(self.device)
         if self.max_batch_size < 1 or self.num_replicas < 1:
             raise ValueError("max_batch_size and num_replicas must be >= 1")
         if self.max_ongoing_requests < self.max_batch_size:

@@ -48,6 +48,14 @@ class AgentConfig:
     backend: str = "hf"  # a sqlrl.policy.backends BACKENDS name
     backend_options: Mapping[str, Any] = field(default_factory=dict)
     loop: LoopConfig = field(default_factory=LoopConfig)
+    # where the policy's weights generate: cpu, cuda[:N], or auto = the GPU when this process sees
+    # one and the backend is not vLLM (sqlrl.policy.backends.generation_device)
+    device: str = "auto"
+
+    def __post_init__(self) -> None:
+        from sqlrl.policy.backends import check_device
+
+        check_device(self.device)
 
 
 def error_trajectories(items: Sequence[Any], mode: str, message: str, version: int = 0
@@ -71,10 +79,13 @@ class Agent:
     @classmethod
     def build(cls, config: AgentConfig, sessions: SessionSource | None = None,
               schemas: Mapping[str, DatabaseSchema] | None = None) -> "Agent":
-        from sqlrl.policy.backends import make_backend
+        from sqlrl.policy.backends import generation_device, make_backend
         from sqlrl.policy.load import load_policy
 
         policy = load_policy(config.model, dtype=config.dtype)
+        device = generation_device(config.device, config.backend, policy)
+        if device != "cpu":
+            policy.model.to(device)
         backend = make_backend(config.backend, policy, **dict(config.backend_options))
         return cls(policy, backend, HFChatFormat(policy.tokenizer), config.loop, sessions, schemas)
 

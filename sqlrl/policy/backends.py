@@ -17,6 +17,11 @@ generated token (row = prompt_index * n + sample) -- as it is sampled on backend
 ``streams_tokens`` (hf, scripted), after the call on the others (vllm: its offline ``LLM`` API
 returns whole completions; token streaming there would need its async engine -- not done).
 
+``generation_device(device, backend, policy)``: where the policy's own weights generate. ``"cpu"``,
+``"cuda"`` or ``"cuda:N"`` as given; ``"auto"`` is the GPU when this process sees one and the
+backend generates with those weights (hf, scripted, or auto falling back to hf), else the CPU --
+vLLM keeps its own copy of the weights on the GPU, so the policy beside it stays on the CPU.
+
 Guarantees: an unknown name raises ``ValueError`` naming the known ones; backends are imported
 lazily (importing this module loads neither torch nor vLLM).
 """
@@ -73,6 +78,26 @@ def _auto(policy: Any, **options: Any) -> GenerationBackend:
 
     accepted = inspect.signature(HFBackend.__init__).parameters  # vLLM-only options are dropped
     return _hf(policy, **{k: v for k, v in options.items() if k in accepted})
+
+
+def check_device(device: str) -> str:
+    """``device`` when it is ``auto``, ``cpu``, ``cuda`` or ``cuda:N``; else ``ValueError``."""
+    if device in ("auto", "cpu", "cuda") or (device.startswith("cuda:") and device[5:].isdigit()):
+        return device
+    raise ValueError(f"unknown device {device!r}; known: auto, cpu, cuda, cuda:N")
+
+
+def generation_device(device: str, backend: str, policy: Any) -> str:
+    """Where ``policy``'s weights generate for ``backend`` (module docstring)."""
+    if check_device(device) != "auto":
+        return device
+    import torch
+
+    if not torch.cuda.is_available():
+        return "cpu"
+    if backend == "vllm" or (backend == "auto" and vllm_unavailable(policy) is None):
+        return "cpu"
+    return "cuda"
 
 
 BACKENDS: dict[str, Callable[..., GenerationBackend]] = {

@@ -1,0 +1,82 @@
+"""``rollout.device`` (``sqlrl.policy.backends.generation_device``): where the policy's own weights
+generate. ``auto`` is the GPU only when the process sees one and the backend is not vLLM; an unknown
+device is refused where it is configured (agent, rollout worker, stage config)."""
+
+from __future__ import annotations
+
+import pytest
+
+from sqlrl.policy import backends
+
+
+@pytest.fixture
+def gpu(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+
+
+def test_auto_is_the_cpu_without_a_gpu(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert [backends.generation_device("auto", b, None) for b in ("hf", "scripted", "auto")] == ["cpu"] * 3
+
+
+def test_auto_is_the_gpu_for_hf_and_the_cpu_beside_vllm(gpu, monkeypatch):
+    assert backends.generation_device("auto", "hf", None) == "cuda"
+    assert backends.generation_device("auto", "scripted", None) == "cuda"
+    assert backends.generation_device("auto", "vllm", None) == "cpu"  # vLLM holds its own copy
+    monkeypatch.setattr(backends, "vllm_unavailable", lambda policy: None)
+    assert backends.generation_device("auto", "auto", None) == "cpu"  # auto resolves to vLLM
+    monkeypatch.setattr(backends, "vllm_unavailable", lambda policy: "vllm is not installed")
+    assert backends.generation_device("auto", "auto", None) == "cuda"  # auto falls back to hf
+
+
+def test_an_explicit_device_is_kept(gpu):
+    assert backends.generation_device("cpu", "hf", None) == "cpu"
+    assert backends.generation_device("cuda:1", "vllm", None) == "cuda:1"
+
+
+@pytest.mark.parametrize("bad", ["gpu", "cuda:x", "", "CPU", "mps"])
+def test_an_unknown_device_is_refused_where_it_is_configured(bad):
+    from actors.rollout import RolloutConfig
+    from curriculum.config import RolloutSettings
+    from sqlrl.agent.agent import AgentConfig
+
+    for make in (lambda: AgentConfig(device=bad), lambda: RolloutConfig(device=bad, in_process=True),
+                 lambda: RolloutSettings(device=bad)):
+        with pytest.raises(ValueError, match="unknown device"):
+            make()
+
+
+def test_the_stage_config_key_reaches_the_rollout_worker(monkeypatch):
+    """rollout.device from a stage config is the device the in-process worker's policy runs on."""
+    from curriculum.config import load_stage_config
+    from jobs.runtime import rollout_group, loop_config
+    from curriculum.placement import load_profile
+    import actors.rollout as rollout
+
+    seen = {}
+    monkeypatch.setattr(rollout.Agent, "build", classmethod(lambda cls, config, **kw: seen.setdefault("c", config)))
+    cfg = load_stage_config("jobs/configs/stage3.yaml", ["rollout.device=cpu"])
+    assert cfg.rollout.device == "cpu"
+    rollout_group(None, {}, "tiny", loop_config("single", max_turns=1, max_total_tokens=64, max_new_tokens=8,
+                                                temperature=1.0), backend="hf", workers=0,
+                  asks=load_profile("cpu"), device=cfg.rollout.device)
+    assert seen["c"].device == "cpu"
+
+
+def test_a_worker_generates_on_its_device():
+    from actors.rollout import RolloutConfig, RolloutWorker
+
+    worker = RolloutWorker(0, RolloutConfig(model="tiny", in_process=True, device="cpu"))
+    assert worker.policy.device.type == "cpu"
+
+
+def test_a_served_model_refuses_an_unknown_device():
+    from serve.config import ModelSpec
+
+    assert ModelSpec(path="tiny").device == "auto"
+    with pytest.raises(ValueError, match="unknown device"):
+        ModelSpec(path="tiny", device="gpu0")
