@@ -34,3 +34,26 @@ def test_missing_modules_are_skips(monkeypatch):
             assert "install" in str(exc) or "missing" in str(exc) or "GPU lock" in str(exc)
         else:  # pragma: no cover
             raise AssertionError(f"{check.__name__} passed without its modules")
+
+
+def test_the_quick_checks_rehearse_on_the_cpu(tmp_path):
+    """--device cpu runs the same check code without a GPU (gloo for NCCL), so a broken check is
+    caught here, not in a GPU lease. verl is in the CPU lock, so grpo runs too."""
+    import json
+
+    out = tmp_path / "rows.json"
+    proc = subprocess.run([sys.executable, "scripts/gpu_check.py", "--device", "cpu", "--out", str(out),
+                           "--only", "hf-backend,learner-sft,fsdp2-nccl,grpo,rollout-device"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert "CPU rehearsal" in result["env"]["gpu"] and "CPU rehearsal" in proc.stdout
+    assert {r["check"]: r["status"] for r in result["rows"]} == dict.fromkeys(
+        ("hf-backend", "learner-sft", "fsdp2-nccl", "grpo", "rollout-device"), "ok")
+    assert "gloo" in next(r["detail"] for r in result["rows"] if r["check"] == "fsdp2-nccl")
+
+
+def test_an_unknown_check_is_refused():
+    proc = subprocess.run([sys.executable, "scripts/gpu_check.py", "--device", "cpu", "--only", "hf-backend,nope"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "unknown check(s) nope" in proc.stderr and "hf-backend" in proc.stderr
