@@ -191,6 +191,10 @@ class RLSettings:
     # until tasks_per_step groups have unequal rewards, and trains only on such groups (a group whose
     # rewards are all equal has zero advantage: no gradient). 1 = one draw, every group trained on.
     sampling_rounds: int = 1
+    # Difficulty-aware selection: >= 2 rolls out every training task this many times with the
+    # starting policy before step 1 and trains only on the tasks it sometimes solves (0 < pass rate
+    # < 1), where a group can carry a gradient (jobs.train.probe_tasks). 0 = off, every task.
+    probe_samples: int = 0
     loss: GRPOConfig = field(default_factory=GRPOConfig)
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5, warmup_steps=0, total_steps=4,
                                                                    micro_batch_size=2))
@@ -202,6 +206,10 @@ class RLSettings:
         if isinstance(self.sampling_rounds, bool) or not isinstance(self.sampling_rounds, int) \
                 or self.sampling_rounds < 1:
             raise ValueError(f"rl.sampling_rounds must be an integer >= 1, got {self.sampling_rounds!r}")
+        if isinstance(self.probe_samples, bool) or not isinstance(self.probe_samples, int) \
+                or self.probe_samples < 0 or self.probe_samples == 1:
+            raise ValueError(f"rl.probe_samples must be 0 (off) or an integer >= 2 (one sample cannot tell a "
+                             f"task the model sometimes solves), got {self.probe_samples!r}")
         # The learner scores tokens under logits / rl.loss.temperature against the rollout's
         # log-probs, which were sampled at rl.temperature: the two must be one number (verl likewise
         # divides the actor's logits by the rollout temperature). rl.temperature is the one to set;

@@ -9,6 +9,10 @@
   of ``tasks_per_step`` tasks (the next ones, cycling) until ``tasks_per_step`` groups have unequal
   rewards or the rounds are spent, and trains only on those groups (``informative_rows``); every
   step logs ``sampling_draws``, ``groups_drawn``, ``groups_trained`` and the reward parts.
+  With ``rl.probe_samples >= 2`` (difficulty-aware selection) the loop first rolls out every task
+  that many times with the starting policy and trains only on the tasks whose pass rate is strictly
+  between 0 and 1 (``probe_tasks``; all of them when fewer than ``tasks_per_step`` qualify); step 1
+  logs the probe's counts (``probe_*``).
 
 Guarantees: a trainer returns the learner (still holding the trained weights, for the job to save)
 and one metrics dict per step, each also logged (``logger.log``); the optimizer's schedule spans
@@ -77,6 +81,9 @@ def train_grpo(rt: Any, model: str, tasks: Sequence[Any], logger: Any) -> tuple[
     history = []
     cursor = 0  # next task to draw (tasks cycle)
     with Heartbeat(f"{stage} GRPO", total=r.steps, unit="steps done") as beat:
+        probe: dict[str, Any] = {}
+        if r.probe_samples:
+            tasks, probe = probe_tasks(rt, rollout, tasks, beat)
         for step in range(r.steps):
             t0 = time.perf_counter()
             group_tasks: list[Any] = []
@@ -108,6 +115,8 @@ def train_grpo(rt: Any, model: str, tasks: Sequence[Any], logger: Any) -> tuple[
                         break
             t2 = time.perf_counter()
             metrics: dict[str, Any] = rollout_metrics(trajs, breakdowns, keep)
+            if step == 0:
+                metrics.update(probe)
             metrics.update(sampling_draws=draw + 1, groups_drawn=len(set(gids)),
                            groups_trained=len({gids[i] for i in keep}))
             if keep:
@@ -133,6 +142,38 @@ def train_grpo(rt: Any, model: str, tasks: Sequence[Any], logger: Any) -> tuple[
                           f"{metrics['groups_drawn']}, rollout {roll_s:.0f}s, update {t3 - t2:.0f}s")
     rt.release(rollout)
     return learner, history
+
+
+def probe_tasks(rt: Any, rollout: Any, tasks: Sequence[Any], beat: Any) -> tuple[list[Any], dict[str, Any]]:
+    """Difficulty-aware selection: ``rl.probe_samples`` rollouts of every task with the starting
+    policy (at ``rl.temperature``); the tasks it sometimes solves (0 < pass rate < 1), in their
+    order, or every task when fewer than ``rl.tasks_per_step`` qualify. Excluded rows (the
+    infrastructure failed) count for nothing; a task with no scored row is not selected."""
+    r, batch_size = rt.cfg.rl, rt.cfg.rollout.batch
+    t0 = time.perf_counter()
+    drawn = [t for t in tasks for _ in range(r.probe_samples)]
+    trajs: list[Any] = []
+    for first in range(0, len(drawn), batch_size):
+        beat.update(0, note=f"probe: {len(trajs)}/{len(drawn)} trajectories")
+        trajs += rollout.rollout(drawn[first:first + batch_size])
+    passes: dict[str, list[float]] = {}
+    for task, b in zip(drawn, rt.score(trajs, drawn, rt.cfg.reward)):
+        if not b.excluded:
+            passes.setdefault(task.task_id, []).append(float(b.parts.get("result", 0.0) >= 1.0))
+    rates = {tid: mean(v) for tid, v in passes.items()}
+    mixed = [t for t in tasks if 0.0 < rates.get(t.task_id, 0.0) < 1.0]
+    used = len(mixed) >= r.tasks_per_step
+    info = {"probe_tasks": len(tasks), "probe_informative": len(mixed),
+            "probe_all_fail": sum(v == 0.0 for v in rates.values()),
+            "probe_all_pass": sum(v == 1.0 for v in rates.values()),
+            "probe_pass_rate": mean(x for v in passes.values() for x in v), "probe_used": int(used),
+            "probe_s": time.perf_counter() - t0}
+    console.print(f"  {rt.cfg.stage} probe: {r.probe_samples} samples x {len(tasks)} tasks, pass rate "
+                  f"{info['probe_pass_rate']:.2f}; {len(mixed)} sometimes solved, {info['probe_all_fail']} never, "
+                  f"{info['probe_all_pass']} always -> training on "
+                  + (f"those {len(mixed)}" if used else f"all {len(tasks)} (fewer than {r.tasks_per_step} qualify)")
+                  + f" ({info['probe_s']:.0f}s)")
+    return (mixed if used else list(tasks)), info
 
 
 def rollout_metrics(trajs: Sequence[Any], breakdowns: Sequence[Any], keep: Sequence[int]) -> dict[str, Any]:
@@ -166,7 +207,10 @@ def plan_sft(cfg: StageConfig) -> str:
 
 def plan_grpo(cfg: StageConfig) -> str:
     r = cfg.rl
-    return f"{r.steps} GRPO step(s) x {r.tasks_per_step} task(s) x {r.group_size} samples (reward {cfg.reward})"
+    probe = (f"; first a probe of {r.probe_samples} samples per task, training on the tasks sometimes solved"
+             if r.probe_samples else "")
+    return (f"{r.steps} GRPO step(s) x {r.tasks_per_step} task(s) x {r.group_size} samples (reward {cfg.reward})"
+            + probe)
 
 
 @dataclass(frozen=True)

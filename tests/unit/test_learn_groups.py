@@ -73,3 +73,53 @@ def test_the_loss_temperature_follows_the_sampling_temperature():
     assert cfg.rl.loss.temperature == 0.8
     with pytest.raises(ValueError, match="set rl.temperature only"):
         load_stage_config(STAGES["stage4"].config_path(), ["stage=stage4", "rl.loss.temperature=0.9"])
+
+
+def test_probe_samples_is_off_or_at_least_two():
+    from curriculum.config import RLSettings
+
+    assert RLSettings().probe_samples == 0 and RLSettings(probe_samples=4).probe_samples == 4
+    for bad in (1, -1, True, 2.0):
+        with pytest.raises(ValueError, match="probe_samples"):
+            RLSettings(probe_samples=bad)
+
+
+def _probe(results, tasks_per_step=2, samples=2):
+    """jobs.train.probe_tasks with a rollout that records its calls and a scorer that passes the
+    rows ``results`` marks (per task id: one result per sample; None = excluded row)."""
+    from curriculum.config import RLSettings, RolloutSettings
+    from jobs.train import probe_tasks
+
+    seen = {k: iter(v) for k, v in results.items()}
+    calls = []
+
+    def score(trajs, tasks, reward):
+        out = []
+        for t in tasks:
+            r = next(seen[t.task_id])
+            out.append(NS(excluded=r is None, parts={"result": float(r or 0)}))
+        return out
+
+    cfg = NS(rl=RLSettings(probe_samples=samples, tasks_per_step=tasks_per_step),
+             rollout=RolloutSettings(batch=3), stage="stage3", reward="hybrid_single")
+    rt = NS(cfg=cfg, score=score)
+    rollout = NS(rollout=lambda batch: calls.append([t.task_id for t in batch]) or [NS()] * len(batch))
+    tasks = [NS(task_id=k) for k in results]
+    chosen, info = probe_tasks(rt, rollout, tasks, NS(update=lambda *a, **k: None))
+    return [t.task_id for t in chosen], info, calls
+
+
+def test_the_probe_keeps_the_tasks_the_model_sometimes_solves_in_order():
+    chosen, info, calls = _probe({"never": [0, 0], "half": [1, 0], "always": [1, 1], "other": [0, 1],
+                                  "broken": [None, None], "one-scored": [None, 1]})
+    assert chosen == ["half", "other"]  # "one-scored" passed its one scored sample: not "sometimes"
+    assert sum(calls, []) == [k for k in ("never", "half", "always", "other", "broken", "one-scored")
+                              for _ in range(2)]  # every task probe_samples times, in batches of 3
+    assert max(len(c) for c in calls) == 3
+    assert info["probe_informative"] == 2 and info["probe_all_fail"] == 1 and info["probe_all_pass"] == 2
+    assert info["probe_used"] == 1 and info["probe_tasks"] == 6 and info["probe_pass_rate"] == 5 / 9
+
+
+def test_too_few_informative_tasks_train_on_all():
+    chosen, info, _ = _probe({"a": [0, 0], "b": [1, 0], "c": [1, 1]}, tasks_per_step=2)
+    assert chosen == ["a", "b", "c"] and info["probe_used"] == 0 and info["probe_informative"] == 1
