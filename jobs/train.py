@@ -159,7 +159,7 @@ def probe_tasks(rt: Any, rollout: Any, tasks: Sequence[Any], beat: Any) -> tuple
     passes: dict[str, list[float]] = {}
     for task, b in zip(drawn, rt.score(trajs, drawn, rt.cfg.reward)):
         if not b.excluded:
-            passes.setdefault(task.task_id, []).append(float(b.parts.get("result", 0.0) >= 1.0))
+            passes.setdefault(task.task_id, []).append(passed(b))
     rates = {tid: mean(v) for tid, v in passes.items()}
     mixed = [t for t in tasks if 0.0 < rates.get(t.task_id, 0.0) < 1.0]
     used = len(mixed) >= r.tasks_per_step
@@ -176,6 +176,11 @@ def probe_tasks(rt: Any, rollout: Any, tasks: Sequence[Any], beat: Any) -> tuple
     return (mixed if used else list(tasks)), info
 
 
+def passed(breakdown: Any) -> float:
+    """1.0 when a scored row's result part is full marks (the task solved), else 0.0."""
+    return float(breakdown.parts.get("result", 0.0) >= 1.0)
+
+
 def rollout_metrics(trajs: Sequence[Any], breakdowns: Sequence[Any], keep: Sequence[int]) -> dict[str, Any]:
     """One GRPO step's rollout and reward metrics. Rewards, their parts and the pass rate are over
     every scored row the step drew (not the excluded ones), so they are the policy's learning curve
@@ -186,7 +191,7 @@ def rollout_metrics(trajs: Sequence[Any], breakdowns: Sequence[Any], keep: Seque
         for k, v in b.parts.items():
             parts.setdefault(k, []).append(v)
     return {"reward_mean": mean(b.score for b in scored),
-            "pass_rate": mean(float(b.parts.get("result", 0.0) >= 1.0) for b in scored),
+            "pass_rate": mean(passed(b) for b in scored),
             **{f"reward_{k}": mean(v) for k, v in parts.items()},
             "trained_reward_mean": mean(breakdowns[i].score for i in keep),
             "trajectories": len(trajs), "trained_on": len(keep),

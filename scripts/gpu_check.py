@@ -214,7 +214,7 @@ def curriculum() -> str:
     precision = "bf16" if DEVICE == "cuda" else "fp32"
     cmd = [sys.executable, "-m", "jobs.main", "--model", model, "--run-dir", str(run_dir), "--overwrite",
            f"rl.steps={OPTIONS.rl_steps}", f"model.mixed_precision={precision}"]
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="" if DEVICE == "cpu" else os.environ.get("CUDA_VISIBLE_DEVICES", "0"))
+    env = dict(os.environ, **({"CUDA_VISIBLE_DEVICES": ""} if DEVICE == "cpu" else {}))
     log = run_dir.with_suffix(".log")
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     deadline, peak = time.monotonic() + OPTIONS.curriculum_timeout, 0

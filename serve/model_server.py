@@ -68,16 +68,13 @@ class ModelServer:
     def __init__(self, name: str, config: dict[str, Any]) -> None:
         import torch
 
-        from sqlrl.policy.backends import generation_device, make_backend
+        from sqlrl.policy.backends import make_backend, place_policy
         from sqlrl.policy.load import load_policy
 
         self.config: ServeConfig = load_serve_config(config)
         spec = self.config.models[name]
         torch.set_num_threads(max(1, spec.torch_threads))
-        policy = load_policy(spec.path, dtype=spec.dtype)
-        device = generation_device(spec.device, spec.backend, policy)
-        if device != "cpu":
-            policy.model.to(device)
+        policy = place_policy(load_policy(spec.path, dtype=spec.dtype), spec.device, spec.backend)
         self.backend = make_backend(spec.backend, policy, **dict(spec.backend_options))
         self.engine = ModelEngine(name, policy, self.backend, self.config)
         self.name = name

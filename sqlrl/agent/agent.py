@@ -79,13 +79,10 @@ class Agent:
     @classmethod
     def build(cls, config: AgentConfig, sessions: SessionSource | None = None,
               schemas: Mapping[str, DatabaseSchema] | None = None) -> "Agent":
-        from sqlrl.policy.backends import generation_device, make_backend
+        from sqlrl.policy.backends import make_backend, place_policy
         from sqlrl.policy.load import load_policy
 
-        policy = load_policy(config.model, dtype=config.dtype)
-        device = generation_device(config.device, config.backend, policy)
-        if device != "cpu":
-            policy.model.to(device)
+        policy = place_policy(load_policy(config.model, dtype=config.dtype), config.device, config.backend)
         backend = make_backend(config.backend, policy, **dict(config.backend_options))
         return cls(policy, backend, HFChatFormat(policy.tokenizer), config.loop, sessions, schemas)
 

@@ -17,10 +17,11 @@ generated token (row = prompt_index * n + sample) -- as it is sampled on backend
 ``streams_tokens`` (hf, scripted), after the call on the others (vllm: its offline ``LLM`` API
 returns whole completions; token streaming there would need its async engine -- not done).
 
-``generation_device(device, backend, policy)``: where the policy's own weights generate. ``"cpu"``,
-``"cuda"`` or ``"cuda:N"`` as given; ``"auto"`` is the GPU when this process sees one and the
-backend generates with those weights (hf, scripted, or auto falling back to hf), else the CPU --
-vLLM keeps its own copy of the weights on the GPU, so the policy beside it stays on the CPU.
+``place_policy(policy, device, backend)`` moves a loaded policy to where its own weights generate
+(``generation_device``): ``"cpu"``, ``"cuda"`` or ``"cuda:N"`` as given; ``"auto"`` is the GPU when
+this process sees one and the backend generates with those weights (hf, or auto falling back to
+hf), else the CPU -- vLLM keeps its own copy of the weights on the GPU and the scripted backend
+uses none, so the policy beside them stays on the CPU.
 
 Guarantees: an unknown name raises ``ValueError`` naming the known ones; backends are imported
 lazily (importing this module loads neither torch nor vLLM).
@@ -95,9 +96,16 @@ def generation_device(device: str, backend: str, policy: Any) -> str:
 
     if not torch.cuda.is_available():
         return "cpu"
-    if backend == "vllm" or (backend == "auto" and vllm_unavailable(policy) is None):
-        return "cpu"
-    return "cuda"
+    uses_weights = backend == "hf" or (backend == "auto" and vllm_unavailable(policy) is not None)
+    return "cuda" if uses_weights else "cpu"
+
+
+def place_policy(policy: Any, device: str, backend: str) -> Any:
+    """``policy`` (loaded on the CPU) moved to ``generation_device(device, backend, policy)``."""
+    where = generation_device(device, backend, policy)
+    if where != "cpu":
+        policy.model.to(where)
+    return policy
 
 
 BACKENDS: dict[str, Callable[..., GenerationBackend]] = {

@@ -25,7 +25,7 @@ def test_auto_is_the_cpu_without_a_gpu(monkeypatch):
 
 def test_auto_is_the_gpu_for_hf_and_the_cpu_beside_vllm(gpu, monkeypatch):
     assert backends.generation_device("auto", "hf", None) == "cuda"
-    assert backends.generation_device("auto", "scripted", None) == "cuda"
+    assert backends.generation_device("auto", "scripted", None) == "cpu"  # canned turns: no weights used
     assert backends.generation_device("auto", "vllm", None) == "cpu"  # vLLM holds its own copy
     monkeypatch.setattr(backends, "vllm_unavailable", lambda policy: None)
     assert backends.generation_device("auto", "auto", None) == "cpu"  # auto resolves to vLLM
