@@ -192,8 +192,9 @@ class RLSettings:
     # rewards are all equal has zero advantage: no gradient). 1 = one draw, every group trained on.
     sampling_rounds: int = 1
     # Difficulty-aware selection: >= 2 rolls out every training task this many times with the
-    # starting policy before step 1 and trains only on the tasks it sometimes solves (0 < pass rate
-    # < 1), where a group can carry a gradient (jobs.train.probe_tasks). 0 = off, every task.
+    # starting policy before step 1 and trains only on the tasks whose samples' rewards differ (for
+    # a pass/fail reward: 0 < pass rate < 1), where a group can carry a gradient
+    # (jobs.train.probe_tasks). 0 = off, every task.
     probe_samples: int = 0
     loss: GRPOConfig = field(default_factory=GRPOConfig)
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5, warmup_steps=0, total_steps=4,
@@ -238,6 +239,15 @@ class StageConfig:
 
     def __post_init__(self) -> None:
         stage_spec(self.stage)  # an unknown stage is an error naming the known ones
+        if self.rl.reward is not None:  # checked here, not first in a reward actor mid-stage
+            from sqlrl.rewards import REWARDS
+
+            spec = REWARDS.get(self.rl.reward)
+            if spec is None:
+                raise ValueError(f"rl.reward: unknown reward {self.rl.reward!r}; registered: {', '.join(REWARDS)}")
+            if self.spec.trainer == "grpo" and spec.response != self.mode:
+                raise ValueError(f"rl.reward: {self.rl.reward!r} scores {spec.response} responses, but "
+                                 f"{self.stage} rolls out in {self.mode} mode")
 
     @property
     def spec(self) -> StageSpec:

@@ -146,9 +146,11 @@ def train_grpo(rt: Any, model: str, tasks: Sequence[Any], logger: Any) -> tuple[
 
 def probe_tasks(rt: Any, rollout: Any, tasks: Sequence[Any], beat: Any) -> tuple[list[Any], dict[str, Any]]:
     """Difficulty-aware selection: ``rl.probe_samples`` rollouts of every task with the starting
-    policy (at ``rl.temperature``); the tasks it sometimes solves (0 < pass rate < 1), in their
-    order, or every task when fewer than ``rl.tasks_per_step`` qualify. Excluded rows (the
-    infrastructure failed) count for nothing; a task with no scored row is not selected."""
+    policy (at ``rl.temperature``), scored with the stage's RL reward; the tasks whose samples'
+    rewards are not all equal -- dynamic sampling's test for a group that carries a gradient; for a
+    pass/fail reward, the tasks it sometimes solves (0 < pass rate < 1) -- in their order, or every
+    task when fewer than ``rl.tasks_per_step`` qualify. Excluded rows (the infrastructure failed)
+    count for nothing; a task with fewer than two scored rows is not selected."""
     r, batch_size = rt.cfg.rl, rt.cfg.rollout.batch
     t0 = time.perf_counter()
     drawn = [t for t in tasks for _ in range(r.probe_samples)]
@@ -157,11 +159,13 @@ def probe_tasks(rt: Any, rollout: Any, tasks: Sequence[Any], beat: Any) -> tuple
         beat.update(0, note=f"probe: {len(trajs)}/{len(drawn)} trajectories")
         trajs += rollout.rollout(drawn[first:first + batch_size])
     passes: dict[str, list[float]] = {}
+    scores: dict[str, set[float]] = {}
     for task, b in zip(drawn, rt.score(trajs, drawn, rt.cfg.reward)):
         if not b.excluded:
             passes.setdefault(task.task_id, []).append(passed(b))
+            scores.setdefault(task.task_id, set()).add(b.score)
     rates = {tid: mean(v) for tid, v in passes.items()}
-    mixed = [t for t in tasks if 0.0 < rates.get(t.task_id, 0.0) < 1.0]
+    mixed = [t for t in tasks if len(scores.get(t.task_id, ())) > 1]
     used = len(mixed) >= r.tasks_per_step
     info = {"probe_tasks": len(tasks), "probe_informative": len(mixed),
             "probe_all_fail": sum(v == 0.0 for v in rates.values()),
@@ -169,8 +173,8 @@ def probe_tasks(rt: Any, rollout: Any, tasks: Sequence[Any], beat: Any) -> tuple
             "probe_pass_rate": mean(x for v in passes.values() for x in v), "probe_used": int(used),
             "probe_s": time.perf_counter() - t0}
     console.print(f"  {rt.cfg.stage} probe: {r.probe_samples} samples x {len(tasks)} tasks, pass rate "
-                  f"{info['probe_pass_rate']:.2f}; {len(mixed)} sometimes solved, {info['probe_all_fail']} never, "
-                  f"{info['probe_all_pass']} always -> training on "
+                  f"{info['probe_pass_rate']:.2f}; {len(mixed)} with unequal rewards; {info['probe_all_fail']} never "
+                  f"solved, {info['probe_all_pass']} always -> training on "
                   + (f"those {len(mixed)}" if used else f"all {len(tasks)} (fewer than {r.tasks_per_step} qualify)")
                   + f" ({info['probe_s']:.0f}s)")
     return (mixed if used else list(tasks)), info
@@ -212,7 +216,7 @@ def plan_sft(cfg: StageConfig) -> str:
 
 def plan_grpo(cfg: StageConfig) -> str:
     r = cfg.rl
-    probe = (f"; first a probe of {r.probe_samples} samples per task, training on the tasks sometimes solved"
+    probe = (f"; first a probe of {r.probe_samples} samples per task, training on the tasks whose rewards differ"
              if r.probe_samples else "")
     return (f"{r.steps} GRPO step(s) x {r.tasks_per_step} task(s) x {r.group_size} samples (reward {cfg.reward})"
             + probe)

@@ -16,6 +16,7 @@ Registered rewards (``REWARDS``):
 | ``bird_ex_agentic`` / ``spider_ex_agentic`` | text-to-SQL | tool calls | 1 on EX match |
 | ``sqlr1`` | text-to-SQL | ``<think>…</think><answer>```sql…```</answer>`` | SQL-R1 composite |
 | ``hybrid_single`` / ``hybrid_agentic`` | any kind | either | the reward the task's kind names (``TaskKind.rewards``) |
+| ``hybrid_single_shaped`` / ``hybrid_agentic_shaped`` | any kind | either | the hybrid score ``s`` lifted to ``0.1 + 0.9 s`` when the answer is well-formed and its SQL ran |
 
 Guarantees — **fail-closed**, the property every reward here is tested for:
 - A malformed response scores 0 (SQL-R1: −1 format, nothing else): its SQL is never executed.
@@ -26,6 +27,12 @@ Guarantees — **fail-closed**, the property every reward here is tested for:
   flagged, never rewarded (SQL-R1's comparator calls a failing gold a match).
 - Within one reward, every breakdown has the same ``parts`` keys (hybrid included), so a batch's
   parts can be averaged and logged column by column.
+- Shaping (``RewardSpec.executed_floor``, the ``*_shaped`` rewards, for RL only): a well-formed
+  answer whose SQL ran earns at least the floor, so a group whose samples all fail still ranks
+  "submitted a runnable answer" above "ran out of turns" or "malformed". The fail-closed rules
+  above still hold -- malformed, erroring, timed-out and excluded samples score 0 -- the
+  ``result`` part is unchanged (success and pass rates never count the floor), and a solved task
+  still scores exactly 1, so solving stays the only way to the top score.
 """
 
 from __future__ import annotations
@@ -155,6 +162,11 @@ class RewardSpec:
     scorer: Callable[..., RewardBreakdown] | None  # None: hybrid (routes by the task's kind)
     keys: tuple[str, ...] = _BASIC_KEYS
     style: str | None = None  # a fixed single-turn format style (sqlr1), else config.format_style
+    executed_floor: float = 0.0  # shaping: a well-formed answer whose SQL ran scores >= this (module doc)
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.executed_floor < 1.0:
+            raise ValueError(f"reward {self.name!r}: executed_floor must be in [0, 1), got {self.executed_floor!r}")
 
 
 REWARDS: dict[str, RewardSpec] = {s.name: s for s in (
@@ -168,6 +180,10 @@ REWARDS: dict[str, RewardSpec] = {s.name: s for s in (
                ("format", "execution", "result", "length"), style="sqlr1"),
     RewardSpec("hybrid_single", "any", "single", None, _BASIC_KEYS + ("is_critic",)),
     RewardSpec("hybrid_agentic", "any", "agentic", None, _BASIC_KEYS + ("is_critic",)),
+    # BIRD-RL gives a runnable-but-wrong answer a small reward too (0.1); here only when it is
+    # well-formed and ran, never for an error.
+    RewardSpec("hybrid_single_shaped", "any", "single", None, _BASIC_KEYS + ("is_critic",), executed_floor=0.1),
+    RewardSpec("hybrid_agentic_shaped", "any", "agentic", None, _BASIC_KEYS + ("is_critic",), executed_floor=0.1),
 )}
 
 
@@ -210,13 +226,22 @@ def score(name: str, task: Any, ex: Extracted, verdict: Any,
         b = routed.scorer(task, ex, verdict, config)
         parts = {k: b.parts.get(k, 0.0) for k in _BASIC_KEYS}
         parts["is_critic"] = float(routed.task_kind == CriticTask.kind)
-        return RewardBreakdown(b.score, parts, b.excluded, b.reason, b.sql)
+        return _shaped(spec, RewardBreakdown(b.score, parts, b.excluded, b.reason, b.sql))
     if not _scores(spec, task):
         raise ValueError(f"reward {name!r} scores {spec.task_kind} tasks, got a {kind} task "
                          f"(use a hybrid reward for mixed batches)")
     b = spec.scorer(task, ex, verdict, config)
     assert tuple(b.parts) == spec.keys, (b.parts, spec.keys)
-    return b
+    return _shaped(spec, b)
+
+
+def _shaped(spec: RewardSpec, b: RewardBreakdown) -> RewardBreakdown:
+    """``spec.executed_floor`` applied: a well-formed, executed, non-excluded answer's score ``s``
+    becomes ``floor + (1 - floor) * s``; every other breakdown, and every part, is unchanged."""
+    f = spec.executed_floor
+    if f <= 0.0 or b.excluded or b.parts.get("format", 0.0) < 1.0 or b.parts.get("executed", 0.0) < 1.0:
+        return b
+    return RewardBreakdown(f + (1.0 - f) * b.score, b.parts, b.excluded, b.reason, b.sql)
 
 
 def compute(name: str, task: Any, response: Any, judge: Judge,

@@ -93,11 +93,12 @@ def _probe(results, tasks_per_step=2, samples=2):
     seen = {k: iter(v) for k, v in results.items()}
     calls = []
 
-    def score(trajs, tasks, reward):
+    def score(trajs, tasks, reward):  # a result r scores r; a pair (r, s) scores s (a shaped reward)
         out = []
         for t in tasks:
             r = next(seen[t.task_id])
-            out.append(NS(excluded=r is None, parts={"result": float(r or 0)}))
+            result, value = r if isinstance(r, tuple) else (r, r)
+            out.append(NS(excluded=r is None, parts={"result": float(result or 0)}, score=float(value or 0)))
         return out
 
     cfg = NS(rl=RLSettings(probe_samples=samples, tasks_per_step=tasks_per_step),
@@ -118,6 +119,15 @@ def test_the_probe_keeps_the_tasks_the_model_sometimes_solves_in_order():
     assert max(len(c) for c in calls) == 3
     assert info["probe_informative"] == 2 and info["probe_all_fail"] == 1 and info["probe_all_pass"] == 2
     assert info["probe_used"] == 1 and info["probe_tasks"] == 6 and info["probe_pass_rate"] == 5 / 9
+
+
+def test_the_probe_keeps_tasks_whose_rewards_differ_even_when_none_is_solved():
+    # a shaped reward: "ran but wrong" (0.1) against "ran out of turns" (0) is a gradient too;
+    # partial credit (a debugging task passing some test cases) likewise
+    chosen, info, _ = _probe({"flat-fail": [(0, 0.1), (0, 0.1)], "shaped": [(0, 0.1), (0, 0.0)],
+                              "partial": [(0, 0.5), (0, 0.0)], "half": [(1, 1.0), (0, 0.1)]})
+    assert chosen == ["shaped", "partial", "half"]
+    assert info["probe_informative"] == 3 and info["probe_all_fail"] == 3 and info["probe_pass_rate"] == 1 / 8
 
 
 def test_too_few_informative_tasks_train_on_all():

@@ -241,3 +241,38 @@ def test_every_registered_reward_is_fail_closed_on_garbage(judge) -> None:
         b = compute(name, task, "¯\\_(ツ)_/¯", judge)
         assert b.score <= 0.0 and not b.excluded, name
         assert tuple(b.parts) == spec.keys, name
+
+
+# -- shaping (RL only) -----------------------------------------------------------------------------
+
+def test_shaped_hybrid_lifts_only_a_well_formed_answer_that_ran(judge) -> None:
+    gold = "SELECT COUNT(*) FROM customers"
+    cases = {"solved": (t2s(gold), single(gold)),
+             "wrong": (t2s(gold), single("SELECT COUNT(*) FROM products")),
+             "error": (t2s(gold), single("SELECT nope FROM nowhere")),
+             "malformed": (t2s(gold), "garbage"),
+             "gold-broken": (t2s("SELECT * FROM no_such_table"), single(gold)),
+             "critic-solved": (critic("SELECT COUNT(*) FROM products"), single("SELECT COUNT(*) FROM products"))}
+    want = {"solved": 1.0, "wrong": 0.1, "error": 0.0, "malformed": 0.0, "gold-broken": 0.0, "critic-solved": 1.0}
+    for name, (task, response) in cases.items():
+        plain, shaped = compute("hybrid_single", task, response, judge), compute("hybrid_single_shaped", task, response, judge)
+        assert shaped.score == pytest.approx(want[name]), name
+        assert shaped.parts == plain.parts and shaped.excluded == plain.excluded, name  # success never counts it
+    assert compute("hybrid_single_shaped", *cases["gold-broken"], judge).excluded
+
+
+def test_shaped_agentic_ranks_a_runnable_submission_above_running_out_of_turns(judge) -> None:
+    task = t2s("SELECT COUNT(*) FROM customers")
+    submitted = [ToolCall("execute_sql", {"sql": "SELECT 1"}), ToolCall("submit_solution", {"sql": "SELECT COUNT(*) FROM orders"})]
+    out_of_turns = [ToolCall("execute_sql", {"sql": "SELECT 1"})] * 3
+    assert compute("hybrid_agentic", task, submitted, judge).score == 0.0
+    assert compute("hybrid_agentic_shaped", task, submitted, judge).score == pytest.approx(0.1)
+    assert compute("hybrid_agentic_shaped", task, out_of_turns, judge).score == 0.0
+
+
+def test_a_floor_outside_zero_to_one_is_refused() -> None:
+    from sqlrl.rewards.registry import RewardSpec
+
+    for bad in (-0.1, 1.0):
+        with pytest.raises(ValueError, match="executed_floor"):
+            RewardSpec("x", "any", "single", None, executed_floor=bad)

@@ -112,3 +112,12 @@ def test_the_plan_of_an_sft_stage_names_its_steps(tmp_path, capsys):
                                 "data.train_size=10", "sft.batch_size=4", "sft.epochs=2"])
     err = capsys.readouterr().err
     assert "start from: tiny" in err and "up to 6 SFT step(s): 2 epoch(s)" in err and "10 training tasks" in err
+
+
+def test_rl_reward_must_be_registered_and_match_the_stage_mode() -> None:
+    assert load_stage_config(None, ["stage=stage4", "rl.reward=hybrid_agentic_shaped"]).reward == "hybrid_agentic_shaped"
+    assert load_stage_config(None, ["stage=stage3", "rl.reward=hybrid_single_shaped"]).reward == "hybrid_single_shaped"
+    with pytest.raises(ValueError, match="unknown reward 'nope'"):
+        load_stage_config(None, ["stage=stage3", "rl.reward=nope"])
+    with pytest.raises(ValueError, match="scores single responses, but stage4 rolls out in agentic"):
+        load_stage_config(None, ["stage=stage4", "rl.reward=hybrid_single"])
