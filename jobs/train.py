@@ -10,8 +10,9 @@
   rewards or the rounds are spent, and trains only on those groups (``informative_rows``); every
   step logs ``sampling_draws``, ``groups_drawn``, ``groups_trained`` and the reward parts.
   With ``rl.probe_samples >= 2`` (difficulty-aware selection) the loop first rolls out every task
-  that many times with the starting policy and trains only on the tasks whose pass rate is strictly
-  between 0 and 1 (``probe_tasks``; all of them when fewer than ``tasks_per_step`` qualify); step 1
+  that many times with the starting policy and trains only on the tasks whose samples' rewards
+  differ -- for a pass/fail reward, pass rate strictly between 0 and 1 (``probe_tasks``; all of
+  them when fewer than ``tasks_per_step`` qualify); step 1
   logs the probe's counts (``probe_*``).
 
 Guarantees: a trainer returns the learner (still holding the trained weights, for the job to save)
