@@ -201,8 +201,10 @@ def build_stage1(tasks: Iterable[Task], teacher: Teacher, out_path: str | Path, 
                  catalog: Mapping[str, Mapping[str, str]] | None = None, judge: Judge | None = None,
                  schemas: Mapping[str, DatabaseSchema] | None = None, min_score: float = 1.0,
                  reward: str = "hybrid_single", limits: Limits | None = None, workers: int = 4,
-                 progress: bool = False) -> tuple[list[dict[str, Any]], BuildReport]:
-    """Single-turn reasoning examples, verified by execution; writes ``out_path`` (JSONL)."""
+                 progress: bool = False, schema_style: str | None = None
+                 ) -> tuple[list[dict[str, Any]], BuildReport]:
+    """Single-turn reasoning examples, verified by execution; writes ``out_path`` (JSONL).
+    ``schema_style`` (here and below): the prompts' schema rendering, as ``build_messages``'s."""
     tasks = _tasks(tasks)
     _check_common(min_score, workers)
     judge = _judge(judge, catalog, tasks, limits)
@@ -210,7 +212,7 @@ def build_stage1(tasks: Iterable[Task], teacher: Teacher, out_path: str | Path, 
 
     def one(task: Task) -> tuple[Outcome, dict[str, Any] | None]:
         try:
-            messages = build_messages(task, schemas.get(task.db_id), mode="single")
+            messages = build_messages(task, schemas.get(task.db_id), mode="single", style=schema_style)
         except Exception as exc:
             return Outcome(task.task_id, task.kind, False, "prompt-error", _describe(exc)), None
         try:
@@ -293,12 +295,13 @@ def build_stage2(tasks: Iterable[Task], teacher: Teacher, out_path: str | Path, 
                  schemas: Mapping[str, DatabaseSchema] | None = None, min_score: float = 1.0,
                  reward: str = "hybrid_agentic", opener: SessionSource | None = None,
                  limits: Limits | None = None, max_turns: int = 8, parser: str = "hermes",
-                 workers: int = 4, progress: bool = False) -> tuple[list[dict[str, Any]], BuildReport]:
+                 workers: int = 4, progress: bool = False, schema_style: str | None = None
+                 ) -> tuple[list[dict[str, Any]], BuildReport]:
     """Multi-turn tool-use examples run on real sessions, verified; writes ``out_path`` (JSONL).
     ``opener``: the ``SessionSource`` the trajectories run on (``LocalSessions()`` when None)."""
     tasks = _tasks(tasks)
     _check_common(min_score, workers)
-    config = LoopConfig(max_turns=max_turns, max_total_tokens=_HUGE * 2, parser=parser,
+    config = LoopConfig(max_turns=max_turns, max_total_tokens=_HUGE * 2, parser=parser, schema_style=schema_style,
                         mode="agentic", sampling=SamplingParams(max_new_tokens=_HUGE))
     judge = _judge(judge, catalog, tasks, limits)
     limits = limits or judge.limits
@@ -354,7 +357,7 @@ def build_rl_data(tasks: Iterable[Task], out_dir: str | Path, name: str, *, mode
                   schemas: Mapping[str, DatabaseSchema] | None = None, judge: Judge | None = None,
                   split: str = "train", data_source: str | None = None,
                   agent_name: str | None = None, workers: int = 4,
-                  progress: bool = False) -> tuple[list[Task], BuildReport]:
+                  progress: bool = False, schema_style: str | None = None) -> tuple[list[Task], BuildReport]:
     """Write ``<out_dir>/<name>.parquet`` (verl) and ``<name>.jsonl`` (tasks); prompts are
     ``build_messages(task, schema, mode)``. With ``judge``, tasks whose reference fails are dropped."""
     tasks = _tasks(tasks)
@@ -375,7 +378,7 @@ def build_rl_data(tasks: Iterable[Task], out_dir: str | Path, name: str, *, mode
     kept = [t for t, o in zip(tasks, outcomes) if o.kept]
 
     def prompt(task: Task) -> list[dict[str, str]]:
-        return build_messages(task, schemas.get(task.db_id), mode=mode)
+        return build_messages(task, schemas.get(task.db_id), mode=mode, style=schema_style)
 
     out = Path(out_dir)
     parquet, jsonl = out / f"{name}.parquet", out / f"{name}.jsonl"

@@ -44,6 +44,15 @@ __all__ = ["STAGES", "StageConfig", "load_stage_config"]  # STAGES: the registry
 class ModelConfig:
     init: str = "smollm2-135m"  # a model name (tiny, smollm2-135m), a checkpoint folder, or "previous"
     mixed_precision: Literal["fp32", "bf16"] = "fp32"
+    # How prompts render the schema (sqlrl.agent.prompts.SCHEMA_STYLES: create, compact). None is
+    # resolved when the config is made ($SQLRL_SCHEMA_STYLE, else the default), so config.yaml
+    # records the style a stage used; its checkpoint records it too, and a stage refuses to start
+    # from a checkpoint trained with another one.
+    schema_style: str | None = None
+
+    def __post_init__(self) -> None:
+        from sqlrl.agent.prompts import schema_style
+        object.__setattr__(self, "schema_style", schema_style(self.schema_style))
 
 
 @dataclass(frozen=True)
@@ -283,6 +292,17 @@ class StageConfig:
             raise FileNotFoundError(f"model.init=previous, but {prev} holds no checkpoint: run "
                                     f"{before} first (same run_dir) or set model.init")
         return str(prev)
+
+    def check_init_style(self) -> None:
+        """Refuse to train a checkpoint with another schema rendering than it was trained with
+        (``ValueError``); a model name or a checkpoint without a record passes."""
+        from sqlrl.agent.prompts import checkpoint_schema_style
+        init = self.init_model()
+        trained = checkpoint_schema_style(init) if Path(init).is_dir() else None
+        if trained is not None and trained != self.model.schema_style:
+            raise ValueError(f"{self.stage}: {init} was trained with schema_style {trained!r}, but this stage "
+                             f"renders {self.model.schema_style!r}: set model.schema_style={trained} (or "
+                             f"unset SQLRL_SCHEMA_STYLE) so the model is prompted the way it learned")
 
 
 def load_stage_config(path: str | Path | None, overrides: Sequence[str] = ()) -> StageConfig:

@@ -92,7 +92,8 @@ def build_reasoning_sft(inp: BuildInputs) -> "tuple[list[Any], BuildReport]":
 
     cfg = inp.cfg
     rows, report = build_stage1(inp.tasks, cfg.teacher.build(cfg.stage_dir), cfg.stage_dir / "sft_data.jsonl",
-                                catalog=inp.catalog, schemas=inp.schemas, progress=inp.progress)
+                                catalog=inp.catalog, schemas=inp.schemas, progress=inp.progress,
+                                schema_style=cfg.model.schema_style)
     return _sft_rows(rows), report
 
 
@@ -104,7 +105,8 @@ def build_tooluse_sft(inp: BuildInputs) -> "tuple[list[Any], BuildReport]":
     teacher = cfg.teacher.build(cfg.stage_dir)
     rows, report = build_stage2(inp.tasks, teacher, cfg.stage_dir / "sft_data.jsonl",
                                 catalog=inp.catalog, schemas=inp.schemas, progress=inp.progress,
-                                max_turns=cfg.rollout.max_turns, opener=inp.opener)
+                                max_turns=cfg.rollout.max_turns, opener=inp.opener,
+                                schema_style=cfg.model.schema_style)
     rows, report = _with_replay(inp, teacher, rows, report)
     return _sft_rows(rows), report
 
@@ -124,7 +126,7 @@ def _with_replay(inp: BuildInputs, teacher: Any, rows: list[dict[str, Any]],
         return rows, report
     path = cfg.stage_dir / "replay_data.jsonl"
     more, rep = build_stage1(tasks[:n], teacher, path, catalog=inp.catalog, schemas=inp.schemas,
-                             progress=inp.progress)
+                             progress=inp.progress, schema_style=cfg.model.schema_style)
     dropped = dict(report.dropped)
     for reason, count in rep.dropped.items():
         dropped[f"replay-{reason}"] = dropped.get(f"replay-{reason}", 0) + count
@@ -145,7 +147,7 @@ def build_rl_tasks(inp: BuildInputs) -> "tuple[list[Any], BuildReport]":
     cfg = inp.cfg
     agent = AGENT_NAME if cfg.mode == "agentic" else None  # sqlrl's agent loop on verl (actors/verl)
     return build_rl_data(inp.tasks, cfg.stage_dir, cfg.stage, mode=cfg.mode, schemas=inp.schemas,
-                         judge=Judge(inp.catalog), agent_name=agent)
+                         judge=Judge(inp.catalog), agent_name=agent, schema_style=cfg.model.schema_style)
 
 
 # -- the registry ---------------------------------------------------------------------------------

@@ -170,6 +170,11 @@ def main(argv: list[str] | None = None) -> int:
                               ("model", cfg.model, "dir")])
     if problems:
         return refuse(problems)
+    from sqlrl.agent.prompts import checkpoint_schema_style
+    try:
+        style = checkpoint_schema_style(cfg.model)  # prompt the model the way it was trained
+    except ValueError as exc:
+        return refuse([str(exc)])
     quiet_third_party_bars()
     out = Path(cfg.out or f"runs/infer/{time.strftime('%Y%m%d-%H%M%S')}")
 
@@ -194,7 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     pool = session_pool(taskset.catalog, [t.dialect for t in tasks], workers=cfg.workers, reward=False, asks=asks)
     r = cfg.rollout
     loop = loop_config(cfg.mode, max_turns=r.max_turns, max_total_tokens=r.max_total_tokens,
-                       max_new_tokens=r.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed)
+                       max_new_tokens=r.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed,
+                       schema_style=style)
     group = rollout_group(pool, taskset.schemas, cfg.model, loop, backend=r.backend, workers=cfg.workers, asks=asks,
                           device=r.device)
 

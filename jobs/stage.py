@@ -18,6 +18,8 @@ Guarantees:
   ``SystemExit`` naming the stage, before anything is written or announced.
 - Before any work the job prints what it is about to do (stage, run_dir, start, data, steps,
   evaluation, config); the resolved config is saved as ``<run_dir>/<stage>/config.yaml``.
+- The checkpoint records its schema rendering (``model.schema_style``, in
+  ``final/sqlrl_prompt.json``); a stage refuses to start from a checkpoint that records another.
 - A data build that keeps nothing stops the job (``SystemExit`` naming the report) before training.
 """
 
@@ -35,6 +37,7 @@ from curriculum.stages import BuildInputs, stage_spec
 from jobs.console import Heartbeat, quiet_third_party_bars
 from jobs.output import build_phase, console, stage_logger
 from jobs.train import TRAINERS
+from sqlrl.agent.prompts import record_schema_style
 
 
 def run_stage(stage: str, argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -76,6 +79,7 @@ def parse_stage_args(stage: str, argv: Sequence[str] | None) -> StageConfig:
         cfg = load_stage_config(a.config, [f"stage={stage}", *a.overrides])
         check_overwrite(cfg)
         start = cfg.init_model()  # fail now, not after data preparation, when the start checkpoint is missing
+        cfg.check_init_style()  # ... or was trained with another schema rendering
     except (ConfigError, FileNotFoundError, ValueError) as exc:
         raise SystemExit(f"{stage}: {exc}") from None
     console.print(describe_stage(cfg, start, a.config), markup=False, highlight=False)
@@ -133,6 +137,7 @@ def finish_stage(rt: Any, learner: Any, history: list[dict], logger: Any,
     final = cfg.stage_dir / "final"
     with Heartbeat(f"{cfg.stage}: saving the checkpoint", note=str(final)):
         learner.save(final, overwrite=True)
+    record_schema_style(final, cfg.model.schema_style)  # inference and serving prompt it the same way
     rt.release(learner)
     curves = logger.close()
     evals = []

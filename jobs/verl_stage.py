@@ -100,7 +100,7 @@ def write_data(cfg: Any, out: Path) -> dict[str, Path]:
     splits = (("train", data.train, cfg.data.train_split), ("val", data.eval, cfg.data.eval_split))
     for name, tasks, split in splits:
         kept, report = build_rl_data(tasks, out, name, mode=cfg.mode, schemas=data.schemas, judge=judge,
-                                     split=split, agent_name=agent)
+                                     split=split, agent_name=agent, schema_style=cfg.model.schema_style)
         print(f"{cfg.stage} {report.summary()}", file=sys.stderr)
         if not kept:
             raise StageError(f"the {name} data kept no task ({report.summary()}; {report.files['report']})")
@@ -173,6 +173,19 @@ def default_model(cfg: Any, dry_run: bool) -> str:
     return str(path)
 
 
+def check_style(cfg: Any, model: str) -> None:
+    """``StageError`` when ``model`` records another schema rendering than the prompts use."""
+    from sqlrl.agent.prompts import checkpoint_schema_style
+
+    try:
+        trained = checkpoint_schema_style(model)
+    except ValueError as exc:
+        raise StageError(str(exc)) from None
+    if trained not in (None, cfg.model.schema_style):
+        raise StageError(f"{model} was trained with schema_style {trained!r}, the prompts would render "
+                         f"{cfg.model.schema_style!r}: pass --set model.schema_style={trained}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     try:
@@ -181,6 +194,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = stage_config(args.stage, Path(args.data_dir).resolve(), args.set)
         model = args.model or default_model(cfg, args.dry_run)
         model = str(Path(model).resolve()) if Path(model).exists() else model  # else an HF id
+        check_style(cfg, model)
         out = Path(args.out or f"runs/verl/stage{args.stage}").resolve()
         files = data_files(out)
         command = verl_command(args.stage, files, model, args.overrides, 0 if args.dry_run else gpu_count())

@@ -123,7 +123,10 @@ def trajectory_view(t: Any) -> dict[str, Any]:
 
 
 class ModelEngine:
-    def __init__(self, name: str, policy: Any, backend: Any, config: ServeConfig) -> None:
+    def __init__(self, name: str, policy: Any, backend: Any, config: ServeConfig,
+                 schema_style: str | None = None) -> None:
+        """``schema_style``: how agent prompts render the schema -- the style the checkpoint
+        records (``sqlrl.agent.prompts.checkpoint_schema_style``), so it is prompted as trained."""
         self.name, self.policy, self.backend, self.config = name, policy, backend, config
         self.limits: LimitsSpec = config.limits
         self.chat_format = HFChatFormat(policy.tokenizer)
@@ -134,7 +137,8 @@ class ModelEngine:
         loop = LoopConfig(max_turns=self.limits.max_turns,
                           max_total_tokens=self.limits.max_total_tokens,
                           sampling=SamplingParams(max_new_tokens=self.limits.default_max_tokens,
-                                                  temperature=0.0))
+                                                  temperature=0.0),
+                          schema_style=schema_style)
         self.agent = Agent(policy, backend, self.chat_format, loop, self.sessions, schemas)
 
     # -- chat completions ------------------------------------------------------------------------

@@ -68,6 +68,7 @@ class ModelServer:
     def __init__(self, name: str, config: dict[str, Any]) -> None:
         import torch
 
+        from sqlrl.agent.prompts import checkpoint_schema_style
         from sqlrl.policy.backends import make_backend, place_policy
         from sqlrl.policy.load import load_policy
 
@@ -76,7 +77,8 @@ class ModelServer:
         torch.set_num_threads(max(1, spec.torch_threads))
         policy = place_policy(load_policy(spec.path, dtype=spec.dtype), spec.device, spec.backend)
         self.backend = make_backend(spec.backend, policy, **dict(spec.backend_options))
-        self.engine = ModelEngine(name, policy, self.backend, self.config)
+        self.engine = ModelEngine(name, policy, self.backend, self.config,
+                                  schema_style=checkpoint_schema_style(spec.path))
         self.name = name
         self._generate_batch.set_max_batch_size(spec.max_batch_size)
         self._generate_batch.set_batch_wait_timeout_s(spec.batch_wait_timeout_s)

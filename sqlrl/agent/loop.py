@@ -50,7 +50,7 @@ from sqlrl.tools import ToolCall, format_tool_error, run_tool
 
 from .chat_format import ChatFormat
 from .parsers import PARSERS, get_parser
-from .prompts import MODES, build_messages, tools_for
+from .prompts import MODES, SCHEMA_STYLES, build_messages, tools_for
 from .trajectory import Trajectory, Turn
 
 # Session failures after which no further call can work: the rollout ends with "error".
@@ -86,6 +86,7 @@ class LoopConfig:
     mode: str = "agentic"
     deadline_s: float | None = None  # wall-clock limit of one run(); None = none
     batch_tools: bool = True  # one execute_many per round (when the session source has one)
+    schema_style: str | None = None  # prompts.SCHEMA_STYLES key; None: $SQLRL_SCHEMA_STYLE or the default
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -101,6 +102,8 @@ class LoopConfig:
                              f"sampling.max_new_tokens ({self.sampling.max_new_tokens})")
         if self.deadline_s is not None and self.deadline_s <= 0:
             raise ValueError(f"LoopConfig.deadline_s must be > 0, got {self.deadline_s}")
+        if self.schema_style is not None and self.schema_style not in SCHEMA_STYLES:
+            raise ValueError(f"LoopConfig.schema_style {self.schema_style!r} is not one of {', '.join(SCHEMA_STYLES)}")
 
 
 class LoopStateError(RuntimeError):
@@ -244,7 +247,7 @@ class AgentLoop:
     def _prompt(self, s: RolloutState) -> None:
         try:
             s.messages = build_messages(s.task, self._schema(s), self.config.mode,
-                                        parser=self.config.parser)
+                                        parser=self.config.parser, style=self.config.schema_style)
             ids = self.chat_format.prompt_ids(s.messages, self.tools)
         except Exception as exc:  # a template or schema problem: this rollout cannot start
             s.finish("error", f"building the prompt failed: {_describe(exc)}")

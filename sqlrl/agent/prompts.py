@@ -19,11 +19,17 @@ Guarantees:
   never ``sol_sql``, test cases or ``meta`` (which may hold a bug description); for a
   ``Text2SQLTask`` the question and the evidence -- never ``gold_sql``.
 - Deterministic: the same inputs give the same messages.
+- A checkpoint records the rendering it was trained with (``record_schema_style`` writes
+  ``<checkpoint>/sqlrl_prompt.json``; ``checkpoint_schema_style`` reads it back), so a stage that
+  starts from it, inference and serving prompt it the same way; a checkpoint without the file was
+  trained before the record existed, with ``$SQLRL_SCHEMA_STYLE`` or the default.
 """
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 from typing import Any, Callable
 
 from sqlrl.db.dialects.descriptor import dialect_of
@@ -40,8 +46,8 @@ MODES = ("agentic", "single")
 _STYLE = STYLES["birdrl"]
 
 # How the schema is shown: SFT, RL, inference and serving all render it here, so a checkpoint is
-# always prompted the way it was trained. SQLRL_SCHEMA_STYLE picks another one for an A/B run
-# (docs/curriculum.md, "Cheaper tokens"); a model trained with one must be served with the same.
+# always prompted the way it was trained. A stage's ``model.schema_style`` (else $SQLRL_SCHEMA_STYLE)
+# picks one (docs/curriculum.md, "Cheaper tokens"); the checkpoint records it (PROMPT_RECORD).
 SCHEMA_STYLES: dict[str, Callable[[DatabaseSchema, str], str]] = {
     "compact": lambda schema, dialect: (f"The database `{schema.db_id}` has these tables "
                                         f"(column type, PK = primary key, -> = foreign key):\n"
@@ -52,13 +58,37 @@ SCHEMA_STYLES: dict[str, Callable[[DatabaseSchema, str], str]] = {
 DEFAULT_SCHEMA_STYLE = "create"  # compact: fewer tokens, but its A/B is not settled (docs/curriculum.md)
 
 
-def schema_style() -> str:
-    """The schema rendering in use: ``$SQLRL_SCHEMA_STYLE``, else ``DEFAULT_SCHEMA_STYLE``; an
-    unknown name is a ``ValueError`` listing the known ones."""
-    name = os.environ.get("SQLRL_SCHEMA_STYLE") or DEFAULT_SCHEMA_STYLE
+def schema_style(name: str | None = None) -> str:
+    """The schema rendering to use: ``name``, else ``$SQLRL_SCHEMA_STYLE``, else
+    ``DEFAULT_SCHEMA_STYLE``; an unknown name is a ``ValueError`` listing the known ones."""
+    source = "schema_style" if name else "SQLRL_SCHEMA_STYLE"
+    name = name or os.environ.get("SQLRL_SCHEMA_STYLE") or DEFAULT_SCHEMA_STYLE
     if name not in SCHEMA_STYLES:
-        raise ValueError(f"SQLRL_SCHEMA_STYLE={name!r} is not a schema style; known: {', '.join(SCHEMA_STYLES)}")
+        raise ValueError(f"{source}={name!r} is not a schema style; known: {', '.join(SCHEMA_STYLES)}")
     return name
+
+
+PROMPT_RECORD = "sqlrl_prompt.json"  # in a checkpoint folder: how its prompts were rendered
+
+
+def record_schema_style(checkpoint: str | Path, style: str) -> None:
+    """Write the rendering ``checkpoint`` was trained with next to its weights."""
+    Path(checkpoint, PROMPT_RECORD).write_text(json.dumps({"schema_style": schema_style(style)}) + "\n")
+
+
+def checkpoint_schema_style(checkpoint: str | Path) -> str | None:
+    """The rendering a checkpoint folder records, or None (a model name, or a checkpoint made before
+    the record existed). A record that cannot be read, or names an unknown style, is a ``ValueError``."""
+    path = Path(checkpoint, PROMPT_RECORD)
+    if not path.is_file():
+        return None
+    try:
+        style = json.loads(path.read_text())["schema_style"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{path}: not a prompt record ({exc!r})") from None
+    if style not in SCHEMA_STYLES:
+        raise ValueError(f"{path}: schema_style {style!r} is not a schema style; known: {', '.join(SCHEMA_STYLES)}")
+    return style
 
 
 def tools_for(mode: str) -> list[dict[str, Any]] | None:
@@ -67,11 +97,14 @@ def tools_for(mode: str) -> list[dict[str, Any]] | None:
 
 
 def build_messages(task: Task | Any, schema: DatabaseSchema | None, mode: str = "agentic",
-                   dialect: str | None = None, parser: str = "hermes") -> list[dict[str, Any]]:
+                   dialect: str | None = None, parser: str = "hermes",
+                   style: str | None = None) -> list[dict[str, Any]]:
+    """``style``: the schema rendering (``SCHEMA_STYLES``); None = ``schema_style()``'s choice."""
     _check_mode(mode)
     dialect = norm_dialect(dialect or task.dialect)
+    style = schema_style(style)
     user = kind_of(task).user_prompt(task)  # a labelled task or an unlabelled request
-    return [{"role": "system", "content": _system(task, schema, mode, dialect, parser)},
+    return [{"role": "system", "content": _system(task, schema, mode, dialect, parser, style)},
             {"role": "user", "content": user}]
 
 
@@ -80,13 +113,14 @@ def _check_mode(mode: str) -> None:
         raise ValueError(f"unknown mode {mode!r}; known: {', '.join(MODES)}")
 
 
-def _system(task: Task | Any, schema: DatabaseSchema | None, mode: str, dialect: str, parser: str) -> str:
+def _system(task: Task | Any, schema: DatabaseSchema | None, mode: str, dialect: str, parser: str,
+            style: str) -> str:
     name = dialect_of(dialect).display_name
     job = kind_of(task).job
     parts = [f"You are an expert {name} database engineer. Your job: {job}. "
              f"Write SQL for {name} only."]
     if schema is not None and schema.tables:
-        parts.append(SCHEMA_STYLES[schema_style()](schema, dialect))
+        parts.append(SCHEMA_STYLES[style](schema, dialect))
     else:
         hint = ("explore it with execute_sql" if mode == "agentic"
                 else "use the names the question suggests")

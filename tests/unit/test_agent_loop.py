@@ -398,10 +398,19 @@ def test_trajectory_validates_its_invariants(change, message):
     (dict(sampling=SamplingParams(n=4)), "sampling.n must be 1"),
     (dict(max_total_tokens=100, sampling=SamplingParams(max_new_tokens=100)), "must exceed"),
     (dict(deadline_s=0), "deadline_s must be > 0"),
+    (dict(schema_style="prose"), "schema_style 'prose' is not one of compact, create"),
 ])
 def test_loop_config_validation(kwargs, message):
     with pytest.raises(ValueError, match=message):
         LoopConfig(**kwargs)
+
+
+def test_the_loop_prompts_with_its_configured_schema_style(tok, fmt, sessions, shop, monkeypatch):
+    monkeypatch.setenv("SQLRL_SCHEMA_STYLE", "create")  # the config wins over the environment
+    backend = ScriptedBackend(tok, {"Q-style": [tc("SELECT 1", "submit_solution")]})
+    compact = LoopConfig(**{**CFG.__dict__, "schema_style": "compact"})
+    (t,) = AgentLoop([task("Q-style")], sessions(1), backend, fmt, compact, schemas={"shop": shop}).run()
+    assert shop.to_compact("sqlite") in t.messages[0]["content"] and "CREATE TABLE" not in t.messages[0]["content"]
 
 
 def test_loop_construction_errors(tok, fmt):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sqlrl.agent import build_messages, tools_for
+from sqlrl.agent.prompts import PROMPT_RECORD, checkpoint_schema_style, record_schema_style
 from sqlrl.agent.parsers import HermesParser
 from sqlrl.rewards.parse import extract_single
 from sqlrl.tasks.schema import DatabaseSchema
@@ -90,6 +91,29 @@ def test_schema_style_is_chosen_by_the_environment_and_checked(shop, monkeypatch
         build_messages(T2S, shop, "single")
     monkeypatch.delenv("SQLRL_SCHEMA_STYLE")
     assert shop.to_create_sql("sqlite") in build_messages(T2S, shop, "single")[0]["content"]
+
+
+def test_an_explicit_style_wins_over_the_environment(shop, monkeypatch):
+    monkeypatch.setenv("SQLRL_SCHEMA_STYLE", "create")
+    system = build_messages(T2S, shop, "single", style="compact")[0]["content"]
+    assert shop.to_compact("sqlite") in system and "CREATE TABLE" not in system
+    with pytest.raises(ValueError, match="schema_style='prose' is not a schema style; known: compact, create"):
+        build_messages(T2S, shop, "single", style="prose")
+
+
+def test_a_checkpoint_records_its_style_and_a_bad_record_is_named(tmp_path):
+    assert checkpoint_schema_style(tmp_path) is None  # made before the record existed
+    assert checkpoint_schema_style("smollm2-135m") is None  # a model name, not a folder
+    record_schema_style(tmp_path, "compact")
+    assert checkpoint_schema_style(tmp_path) == "compact"
+    with pytest.raises(ValueError, match="not a schema style"):
+        record_schema_style(tmp_path, "prose")
+    (tmp_path / PROMPT_RECORD).write_text('{"schema_style": "prose"}')
+    with pytest.raises(ValueError, match=r"sqlrl_prompt.json: schema_style 'prose' is not a schema style"):
+        checkpoint_schema_style(tmp_path)
+    (tmp_path / PROMPT_RECORD).write_text("not json")
+    with pytest.raises(ValueError, match="not a prompt record"):
+        checkpoint_schema_style(tmp_path)
 
 
 def test_multi_statement_issue_sql_is_shown_whole(shop):

@@ -121,3 +121,27 @@ def test_rl_reward_must_be_registered_and_match_the_stage_mode() -> None:
         load_stage_config(None, ["stage=stage3", "rl.reward=nope"])
     with pytest.raises(ValueError, match="scores single responses, but stage4 rolls out in agentic"):
         load_stage_config(None, ["stage=stage4", "rl.reward=hybrid_single"])
+
+
+def test_the_schema_style_is_resolved_when_the_config_is_made_and_checked_against_the_start(tmp_path, monkeypatch):
+    monkeypatch.delenv("SQLRL_SCHEMA_STYLE", raising=False)
+    assert load_stage_config(None, []).model.schema_style == "create"  # the default, written into config.yaml
+    monkeypatch.setenv("SQLRL_SCHEMA_STYLE", "compact")
+    assert load_stage_config(None, []).model.schema_style == "compact"
+    assert load_stage_config(None, ["model.schema_style=create"]).model.schema_style == "create"
+    with pytest.raises(ValueError, match="schema_style='prose' is not a schema style"):
+        load_stage_config(None, ["model.schema_style=prose"])
+    from sqlrl.agent.prompts import record_schema_style
+
+    final = tmp_path / "stage1" / "final"
+    final.mkdir(parents=True)
+    (final / "config.json").write_text("{}")
+    cfg = load_stage_config(CONFIGS / "stage2.yaml", [f"run_dir={tmp_path}", "model.schema_style=create"])
+    cfg.check_init_style()  # no record: a checkpoint made before records existed
+    record_schema_style(final, "compact")
+    with pytest.raises(ValueError, match="trained with schema_style 'compact', but this stage renders 'create'"):
+        cfg.check_init_style()
+    with pytest.raises(SystemExit, match="stage2: .*set model.schema_style=compact"):
+        parse_stage_args("stage2", ["--config", str(CONFIGS / "stage2.yaml"), f"run_dir={tmp_path}",
+                                    "model.schema_style=create"])
+    load_stage_config(CONFIGS / "stage2.yaml", [f"run_dir={tmp_path}", "model.schema_style=compact"]).check_init_style()

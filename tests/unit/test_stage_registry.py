@@ -122,6 +122,12 @@ def test_a_new_stage_is_one_registry_entry(fake_stage, tmp_path, capsys, monkeyp
     metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [m["stage"] for m in metrics] == ["stage5", "stage5"] and metrics[0]["loss"] == 0.25
     assert "python -m jobs.serve --model zeno=" in out + err
+    # the checkpoint records its schema rendering; a stage that would prompt it otherwise refuses
+    assert json.loads((run / "stage5" / "final" / "sqlrl_prompt.json").read_text()) == {"schema_style": "create"}
+    assert "schema_style: create" in (run / "stage5" / "config.yaml").read_text()
+    with pytest.raises(SystemExit, match=r"trained with schema_style 'create', but this stage renders 'compact'"):
+        job_main.main(["--model", str(run / "stage5" / "final"), "--run-dir", str(tmp_path / "again"),
+                       "--stages", "stage5", "model.schema_style=compact", "data.train_size=3"])
 
 
 def test_an_unknown_stage_is_named_with_the_known_ones(tmp_path):
