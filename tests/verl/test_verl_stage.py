@@ -187,6 +187,15 @@ def test_errors_are_one_line_with_status_2(synth, tmp_path):
     rc, _, err = run_main(["--stage", "4", "--data-dir", str(synth), "--out", str(out), "--dry-run",
                            "--set", "data.train_size=0"])
     assert rc == 2 and err.startswith("jobs.verl_stage: --set:") and len(err.strip().splitlines()) == 1
+    from sqlrl.agent.prompts import record_schema_style
+
+    model = tmp_path / "compact_model"
+    model.mkdir()
+    record_schema_style(model, "compact")  # trained with the compact rendering; the prompts would be create
+    rc, _, err = run_main(["--stage", "4", "--data-dir", str(synth), "--out", str(out), "--dry-run", *SMALL,
+                           "--model", str(model), "--set", "model.schema_style=create"])
+    assert rc == 2 and "trained with schema_style 'compact'" in err and "--set model.schema_style=compact" in err
+    assert not out.exists()
 
 
 def test_without_a_gpu_the_trainer_is_refused(synth, tmp_path):
