@@ -30,8 +30,8 @@ refused before anything runs, unless ``--overwrite`` (passed on to every stage a
 must come first in its chain, made with the very config this run gives them, else the run stops
 naming the keys that differ) are not run again -- their rows are read back from their
 ``summary.json`` (the Spider subset, when asked for, is scored again) -- and the base model's
-scores are read back from ``<run_dir>/base_eval.json`` when it holds the same model, modes and
-held-out tasks (every run writes it); the rest runs as usual, from the last finished checkpoint.
+scores are read back from ``<run_dir>/base_eval.json`` when it holds the same model, schema style,
+modes and held-out tasks (every run writes it); the rest runs as usual, from the last finished checkpoint.
 In a terminal the progress is a rich display and the table a rich table; otherwise (CI,
 ``ray job submit`` logs) plain lines, heartbeats during long phases (``jobs.console``), and the
 table as plain markdown, full width.
@@ -162,7 +162,7 @@ def read_summary(cfg: Any, eval_ids: list[str]) -> dict[str, Any]:
 
 def read_base_eval(run_dir: Path, key: dict[str, Any]) -> dict[str, Any] | None:
     """The base model's cached scores from ``<run_dir>/base_eval.json`` when they were made for the
-    same model, modes and held-out tasks (``key``); otherwise ``None`` (evaluate again)."""
+    same model, schema style, modes and held-out tasks (``key``); otherwise ``None`` (evaluate again)."""
     try:
         cached = json.loads((Path(run_dir) / "base_eval.json").read_text())
     except (OSError, ValueError):
@@ -324,7 +324,8 @@ def main(argv: list[str] | None = None) -> int:
     with Phases(1 + len(stages) * len(variants)) as phases:
         phases.start("base model evaluation")
         t0 = time.perf_counter()
-        base_key = {"model": a.model, "modes": modes, "tasks": [t.task_id for t in data.eval],
+        base_key = {"model": a.model, "schema_style": first.model.schema_style, "modes": modes,
+                    "tasks": [t.task_id for t in data.eval],
                     "spider": [t.task_id for t in spider.eval] if spider else None}
         base = read_base_eval(run_dir, base_key) if a.resume else None
         if base is None:

@@ -140,6 +140,11 @@ def test_resume_keeps_finished_stages_and_the_cached_base_scores_and_runs_the_re
     with pytest.raises(SystemExit, match=rf"stage1/summary.json does not match what this run gives stage1 .*model.init: tiny -> {other}"):
         job_main.main(["--model", other, "--run-dir", str(run), "--resume"])
     assert other in evaluated and fake["stages"] == []
+    # nor are scores made with another schema rendering
+    evaluated.clear()
+    with pytest.raises(SystemExit, match="stage1/summary.json does not match .*model.schema_style: create -> compact"):
+        job_main.main(["--model", "tiny", "--run-dir", str(run), "--resume", "model.schema_style=compact"])
+    assert "tiny" in evaluated
 
 
 def test_resume_refuses_a_finished_stage_made_with_another_config(fake, tmp_path):
