@@ -28,7 +28,8 @@ def test_long_preset_builds_valid_configs_for_every_stage_of_every_variant():
     # the learner scores the rollouts at the temperature they were sampled at (was 1.0 against 0.7)
     assert stage3.rl.loss.temperature == 0.7
     stage2 = load_stage_config(STAGES["stage2"].config_path(), ["stage=stage2", *p.overrides("stage2", "talon")])
-    assert stage2.teacher.explore == 0 and stage2.teacher.brief and stage2.sft.replay == 0.5
+    assert stage2.teacher.explore == 0 and stage2.teacher.brief and stage2.sft.replay == 1.0
+    assert stage2.model.schema_style == "compact"  # every stage of the preset, so each starts from a match
 
 
 def test_later_overrides_win():
