@@ -294,15 +294,13 @@ class StageConfig:
         return str(prev)
 
     def check_init_style(self) -> None:
-        """Refuse to train a checkpoint with another schema rendering than it was trained with
-        (``ValueError``); a model name or a checkpoint without a record passes."""
-        from sqlrl.agent.prompts import checkpoint_schema_style
-        init = self.init_model()
-        trained = checkpoint_schema_style(init) if Path(init).is_dir() else None
-        if trained is not None and trained != self.model.schema_style:
-            raise ValueError(f"{self.stage}: {init} was trained with schema_style {trained!r}, but this stage "
-                             f"renders {self.model.schema_style!r}: set model.schema_style={trained} (or "
-                             f"unset SQLRL_SCHEMA_STYLE) so the model is prompted the way it learned")
+        """``ValueError`` when the start checkpoint was trained with another schema rendering."""
+        from sqlrl.agent.prompts import check_checkpoint_style
+        try:
+            check_checkpoint_style(self.init_model(), self.model.schema_style,
+                                   "set model.schema_style={} (or unset SQLRL_SCHEMA_STYLE)")
+        except ValueError as exc:
+            raise ValueError(f"{self.stage}: {exc}") from None
 
 
 def load_stage_config(path: str | Path | None, overrides: Sequence[str] = ()) -> StageConfig:

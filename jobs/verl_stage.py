@@ -175,15 +175,12 @@ def default_model(cfg: Any, dry_run: bool) -> str:
 
 def check_style(cfg: Any, model: str) -> None:
     """``StageError`` when ``model`` records another schema rendering than the prompts use."""
-    from sqlrl.agent.prompts import checkpoint_schema_style
+    from sqlrl.agent.prompts import check_checkpoint_style
 
     try:
-        trained = checkpoint_schema_style(model)
+        check_checkpoint_style(model, cfg.model.schema_style, "pass --set model.schema_style={}")
     except ValueError as exc:
         raise StageError(str(exc)) from None
-    if trained not in (None, cfg.model.schema_style):
-        raise StageError(f"{model} was trained with schema_style {trained!r}, the prompts would render "
-                         f"{cfg.model.schema_style!r}: pass --set model.schema_style={trained}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

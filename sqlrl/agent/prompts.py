@@ -55,7 +55,7 @@ SCHEMA_STYLES: dict[str, Callable[[DatabaseSchema, str], str]] = {
     "create": lambda schema, dialect: (f"The database `{schema.db_id}` has this schema:\n\n"
                                        f"{schema.to_create_sql(dialect)}"),
 }
-DEFAULT_SCHEMA_STYLE = "create"  # compact: fewer tokens, but its A/B is not settled (docs/curriculum.md)
+DEFAULT_SCHEMA_STYLE = "create"  # the long preset uses compact; the 16-task default job broke with it (docs/curriculum.md)
 
 
 def schema_style(name: str | None = None) -> str:
@@ -89,6 +89,15 @@ def checkpoint_schema_style(checkpoint: str | Path) -> str | None:
     if style not in SCHEMA_STYLES:
         raise ValueError(f"{path}: schema_style {style!r} is not a schema style; known: {', '.join(SCHEMA_STYLES)}")
     return style
+
+
+def check_checkpoint_style(checkpoint: str | Path, style: str, fix: str) -> None:
+    """``ValueError`` when ``checkpoint`` records another rendering than ``style`` (``fix``: how the
+    caller's user sets it); a model name or a checkpoint without a record passes."""
+    trained = checkpoint_schema_style(checkpoint)
+    if trained is not None and trained != style:
+        raise ValueError(f"{checkpoint} was trained with schema_style {trained!r}, but the prompts would render "
+                         f"{style!r}: {fix.format(trained)} so the model is prompted the way it learned")
 
 
 def tools_for(mode: str) -> list[dict[str, Any]] | None:

@@ -139,7 +139,7 @@ def test_the_schema_style_is_resolved_when_the_config_is_made_and_checked_agains
     cfg = load_stage_config(CONFIGS / "stage2.yaml", [f"run_dir={tmp_path}", "model.schema_style=create"])
     cfg.check_init_style()  # no record: a checkpoint made before records existed
     record_schema_style(final, "compact")
-    with pytest.raises(ValueError, match="trained with schema_style 'compact', but this stage renders 'create'"):
+    with pytest.raises(ValueError, match="trained with schema_style 'compact', but the prompts would render 'create'"):
         cfg.check_init_style()
     with pytest.raises(SystemExit, match="stage2: .*set model.schema_style=compact"):
         parse_stage_args("stage2", ["--config", str(CONFIGS / "stage2.yaml"), f"run_dir={tmp_path}",

@@ -125,7 +125,7 @@ def test_a_new_stage_is_one_registry_entry(fake_stage, tmp_path, capsys, monkeyp
     # the checkpoint records its schema rendering; a stage that would prompt it otherwise refuses
     assert json.loads((run / "stage5" / "final" / "sqlrl_prompt.json").read_text()) == {"schema_style": "create"}
     assert "schema_style: create" in (run / "stage5" / "config.yaml").read_text()
-    with pytest.raises(SystemExit, match=r"trained with schema_style 'create', but this stage renders 'compact'"):
+    with pytest.raises(SystemExit, match=r"trained with schema_style 'create', but the prompts would render 'compact'"):
         job_main.main(["--model", str(run / "stage5" / "final"), "--run-dir", str(tmp_path / "again"),
                        "--stages", "stage5", "model.schema_style=compact", "data.train_size=3"])
 
