@@ -20,6 +20,12 @@ Guarantees:
   observed row width so one batch is about ``max_bytes / 4``; when the row or byte cap is reached
   the rest is abandoned (``adapter.abandon`` stops the server's work where that is needed).
 - Values are normalised (``normalize.py``) so results are JSON-serialisable and hashable.
+- ``QueryResult.read_only`` is the engine's attestation, statement by statement: an adapter with
+  ``read_only(conn, state, cursor) -> bool | None`` is asked after each statement that ran
+  (True: the engine attests it only read; False: it wrote; None: cannot tell); the call is True
+  only when every statement is True, False when any is False, else None. An adapter without it,
+  a hook that raises, and every failed call give None. The hook observes, it never changes what
+  a statement does or what a later statement sees.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from typing import Any
 from .dialects.base import DialectAdapter, common_denial, error_message
 from .normalize import normalize_rows
 from .statements import Statement, split
-from .types import ErrorKind, Limits, QueryResult
+from .types import ErrorKind, Limits, QueryResult, read_only_of
 from .watchdog import WATCHDOG
 
 FIRST_BATCH_ROWS = 16  # rows of a result's first batch (its width is not known yet)
@@ -79,6 +85,8 @@ def run_call(adapter: DialectAdapter, conn: Any, state: Any, sql: str, limits: L
     canceller = getattr(adapter, "canceller", None)
     cancel = canceller(conn) if canceller is not None else None
     armed = WATCHDOG.arm(deadline, cancel) if cancel is not None else None
+    attest = getattr(adapter, "read_only", None)
+    read_only: bool | None = None if attest is None else True
     columns: tuple[str, ...] = ()
     rows: list[tuple[Any, ...]] = []
     truncated = False
@@ -100,6 +108,8 @@ def run_call(adapter: DialectAdapter, conn: Any, state: Any, sql: str, limits: L
                 columns, rows, truncated, affected = _fetch(cursor, limits, deadline)
                 if truncated:
                     _abandon(adapter, conn, cursor)
+                if attest is not None:
+                    read_only = read_only_of((read_only, _attested(attest, conn, state, cursor)))
             except DeadlineExceeded:
                 if cursor is not None:
                     _abandon(adapter, conn, cursor)
@@ -125,7 +135,16 @@ def run_call(adapter: DialectAdapter, conn: Any, state: Any, sql: str, limits: L
         return failed(error[0], error[1], index, n)
     return QueryResult(columns=columns, rows=tuple(rows), row_count=len(rows), truncated=truncated,
                        elapsed_ms=(time.perf_counter() - t0) * 1e3, affected_rows=affected,
-                       statements=n)
+                       statements=n, read_only=read_only)
+
+
+def _attested(attest: Any, conn: Any, state: Any, cursor: Any) -> bool | None:
+    """The adapter's word on the statement that just ran; None when it cannot give one."""
+    try:
+        verdict = attest(conn, state, cursor)
+    except Exception:
+        return None
+    return verdict if isinstance(verdict, bool) else None
 
 
 def _abandon(adapter: DialectAdapter, conn: Any, cursor: Any) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterable
 
 
 class ErrorKind(str, enum.Enum):
@@ -74,6 +74,12 @@ class QueryResult:
 
     ``row_count`` is ``len(rows)``; ``affected_rows`` is the driver's count of rows changed by the
     last statement when it was DML (``None`` otherwise or when unknown).
+
+    ``read_only`` is what the *engine* attests about the whole call, never read from the SQL text:
+    True when it attests that every statement only read, False when it saw a statement write, None
+    when the call is not attested (an engine, or a statement, its adapter cannot judge; a failed
+    call). What each engine counts as a write: docs/rewards.md ("Read-only, as the engine
+    attests it").
     """
 
     columns: tuple[str, ...] = ()
@@ -84,6 +90,7 @@ class QueryResult:
     elapsed_ms: float = 0.0
     affected_rows: int | None = None
     statements: int = 1
+    read_only: bool | None = None
 
     @property
     def ok(self) -> bool:
@@ -109,7 +116,20 @@ class QueryResult:
             "elapsed_ms": self.elapsed_ms,
             "affected_rows": self.affected_rows,
             "statements": self.statements,
+            "read_only": self.read_only,
         }
+
+
+def read_only_of(flags: Iterable[bool | None]) -> bool | None:
+    """``read_only`` over several statements or calls: False when any is False (a write anywhere
+    is a write), else None when any is None (not attested), else True (also for no flags)."""
+    out: bool | None = True
+    for flag in flags:
+        if flag is False:
+            return False
+        if flag is not True:
+            out = None
+    return out
 
 
 class SessionError(Exception):

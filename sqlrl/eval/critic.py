@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from sqlrl.db import ErrorKind, Limits, QueryResult, Session, SessionError
+from sqlrl.db.types import read_only_of
 from sqlrl.db.dialects.base import get_dialect
 from sqlrl.db.source import LocalSessions, SessionRequest, SessionSource
 from sqlrl.db.url import dialect_name, parse_url
@@ -78,6 +79,7 @@ class TestCaseOutcome:
     kind: OutcomeKind
     message: str = ""
     cleanup_error: str | None = None  # clean_up_sql's failure, recorded and otherwise ignored
+    read_only: bool | None = None  # the engine attested the prediction only read (QueryResult)
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,13 @@ class CriticVerdict:
         if self.sol_error is not None or self.total == 0:
             return 0.0
         return self.passed / self.total
+
+    @property
+    def read_only(self) -> bool | None:
+        """Whether the engine attested that the prediction only read, on every test case's
+        session (``QueryResult.read_only`` of each of its calls): False when it wrote on any,
+        None when not attested on one (or there are no outcomes)."""
+        return read_only_of(o.read_only for o in self.outcomes) if self.outcomes else None
 
 
 @dataclass(frozen=True)
@@ -174,14 +183,17 @@ def _open(sessions: SessionSource, url: str, task: CriticTask, limits: Limits) -
     return sessions.open_many([request])[0]
 
 
-def _run_all(session: Session, sqls: Sequence[str]) -> QueryResult | None:
-    """Run statements in order; stop at the first error; the last result (None if no SQL)."""
+def _run_all(session: Session, sqls: Sequence[str]) -> tuple[QueryResult | None, bool | None]:
+    """Run statements in order; stop at the first error; the last result (None if no SQL) and
+    whether the engine attested that every statement only read (None when no SQL ran)."""
     result = None
+    flags: list[bool | None] = []
     for sql in sqls:
         result = session.execute(sql)
+        flags.append(result.read_only)
         if result.error is not None:
             break
-    return result
+    return result, (read_only_of(flags) if flags else None)
 
 
 def _pred_failure(index: int, result: QueryResult) -> TestCaseOutcome:
@@ -207,7 +219,7 @@ def _sol_default(task: CriticTask, url: str, limits: Limits, dialect: str,
         return _SolOutcome(error=f"cannot run sol_sql: {text}",
                            cacheable="preprocess_sql failed" in text)
     try:
-        result = _run_all(session, [strip_sql(s, dialect) for s in task.sol_sql])
+        result, _ = _run_all(session, [strip_sql(s, dialect) for s in task.sol_sql])
         _clean_up(session, task)
     finally:
         sessions.close_many([session])
@@ -245,7 +257,7 @@ def _default_test_case(task: CriticTask, preds: list[str], url: str, limits: Lim
     except SessionError as exc:
         return TestCaseOutcome(0, False, OutcomeKind.TEST_ERROR, f"cannot open a session: {exc}")
     try:
-        result = _run_all(session, [strip_sql(s, dialect) for s in preds])
+        result, read_only = _run_all(session, [strip_sql(s, dialect) for s in preds])
         cleanup = _clean_up(session, task)
     finally:
         sessions.close_many([session])
@@ -253,12 +265,13 @@ def _default_test_case(task: CriticTask, preds: list[str], url: str, limits: Lim
         out = _pred_failure(0, result)
         return TestCaseOutcome(0, False, out.kind, out.message, cleanup)
     if results_match(result.rows, sol.rows, task.order_matters):
-        return TestCaseOutcome(0, True, OutcomeKind.PASSED, "", cleanup)
+        return TestCaseOutcome(0, True, OutcomeKind.PASSED, "", cleanup, read_only)
     how = "in order" if task.order_matters else "as sets"
     return TestCaseOutcome(0, False, OutcomeKind.FAILED,
                            f"results differ {how}: prediction gave {len(result.rows)} rows, "
                            f"sol_sql {len(sol.rows)}" + (" (empty prediction result)"
-                                                         if not result.rows else ""), cleanup)
+                                                         if not result.rows else ""), cleanup,
+                           read_only)
 
 
 _SANDBOX_KINDS = {"passed": OutcomeKind.PASSED, "failed": OutcomeKind.FAILED,
@@ -277,7 +290,7 @@ def _custom_test_case(index: int, code: str, task: CriticTask, preds: list[str],
             return f"cannot run the test cases: {exc}"
         return TestCaseOutcome(index, False, OutcomeKind.TEST_ERROR, f"cannot open a session: {exc}")
     try:
-        result = _run_all(session, preds)
+        result, read_only = _run_all(session, preds)
         if result is not None and result.error is not None:
             return result
         pred_rows = None if result is None or not result.columns else result.rows
@@ -289,7 +302,7 @@ def _custom_test_case(index: int, code: str, task: CriticTask, preds: list[str],
     finally:
         sessions.close_many([session])
     kind = _SANDBOX_KINDS.get(box.status, OutcomeKind.TEST_ERROR)
-    return TestCaseOutcome(index, kind is OutcomeKind.PASSED, kind, box.message, cleanup)
+    return TestCaseOutcome(index, kind is OutcomeKind.PASSED, kind, box.message, cleanup, read_only)
 
 
 def run_critic(task: CriticTask, pred_sqls: Sequence[str], url: str, *, timeout_s: float = 10.0,

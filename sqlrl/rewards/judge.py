@@ -18,6 +18,9 @@ Guarantees:
 - Predictions and gold each run on a fresh session (scratch state: a prediction cannot alter
   what the gold sees, nor the base database). Multi-statement predictions run in order and the
   last statement's result is compared (as ``execute_sql`` shows it).
+- A verdict's ``read_only`` is the engine's attestation that the prediction only read
+  (``QueryResult.read_only``; for BIRD-CRITIC, over every test case's run of it): True or False
+  only as the database engine reports it, None where the engine gave no attestation.
 - Never raises for anything a model wrote; ``ValueError`` only for a task whose database is not in
   the catalog (a configuration error).
 """
@@ -48,6 +51,7 @@ class ExecVerdict:
     gold_error: str | None = None  # the gold failed: exclude this sample
     pred_rows: int = 0
     gold_rows: int = 0
+    read_only: bool | None = None  # the engine attested the prediction only read (QueryResult)
 
 
 class Judge:
@@ -91,11 +95,11 @@ class Judge:
                                pred.row_count, gold.row_count)
         if gold_error is not None:
             return ExecVerdict(True, False, False, None, None, gold_error, pred.row_count,
-                               gold.row_count)
+                               gold.row_count, pred.read_only)
         order = outer_order_by(task.gold_sql, task.dialect)
         return ExecVerdict(True, bird_ex(pred.rows, gold.rows),
                            spider_ex(pred.rows, gold.rows, order), None, None, None,
-                           pred.row_count, gold.row_count)
+                           pred.row_count, gold.row_count, pred.read_only)
 
     # -- debugging (BIRD-CRITIC) -----------------------------------------------------------------
 

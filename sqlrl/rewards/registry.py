@@ -16,7 +16,7 @@ Registered rewards (``REWARDS``):
 | ``bird_ex_agentic`` / ``spider_ex_agentic`` | text-to-SQL | tool calls | 1 on EX match |
 | ``sqlr1`` | text-to-SQL | ``<think>…</think><answer>```sql…```</answer>`` | SQL-R1 composite |
 | ``hybrid_single`` / ``hybrid_agentic`` | any kind | either | the reward the task's kind names (``TaskKind.rewards``) |
-| ``hybrid_single_shaped`` / ``hybrid_agentic_shaped`` | any kind | either | the hybrid score ``s`` lifted to ``0.1 + 0.9 s`` when the answer is well-formed and its SQL ran |
+| ``hybrid_single_shaped`` / ``hybrid_agentic_shaped`` | any kind | either | the hybrid score ``s`` lifted to ``0.1 + 0.9 s`` when the answer is well-formed, its SQL ran and the engine attested it only read |
 
 Guarantees — **fail-closed**, the property every reward here is tested for:
 - A malformed response scores 0 (SQL-R1: −1 format, nothing else): its SQL is never executed.
@@ -28,11 +28,16 @@ Guarantees — **fail-closed**, the property every reward here is tested for:
 - Within one reward, every breakdown has the same ``parts`` keys (hybrid included), so a batch's
   parts can be averaged and logged column by column.
 - Shaping (``RewardSpec.executed_floor``, the ``*_shaped`` rewards, for RL only): a well-formed
-  answer whose SQL ran earns at least the floor, so a group whose samples all fail still ranks
-  "submitted a runnable answer" above "ran out of turns" or "malformed". The fail-closed rules
-  above still hold -- malformed, erroring, timed-out and excluded samples score 0 -- the
-  ``result`` part is unchanged (success and pass rates never count the floor), and a solved task
-  still scores exactly 1, so solving stays the only way to the top score.
+  answer whose SQL ran **and that the database engine attested only read** (the verdict's
+  ``read_only`` is True: ``QueryResult.read_only``, docs/rewards.md) earns at least the floor, so
+  a group whose samples all fail still ranks "submitted a runnable query" above "ran out of
+  turns" or "malformed". A write, DDL or PRAGMA, or an answer the engine did not attest (``None``:
+  MariaDB/MySQL, SQL Server, Oracle, PostgreSQL statements that are not streamed) gets the plain
+  score: the floor is never read from the SQL text. The fail-closed rules above still hold --
+  malformed, erroring, timed-out and excluded samples score 0 -- the ``result`` part is unchanged
+  (success and pass rates never count the floor), and a solved task still scores exactly 1,
+  whatever its SQL is (a debugging task's fix may be DML), so solving stays the only way to the
+  top score.
 """
 
 from __future__ import annotations
@@ -77,6 +82,7 @@ class RewardBreakdown:
     excluded: bool = False  # the reference is broken: drop from the learning signal
     reason: str = ""  # why the score is what it is ("ok", "format", "pred-error", "gold-error", …)
     sql: str | None = None  # the SQL that was graded
+    read_only: bool | None = None  # the engine attested the graded SQL only read (None: unknown)
 
 
 # -- scorers (pure) -------------------------------------------------------------------------------
@@ -84,12 +90,12 @@ class RewardBreakdown:
 _BASIC_KEYS = ("format", "executed", "result")
 
 
-def _basic(score_ok: float, ex: Extracted, executed: bool, reason: str, excluded: bool = False
-           ) -> RewardBreakdown:
+def _basic(score_ok: float, ex: Extracted, executed: bool, reason: str, excluded: bool = False,
+           read_only: bool | None = None) -> RewardBreakdown:
     score = 0.0 if (excluded or not ex.format_ok) else score_ok
     return RewardBreakdown(score, {"format": float(ex.format_ok), "executed": float(executed),
                                    "result": 0.0 if excluded else score_ok},
-                           excluded, reason, ex.sql)
+                           excluded, reason, ex.sql, read_only if executed else None)
 
 
 def score_critic(task: CriticTask, ex: Extracted, verdict: CriticVerdict | None,
@@ -101,7 +107,7 @@ def score_critic(task: CriticTask, ex: Extracted, verdict: CriticVerdict | None,
     failed = {o.kind for o in verdict.outcomes}
     executed = not failed & {OutcomeKind.PRED_ERROR, OutcomeKind.PRED_TIMEOUT}
     reason = "ok" if verdict.solved else ",".join(sorted(k.value for k in failed - {OutcomeKind.PASSED}))
-    return _basic(verdict.score, ex, executed, reason)
+    return _basic(verdict.score, ex, executed, reason, read_only=verdict.read_only)
 
 
 def _ex_scorer(semantics: str) -> Callable[..., RewardBreakdown]:
@@ -114,7 +120,8 @@ def _ex_scorer(semantics: str) -> Callable[..., RewardBreakdown]:
         if not verdict.executed:
             return _basic(0.0, ex, False, f"pred-error: {verdict.pred_error}")
         match = verdict.bird_match if semantics == "bird" else verdict.spider_match
-        return _basic(float(match), ex, True, "ok" if match else "wrong-result")
+        return _basic(float(match), ex, True, "ok" if match else "wrong-result",
+                      read_only=verdict.read_only)
     return score
 
 
@@ -138,7 +145,7 @@ def score_sqlr1(task: Text2SQLTask, ex: Extracted, verdict: ExecVerdict | None,
     if match or not c.length_needs_match:
         parts["length"] = c.length_weight * sqlr1_length(ex, c)
     return RewardBreakdown(sum(parts.values()), parts, False,
-                           "ok" if match else "wrong-result", ex.sql)
+                           "ok" if match else "wrong-result", ex.sql, verdict.read_only)
 
 
 def sqlr1_length(ex: Extracted, c: SQLR1Config) -> float:
@@ -162,7 +169,7 @@ class RewardSpec:
     scorer: Callable[..., RewardBreakdown] | None  # None: hybrid (routes by the task's kind)
     keys: tuple[str, ...] = _BASIC_KEYS
     style: str | None = None  # a fixed single-turn format style (sqlr1), else config.format_style
-    executed_floor: float = 0.0  # shaping: a well-formed answer whose SQL ran scores >= this (module doc)
+    executed_floor: float = 0.0  # shaping: a well-formed answer whose SQL ran read-only scores >= this (module doc)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.executed_floor < 1.0:
@@ -181,7 +188,7 @@ REWARDS: dict[str, RewardSpec] = {s.name: s for s in (
     RewardSpec("hybrid_single", "any", "single", None, _BASIC_KEYS + ("is_critic",)),
     RewardSpec("hybrid_agentic", "any", "agentic", None, _BASIC_KEYS + ("is_critic",)),
     # BIRD-RL gives a runnable-but-wrong answer a small reward too (0.1); here only when it is
-    # well-formed and ran, never for an error.
+    # well-formed and ran, and the engine attested it only read; never for an error.
     RewardSpec("hybrid_single_shaped", "any", "single", None, _BASIC_KEYS + ("is_critic",), executed_floor=0.1),
     RewardSpec("hybrid_agentic_shaped", "any", "agentic", None, _BASIC_KEYS + ("is_critic",), executed_floor=0.1),
 )}
@@ -226,7 +233,8 @@ def score(name: str, task: Any, ex: Extracted, verdict: Any,
         b = routed.scorer(task, ex, verdict, config)
         parts = {k: b.parts.get(k, 0.0) for k in _BASIC_KEYS}
         parts["is_critic"] = float(routed.task_kind == CriticTask.kind)
-        return _shaped(spec, RewardBreakdown(b.score, parts, b.excluded, b.reason, b.sql))
+        return _shaped(spec, RewardBreakdown(b.score, parts, b.excluded, b.reason, b.sql,
+                                             b.read_only))
     if not _scores(spec, task):
         raise ValueError(f"reward {name!r} scores {spec.task_kind} tasks, got a {kind} task "
                          f"(use a hybrid reward for mixed batches)")
@@ -236,12 +244,15 @@ def score(name: str, task: Any, ex: Extracted, verdict: Any,
 
 
 def _shaped(spec: RewardSpec, b: RewardBreakdown) -> RewardBreakdown:
-    """``spec.executed_floor`` applied: a well-formed, executed, non-excluded answer's score ``s``
+    """``spec.executed_floor`` applied: the score ``s`` of a well-formed, executed, non-excluded
+    answer that the engine attested only read (``b.read_only is True``; None is not enough)
     becomes ``floor + (1 - floor) * s``; every other breakdown, and every part, is unchanged."""
     f = spec.executed_floor
-    if f <= 0.0 or b.excluded or b.parts.get("format", 0.0) < 1.0 or b.parts.get("executed", 0.0) < 1.0:
+    if (f <= 0.0 or b.excluded or b.read_only is not True or b.parts.get("format", 0.0) < 1.0
+            or b.parts.get("executed", 0.0) < 1.0):
         return b
-    return RewardBreakdown(f + (1.0 - f) * b.score, b.parts, b.excluded, b.reason, b.sql)
+    return RewardBreakdown(f + (1.0 - f) * b.score, b.parts, b.excluded, b.reason, b.sql,
+                           b.read_only)
 
 
 def compute(name: str, task: Any, response: Any, judge: Judge,

@@ -276,3 +276,85 @@ def test_a_floor_outside_zero_to_one_is_refused() -> None:
     for bad in (-0.1, 1.0):
         with pytest.raises(ValueError, match="executed_floor"):
             RewardSpec("x", "any", "single", None, executed_floor=bad)
+
+
+# -- the floor needs the engine's word that the answer only read (docs/rewards.md) ----------------
+
+WRITES = [  # each runs on SQLite (or is refused by it) and none is a correct answer
+    "DELETE FROM orders",
+    "DROP TABLE order_items",
+    "UPDATE customers SET city = 'Oslo'",
+    "INSERT INTO customers (name, joined) VALUES ('x', '2024-01-01')",
+    "CREATE TABLE t (x INTEGER)",
+    "CREATE TEMP TABLE t (x INTEGER)",
+    "CREATE TEMP TABLE t AS SELECT COUNT(*) FROM products",
+    "CREATE VIEW v AS SELECT 1",
+    "PRAGMA user_version = 5",  # refused by the sandbox: an error, 0 anyway
+    "PRAGMA table_info(customers)",  # a read-only pragma, but no PRAGMA earns the floor
+    "DELETE FROM orders RETURNING *",
+    "WITH x AS (SELECT 1) DELETE FROM orders WHERE order_id IN (SELECT * FROM x) RETURNING *",
+    "UPDATE products SET stock = stock RETURNING stock",
+    "REINDEX",  # SQLite's authorizer reports no action for it: not attested as a read
+    "ANALYZE",
+    "DELETE FROM orders WHERE 0",  # wrote no row, but is no read
+    "SELECT COUNT(*) FROM products; DELETE FROM orders",
+    "DELETE FROM orders; SELECT COUNT(*) FROM products",  # ends in a SELECT: still wrote
+]
+
+
+@pytest.mark.parametrize("sql", WRITES)
+def test_a_runnable_statement_that_is_not_a_read_earns_no_floor(judge, sql) -> None:
+    task = t2s("SELECT COUNT(*) FROM customers")
+    plain = compute("hybrid_single", task, single(sql), judge)
+    shaped = compute("hybrid_single_shaped", task, single(sql), judge)
+    assert shaped.score == plain.score == 0.0, (sql, shaped)
+    assert shaped.parts == plain.parts and not shaped.excluded
+    assert shaped.read_only is not True
+    if plain.parts["executed"]:  # it ran: the engine saw the write
+        assert shaped.read_only is False
+    agentic = [ToolCall("submit_solution", {"sql": sql})]
+    assert compute("hybrid_agentic_shaped", task, agentic, judge).score == 0.0
+
+
+def test_a_runnable_read_earns_the_floor_and_a_solved_task_scores_one_whatever_it_runs(judge) -> None:
+    task = t2s("SELECT COUNT(*) FROM customers")
+    wrong = compute("hybrid_single_shaped", task, single("SELECT COUNT(*) FROM products"), judge)
+    assert (wrong.score, wrong.read_only) == (pytest.approx(0.1), True)
+    for read in ("WITH c AS (SELECT * FROM customers) SELECT city, COUNT(*) FROM c GROUP BY city",
+                 "SELECT COUNT(*) FROM delivered_orders", "VALUES (1)",
+                 "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 5) SELECT * FROM c"):
+        assert compute("hybrid_single_shaped", task, single(read), judge).score == pytest.approx(0.1), read
+    right = compute("hybrid_single_shaped", task, single("SELECT COUNT(customer_id) FROM customers"), judge)
+    assert (right.score, right.read_only) == (1.0, True)
+    # a correct result reached through a write still scores exactly 1 (success is the task's word)
+    via_temp = single("CREATE TEMP TABLE n AS SELECT COUNT(*) AS c FROM customers; SELECT c FROM n")
+    solved = compute("hybrid_single_shaped", task, via_temp, judge)
+    assert (solved.score, solved.reason, solved.read_only) == (1.0, "ok", False)
+
+
+def test_a_debugging_tasks_dml_fix_scores_one_and_a_wrong_dml_fix_no_floor(judge) -> None:
+    preprocess = ["CREATE TABLE stock_log AS SELECT product_id, stock FROM products"]
+    task = CriticTask(instance_id="c-dml", db_id="shop", query="fill the missing stock",
+                      issue_sql=["SELECT * FROM stock_log"], preprocess_sql=preprocess,
+                      sol_sql=["UPDATE stock_log SET stock = 0 WHERE stock IS NULL",
+                               "SELECT product_id, stock FROM stock_log"])
+    fix = single("UPDATE stock_log SET stock = COALESCE(stock, 0); SELECT * FROM stock_log")
+    solved = compute("hybrid_single_shaped", task, fix, judge)
+    assert (solved.score, solved.read_only, solved.parts["is_critic"]) == (1.0, False, 1.0)
+    bad_fix = single("UPDATE stock_log SET stock = 1; SELECT * FROM stock_log")
+    bad = compute("hybrid_single_shaped", task, bad_fix, judge)
+    assert (bad.score, bad.read_only, bad.parts["executed"]) == (0.0, False, 1.0)
+    read = compute("hybrid_single_shaped", task, single("SELECT * FROM stock_log"), judge)
+    assert (read.score, read.read_only) == (pytest.approx(0.1), True)
+
+
+@pytest.mark.parametrize("read_only, want", [(True, 0.1), (None, 0.0), (False, 0.0)])
+def test_only_an_attested_read_earns_the_floor(read_only, want) -> None:
+    """None -- an engine that gives no attestation (MariaDB/MySQL, SQL Server, Oracle) or a
+    statement it cannot judge -- is not enough: the floor is never guessed from the SQL text."""
+    task, ex = t2s("SELECT 1"), extract_single(single("SELECT 2"))
+    verdict = ExecVerdict(True, False, False, read_only=read_only)
+    assert score("hybrid_single_shaped", task, ex, verdict).score == pytest.approx(want)
+    assert score("hybrid_single", task, ex, verdict).score == 0.0
+    right = ExecVerdict(True, True, True, read_only=read_only)
+    assert score("hybrid_single_shaped", task, ex, right).score == 1.0

@@ -155,6 +155,30 @@ def test_read_only_pragmas_are_allowed(demo_db_path):
         assert s.execute("PRAGMA foreign_key_list(orders)").row_count == 1
 
 
+def test_read_only_is_the_authorizers_word_per_call_also_for_repeated_statements(demo_db_path):
+    """``QueryResult.read_only``: True only when SQLite reported a SELECT and only reads for every
+    statement of the call. A statement run twice is compiled twice (no statement cache), so the
+    authorizer sees it again -- also on a reused pooled connection."""
+    from sqlrl.db import SessionPool
+
+    calls = [("SELECT COUNT(*) FROM orders", True), ("DELETE FROM orders WHERE 0", False),
+             ("DELETE FROM orders WHERE 0", False), ("SELECT 1", True),
+             ("SELECT 1; UPDATE products SET price = price", False),
+             ("CREATE TEMP TABLE IF NOT EXISTS t AS SELECT 1 AS x", False), ("SELECT x FROM t", True),
+             ("PRAGMA table_info(orders)", False), ("REINDEX", False),
+             ("INSERT INTO t VALUES (2) RETURNING x", False), ("SELECT nope", None)]
+    with open_session(url(demo_db_path)) as s:
+        for _ in range(2):
+            for sql, want in calls:
+                assert s.execute(sql).read_only is want, sql
+    with SessionPool() as pool:
+        for _ in range(3):
+            s = pool.session(url(demo_db_path))
+            assert s.execute("DELETE FROM order_items").read_only is False
+            assert s.execute("SELECT COUNT(*) FROM order_items").read_only is True
+            s.close()
+
+
 def test_huge_values_are_refused_not_built(demo_db_path):
     with open_session(url(demo_db_path)) as s:
         r = s.execute("SELECT length(zeroblob(200000000))")

@@ -24,6 +24,12 @@ ONLY_FULL_GROUP_BY) on both engines.
 
 Results are read unbuffered (``SSCursor``), so the row cap also bounds client memory.
 
+No read-only attestation (``QueryResult.read_only`` is None): MariaDB's session status counters
+(``Com_*`` other than ``Com_select``, ``Handler_write/update/delete``) do tell a read from a
+write, but reading them is a statement on the session, which resets what the agent's next
+statement sees (``ROW_COUNT()``, ``FOUND_ROWS()``, the warning list); a second connection cannot
+read another session's counters without performance_schema. So nothing is attested here.
+
 Sandbox (friendly errors; the wall is the server): no TLS on loopback; the client never enables
 multi-statements or LOCAL INFILE. The agent connection refuses accounts with global privileges,
 role grants, GRANT OPTION, or write privileges outside the scratch pattern (a check on what

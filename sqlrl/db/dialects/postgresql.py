@@ -21,6 +21,16 @@ a later statement of a call and every later ``FETCH`` get ``SET statement_timeou
 left to the call, and the next call ``RESET``s them. The executor's watchdog cancels from outside
 (libpq's cancel request) whatever the session SET.
 
+Read-only attestation (``read_only``, ``QueryResult.read_only``): a streamed statement's
+transaction block is still open when its rows have been read, so the server is asked in that
+block whether the transaction was given an xid (``pg_current_xact_id_if_assigned() IS NULL``;
+``txid_current_if_assigned()`` before PostgreSQL 13): PostgreSQL assigns one to the first write
+of any kind -- a row of any table (TEMP included) or a catalog row (DDL) -- whatever wrote it,
+e.g. a function the query calls. No xid: the statement wrote nothing (True); an xid: it wrote
+(False). Statements that are not streamed (DML, DDL, SET, SHOW, EXPLAIN, SELECT INTO, ...) ran
+in autocommit, so there is no block left to ask: None. The question is one more round trip per
+streamed statement, in the block, with no effect on it (the block still ends as before).
+
 Sandbox (friendly errors; the wall is the server): statements are split and classified by their
 parse node with pglast (PostgreSQL's own parser: ``postgresql_lex``), whose ``denial`` refuses
 role switching, COPY, ALTER SYSTEM, LISTEN/NOTIFY, extensions, role/database/tablespace DDL,
@@ -53,6 +63,8 @@ FIRST_BATCH_ROWS = 16  # rows fetched with DECLARE (later FETCHes are sized by t
 CONNECT_TIMEOUT_S = 10
 _FULL_BUDGET_MARGIN_MS = 50  # a statement starting this close to the call's start gets no SET
 _CURSOR = "sqlrl_c"
+_NO_XID_SQL = "SELECT pg_current_xact_id_if_assigned() IS NULL"  # PostgreSQL 13+
+_NO_TXID_SQL = "SELECT txid_current_if_assigned() IS NULL"  # 10-12
 _LOOPBACK = {"127.0.0.1", "::1", "localhost"}
 _OWN_QUERY_KEYS = {"allow_superuser"}  # refused by connect, never passed to libpq
 _RESET_LIMITS = ("RESET statement_timeout; RESET lock_timeout; "
@@ -275,6 +287,16 @@ class PostgreSQLDialect:
         except BaseException:
             cur.close()
             raise
+
+    def read_only(self, conn: Any, state: Any, cursor: Any) -> bool | None:
+        """Whether the statement that just ran wrote nothing, as the server says (module doc)."""
+        if (not isinstance(cursor, _StreamedCursor)
+                or conn.info.transaction_status != _ext.TRANSACTION_STATUS_INTRANS):
+            return None
+        with conn.cursor() as cur:
+            cur.execute(_NO_XID_SQL if conn.server_version >= 130000 else _NO_TXID_SQL)
+            (unassigned,) = cur.fetchone()
+        return bool(unassigned)
 
     @staticmethod
     def _prelude(conn: Any, state: "_State") -> str:

@@ -14,6 +14,13 @@ Sandbox (authorizer + keyword rules on statements read by ``sqlite_lex``): ATTAC
 other than a read-only allowlist, transaction control and savepoints, ``load_extension``, and
 VACUUM (incl. ``VACUUM INTO 'file'``) are denied. Extension loading is also off at the connection
 level, and values are capped at ``MAX_VALUE_BYTES`` so a query cannot build gigabyte strings.
+
+Read-only attestation (``read_only``, ``QueryResult.read_only``): the same authorizer records every
+action SQLite reports while compiling each statement; a statement is read-only when SQLite reported
+a SELECT and nothing but SELECT, READ, FUNCTION and RECURSIVE (so every write, DDL, PRAGMA --
+even a read-only one -- ANALYZE, and a statement that reports no action at all, such as REINDEX,
+is not). Statements are compiled on every execution (``cached_statements=0``): a statement served
+from the connection's statement cache would not be shown to the authorizer again.
 """
 
 from __future__ import annotations
@@ -64,6 +71,8 @@ class _Connection(sqlite3.Connection):
     temp_path: str | None = None  # the private file in copy mode
     fresh: bool = True  # contents untouched since connect
     temp_used: bool = False  # a TEMP object was created (seen by the authorizer)
+    selected: bool = False  # the running statement's compilation reported a SELECT
+    only_read: bool = True  # ... and no action outside _READ_ACTIONS
 
 
 @dataclass
@@ -125,6 +134,10 @@ _TEMP_CREATES = {sqlite3.SQLITE_CREATE_TEMP_TABLE, sqlite3.SQLITE_CREATE_TEMP_IN
                  sqlite3.SQLITE_CREATE_TEMP_TRIGGER, sqlite3.SQLITE_CREATE_TEMP_VIEW}
 _CREATES = {sqlite3.SQLITE_CREATE_TABLE, sqlite3.SQLITE_CREATE_INDEX, sqlite3.SQLITE_CREATE_TRIGGER,
             sqlite3.SQLITE_CREATE_VIEW}
+# The actions of a statement that only reads (anything else -- INSERT, UPDATE, DELETE, CREATE_*,
+# DROP_*, ALTER_TABLE, PRAGMA, ANALYZE, REINDEX, the denied ones -- makes it not read-only).
+_READ_ACTIONS = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION,
+                 sqlite3.SQLITE_RECURSIVE}
 
 
 def _authorizer(action: int, arg1: Any, arg2: Any, dbname: Any, source: Any) -> int:
@@ -142,8 +155,14 @@ def _authorizer(action: int, arg1: Any, arg2: Any, dbname: Any, source: Any) -> 
 
 def _tracking_authorizer(conn: _Connection) -> Any:
     """The sandbox's authorizer, also noting TEMP object creation (which makes ``conn``
-    unreusable: TEMP objects live outside ``main``, which ``begin`` reloads)."""
+    unreusable: TEMP objects live outside ``main``, which ``begin`` reloads) and whether the
+    statement being compiled only reads (``SQLiteDialect.read_only``). Its verdicts are the
+    sandbox's alone: the noting changes nothing that runs."""
     def authorize(action: int, arg1: Any, arg2: Any, dbname: Any, source: Any) -> int:
+        if action == sqlite3.SQLITE_SELECT:
+            conn.selected = True
+        elif action not in _READ_ACTIONS:
+            conn.only_read = False
         verdict = _authorizer(action, arg1, arg2, dbname, source)
         if verdict == sqlite3.SQLITE_OK and (
                 action in _TEMP_CREATES or (action in _CREATES and dbname == "temp")):
@@ -183,7 +202,7 @@ class SQLiteDialect:
 
     def _open(self, target: str, data: bytes | None = None) -> _Connection:
         conn = sqlite3.connect(target, factory=_Connection, check_same_thread=False,
-                               isolation_level=None)
+                               isolation_level=None, cached_statements=0)
         if data is not None:
             conn.deserialize(data)  # before the authorizer, which would deny it
             conn.snapshot = data
@@ -213,7 +232,12 @@ class SQLiteDialect:
 
     def run(self, conn: Any, state: Any, statement: str, deadline: float) -> Any:
         conn.deadline = deadline
+        conn.selected, conn.only_read = False, True  # the authorizer notes what compiling shows
         return conn.execute(statement)
+
+    def read_only(self, conn: Any, state: Any, cursor: Any) -> bool:
+        """Whether SQLite's authorizer saw the statement that just ran only read (module doc)."""
+        return conn.selected and conn.only_read
 
     def ping(self, conn: Any) -> bool:
         try:
