@@ -2,12 +2,10 @@
 MariaDB: the demo "shop" database loaded with ``sqlrl.db.loader``, run through agent-role sessions."""
 
 import hashlib
-import uuid
 
 import pytest
 
-from sqlrl.db import open_session, provision
-from sqlrl.db.loader import load_sqlite
+from sqlrl.db import open_session
 from sqlrl.eval.critic import OutcomeKind, SolCache, run_critic
 from sqlrl.tasks.types import CriticTask
 
@@ -21,15 +19,9 @@ def make_task(sol=OSLO, *, test_cases=(), conditions=None, preprocess=(), iid="s
                       preprocess_sql=preprocess)
 
 
-@pytest.fixture(scope="module", params=[pytest.param("postgresql", marks=pytest.mark.postgres),
-                                        pytest.param("mysql", marks=pytest.mark.mysql)])
-def server_url(request, demo_db_path):
-    admin = request.getfixturevalue("pg_admin_url" if request.param == "postgresql"
-                                    else "mysql_admin_url")
-    name = f"t_critic_{uuid.uuid4().hex[:8]}"
-    report = load_sqlite(demo_db_path, admin, name, replace=True)
-    yield report.session_url
-    provision.drop_database(admin, name)
+@pytest.fixture
+def server_url(shop_server):
+    return shop_server[1]  # tests/dialects/conftest.py
 
 
 def checksum(url):

@@ -2,27 +2,17 @@
 shard runs a batch's server calls in parallel threads: results in order, per-call errors, scratch
 state per lease, nothing left open."""
 
-import uuid
-
 import pytest
 
 from actors.db_pool import DBPoolConfig, DBPoolGroup
-from sqlrl.db import provision
 from sqlrl.db.lease import Catalog
-from sqlrl.db.loader import load_sqlite
 from sqlrl.db.shard import ShardConfig
 from sqlrl.db.types import ErrorKind
 
 
-@pytest.fixture(scope="module", params=[pytest.param("postgresql", marks=pytest.mark.postgres),
-                                        pytest.param("mysql", marks=pytest.mark.mysql)])
-def server(request, demo_db_path):
-    admin = request.getfixturevalue("pg_admin_url" if request.param == "postgresql"
-                                    else "mysql_admin_url")
-    name = f"t_batch_{uuid.uuid4().hex[:8]}"
-    report = load_sqlite(demo_db_path, admin, name, replace=True)
-    yield request.param, report.session_url
-    provision.drop_database(admin, name)
+@pytest.fixture
+def server(shop_server):
+    return shop_server  # tests/dialects/conftest.py
 
 
 def test_a_batch_on_a_server_shard(server) -> None:

@@ -38,15 +38,9 @@ def single(sql):
     return f"<thought>t</thought>\n<solution>{sql}</solution>"
 
 
-@pytest.fixture(scope="module", params=[pytest.param("postgresql", marks=pytest.mark.postgres),
-                                        pytest.param("mysql", marks=pytest.mark.mysql)])
-def server(request, demo_db_path):
-    admin = request.getfixturevalue("pg_admin_url" if request.param == "postgresql"
-                                    else "mysql_admin_url")
-    name = f"t_ro_{uuid.uuid4().hex[:8]}"
-    report = load_sqlite(demo_db_path, admin, name, replace=True)
-    yield request.param, report.session_url
-    provision.drop_database(admin, name)
+@pytest.fixture
+def server(shop_server):
+    return shop_server  # tests/dialects/conftest.py
 
 
 def judge_for(dialect, url):
