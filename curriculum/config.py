@@ -205,6 +205,9 @@ class RLSettings:
     # a pass/fail reward: 0 < pass rate < 1), where a group can carry a gradient
     # (jobs.train.probe_tasks). 0 = off, every task.
     probe_samples: int = 0
+    # The rollouts' sampling seed (probe and steps); None = data.seed. Another value repeats a run
+    # with other samples on the same training and held-out tasks: one RL row per seed.
+    seed: int | None = None
     loss: GRPOConfig = field(default_factory=GRPOConfig)
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5, warmup_steps=0, total_steps=4,
                                                                    micro_batch_size=2))
@@ -220,6 +223,8 @@ class RLSettings:
                 or self.probe_samples < 0 or self.probe_samples == 1:
             raise ValueError(f"rl.probe_samples must be 0 (off) or an integer >= 2 (one sample cannot tell a "
                              f"task the model sometimes solves), got {self.probe_samples!r}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+            raise ValueError(f"rl.seed must be an integer or null (= data.seed), got {self.seed!r}")
         # The learner scores tokens under logits / rl.loss.temperature against the rollout's
         # log-probs, which were sampled at rl.temperature: the two must be one number (verl likewise
         # divides the actor's logits by the rollout temperature). rl.temperature is the one to set;

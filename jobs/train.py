@@ -13,7 +13,8 @@
   that many times with the starting policy and trains only on the tasks whose samples' rewards
   differ -- for a pass/fail reward, pass rate strictly between 0 and 1 (``probe_tasks``; all of
   them when fewer than ``tasks_per_step`` qualify); step 1
-  logs the probe's counts (``probe_*``).
+  logs the probe's counts (``probe_*``). The rollouts sample with ``rl_seed``: ``rl.seed``, else
+  ``data.seed`` (the tasks always follow ``data.seed``).
 
 Guarantees: a trainer returns the learner (still holding the trained weights, for the job to save)
 and one metrics dict per step, each also logged (``logger.log``); the optimizer's schedule spans
@@ -77,7 +78,7 @@ def train_grpo(rt: Any, model: str, tasks: Sequence[Any], logger: Any) -> tuple[
     r, stage, batch_size = rt.cfg.rl, rt.cfg.stage, rt.cfg.rollout.batch
     optim = dataclasses.replace(r.optim, total_steps=max(1, r.steps * r.updates_per_batch))
     learner = rt.learner(model, optim, reference=r.loss.kl_coef > 0)
-    rollout = rt.rollout_group(model, rt.cfg.mode, temperature=r.temperature, top_p=r.top_p, seed=rt.cfg.data.seed)
+    rollout = rt.rollout_group(model, rt.cfg.mode, temperature=r.temperature, top_p=r.top_p, seed=rl_seed(rt.cfg))
     _, pad_id = load_tokenizer(model)
     history = []
     cursor = 0  # next task to draw (tasks cycle)
@@ -143,6 +144,11 @@ def train_grpo(rt: Any, model: str, tasks: Sequence[Any], logger: Any) -> tuple[
                           f"{metrics['groups_drawn']}, rollout {roll_s:.0f}s, update {t3 - t2:.0f}s")
     rt.release(rollout)
     return learner, history
+
+
+def rl_seed(cfg: Any) -> int:
+    """The GRPO rollouts' sampling seed: ``rl.seed`` when set, else ``data.seed``."""
+    return cfg.data.seed if cfg.rl.seed is None else cfg.rl.seed
 
 
 def probe_tasks(rt: Any, rollout: Any, tasks: Sequence[Any], beat: Any) -> tuple[list[Any], dict[str, Any]]:

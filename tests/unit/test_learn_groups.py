@@ -84,6 +84,21 @@ def test_probe_samples_is_off_or_at_least_two():
             RLSettings(probe_samples=bad)
 
 
+def test_rl_seed_is_the_sampling_seed_and_defaults_to_data_seed():
+    from curriculum.config import RLSettings, load_stage_config
+    from curriculum.stages import STAGES
+    from jobs.train import rl_seed
+
+    base = load_stage_config(STAGES["stage3"].config_path(), ["stage=stage3", "data.seed=5"])
+    assert base.rl.seed is None and rl_seed(base) == 5
+    seeded = load_stage_config(STAGES["stage3"].config_path(), ["stage=stage3", "data.seed=5", "rl.seed=11"])
+    assert rl_seed(seeded) == 11 and seeded.data == base.data  # the same tasks, other samples
+    assert RLSettings(seed=0).seed == 0
+    for bad in (1.5, "3", True):
+        with pytest.raises(ValueError, match="rl.seed must be an integer"):
+            RLSettings(seed=bad)
+
+
 def _probe(results, tasks_per_step=2, samples=2):
     """jobs.train.probe_tasks with a rollout that records its calls and a scorer that passes the
     rows ``results`` marks (per task id: one result per sample; None = excluded row)."""
