@@ -12,8 +12,9 @@ Per dialect, on a small and on the largest available Spider database:
   disk (``--disk-dir``, default: the repository's filesystem) and on tmpfs (``/dev/shm``): the
   copy's cost depends on the filesystem, so both are shown with the filesystem type.
 - per-query time of ``session.execute`` vs the raw driver call on the *same connection* for the
-  database's Spider gold queries (each query timed alternately both ways; medians), and the
-  overhead ratio.
+  database's Spider gold queries, and of a session that attests (``Limits.attest``: the reward
+  judge's sessions): the three are timed back to back in each round, and the ratios are the
+  median of the per-round ratios (paired).
 Servers are used when SQLRL_PG_ADMIN_URL / SQLRL_MYSQL_ADMIN_URL are set (scripts/dbservers.sh);
 otherwise that dialect is reported as skipped. Prints a table and writes JSON (``--out``).
 Not a test: numbers depend on the machine; docs/sessions.md quotes one run.
@@ -37,7 +38,7 @@ import sqlglot
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sqlrl.db import open_session  # noqa: E402
+from sqlrl.db import Limits, open_session  # noqa: E402
 from sqlrl.db.dialects import descriptor  # noqa: E402
 from sqlrl.db.dialects.descriptor import dialect_of, sqlglot_name  # noqa: E402
 from sqlrl.db.loader import SOURCE_DIALECT  # noqa: E402
@@ -81,41 +82,58 @@ def raw_call(conn, sql: str) -> None:
 
 
 def query_overheads(dialect: str, url: str, queries: list[str], reps: int) -> dict:
+    """Per query, ``reps`` rounds; each round times the raw driver call, ``session.execute``
+    on the same connection, and ``execute`` on a session that attests (``Limits.attest``, as the
+    reward judge's sessions do; its own connection), back to back. Ratios are taken within a
+    round (paired), then summarised: the median over every (query, round) pair."""
     session = open_session(url)
+    attesting = open_session(url, limits=Limits(attest=True))
     conn = session._conn  # the raw driver connection under the session (same connection)
-    raw_ms, ours_ms, ratios, used = [], [], [], 0
+    raw_ms, ours_ms, att_ms, used = [], [], [], 0
+    ratio, att_ratio, att_vs_ours = [], [], []
     try:
         for q in queries:
             sql = q if dialect == SOURCE_DIALECT else sqlglot.transpile(
                 q, read=sqlglot_name(SOURCE_DIALECT), write=sqlglot_name(dialect))[0]
-            if not session.execute(sql).ok:
+            if not session.execute(sql).ok or not attesting.execute(sql).ok:
                 continue  # a gold query this dialect cannot run: not an overhead sample
             try:
                 raw_call(conn, sql)
             except Exception:
                 continue
             used += 1
-            a, b = [], []
-            for _ in range(reps):  # alternate so drift hits both sides equally
+            a, b, c = [], [], []
+            for _ in range(reps):  # one round: the three back to back, so drift hits all alike
                 t0 = time.perf_counter()
                 raw_call(conn, sql)
-                a.append((time.perf_counter() - t0) * 1e3)
-                t0 = time.perf_counter()
+                t1 = time.perf_counter()
                 session.execute(sql)
-                b.append((time.perf_counter() - t0) * 1e3)
-            ra, rb = statistics.median(a), statistics.median(b)
-            raw_ms.append(ra)
-            ours_ms.append(rb)
-            ratios.append(rb / ra)
+                t2 = time.perf_counter()
+                attesting.execute(sql)
+                t3 = time.perf_counter()
+                a.append((t1 - t0) * 1e3)
+                b.append((t2 - t1) * 1e3)
+                c.append((t3 - t2) * 1e3)
+                ratio.append((t2 - t1) / (t1 - t0))
+                att_ratio.append((t3 - t2) / (t1 - t0))
+                att_vs_ours.append((t3 - t2) / (t2 - t1))
+            raw_ms.append(statistics.median(a))
+            ours_ms.append(statistics.median(b))
+            att_ms.append(statistics.median(c))
     finally:
         session.close()
+        attesting.close()
     if not used:
         return {"queries": 0}
     return {
         "queries": used,
+        "rounds_per_query": reps,
         "raw_median_ms": statistics.median(raw_ms),
         "session_median_ms": statistics.median(ours_ms),
-        "median_ratio": statistics.median(ratios),
+        "attest_median_ms": statistics.median(att_ms),
+        "median_ratio": statistics.median(ratio),  # session / raw, paired per round
+        "attest_median_ratio": statistics.median(att_ratio),  # attesting session / raw
+        "attest_vs_session_median_ratio": statistics.median(att_vs_ours),
         "total_ratio": sum(ours_ms) / sum(raw_ms),
         "median_added_us": statistics.median([(o - r) * 1e3 for o, r in zip(ours_ms, raw_ms)]),
     }
@@ -276,7 +294,7 @@ def run(spider: Path, dialects: list[str], reps: int, disk_dir: str) -> list[dic
 def print_table(rows: list[dict]) -> None:
     head = ("dialect", "db", "open+close / lease p50 ms", "lease p90", "cold open", "clone",
             "copy+reopen disk (fs)", "copy+reopen tmpfs", "queries", "raw ms", "session ms",
-            "ratio (median)", "added µs")
+            "ratio (median)", "added µs", "attesting ms", "attest/raw", "attest/session")
     print(" | ".join(head))
     print(" | ".join("---" for _ in head))
     for r in rows:
@@ -294,7 +312,9 @@ def print_table(rows: list[dict]) -> None:
                           else f("lease_p50_ms"), f("lease_p90_ms"), f("cold_open_ms", "{:.1f}"),
                           f("clone_ms", "{:.1f}"), disk, tmpfs, str(r.get("queries", 0)),
                           f("raw_median_ms"), f("session_median_ms"), f("median_ratio", "{:.2f}"),
-                          f("median_added_us", "{:.0f}")]))
+                          f("median_added_us", "{:.0f}"), f("attest_median_ms"),
+                          f("attest_median_ratio", "{:.2f}"),
+                          f("attest_vs_session_median_ratio", "{:.2f}")]))
     for r in rows:
         for key, what in (("steady", "8 rollouts holding each session 0.3 s"),
                           ("capacity", "8 rollouts opening and closing back to back")):

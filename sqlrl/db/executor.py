@@ -20,12 +20,15 @@ Guarantees:
   observed row width so one batch is about ``max_bytes / 4``; when the row or byte cap is reached
   the rest is abandoned (``adapter.abandon`` stops the server's work where that is needed).
 - Values are normalised (``normalize.py``) so results are JSON-serialisable and hashable.
-- ``QueryResult.read_only`` is the engine's attestation, statement by statement: an adapter with
+- ``QueryResult.read_only`` is the engine's attestation, statement by statement, asked only when
+  ``Limits.attest`` is on (otherwise None, at no cost): an adapter with
   ``read_only(conn, state, cursor) -> bool | None`` is asked after each statement that ran
-  (True: the engine attests it only read; False: it wrote; None: cannot tell); the call is True
-  only when every statement is True, False when any is False, else None. An adapter without it,
-  a hook that raises, and every failed call give None. The hook observes, it never changes what
-  a statement does or what a later statement sees.
+  (True: the engine attests it only read; False: it wrote; None: cannot tell), and its optional
+  ``observe(conn, state)`` is called before the statement runs (SQLite compiles it afresh there,
+  so its authorizer sees it); the call is True only when every statement is True, False when any
+  is False, else None. An adapter without ``read_only``, a hook that raises, and every failed
+  call give None. The hooks observe, they never change what a statement does or what a later
+  statement sees.
 """
 
 from __future__ import annotations
@@ -85,7 +88,8 @@ def run_call(adapter: DialectAdapter, conn: Any, state: Any, sql: str, limits: L
     canceller = getattr(adapter, "canceller", None)
     cancel = canceller(conn) if canceller is not None else None
     armed = WATCHDOG.arm(deadline, cancel) if cancel is not None else None
-    attest = getattr(adapter, "read_only", None)
+    attest = getattr(adapter, "read_only", None) if limits.attest else None
+    observe = getattr(adapter, "observe", None) if attest is not None else None
     read_only: bool | None = None if attest is None else True
     columns: tuple[str, ...] = ()
     rows: list[tuple[Any, ...]] = []
@@ -104,6 +108,8 @@ def run_call(adapter: DialectAdapter, conn: Any, state: Any, sql: str, limits: L
             try:
                 if index and time.monotonic() >= deadline:
                     raise DeadlineExceeded()
+                if observe is not None:
+                    observe(conn, state)
                 cursor = adapter.run(conn, state, statement.text, deadline)
                 columns, rows, truncated, affected = _fetch(cursor, limits, deadline)
                 if truncated:

@@ -48,6 +48,12 @@ class Limits:
     stops, and on the servers also by the watchdog (``sqlrl.db.watchdog``) from outside the
     session. ``max_rows``/``max_bytes`` cap what one call returns (``truncated=True``); results
     are fetched in batches sized by bytes, so client memory stays near ``max_bytes``.
+
+    ``attest`` asks the engine, after each statement, whether it only read
+    (``QueryResult.read_only``). It costs something on some engines (PostgreSQL: one more round
+    trip per streamed statement; SQLite: the statement is compiled afresh), so it is off unless a
+    caller needs the answer: the reward ``Judge`` and the BIRD-CRITIC runner turn it on; rollout
+    and serving sessions leave it off (``read_only`` is then None).
     """
 
     timeout_s: float = 5.0
@@ -55,6 +61,7 @@ class Limits:
     max_bytes: int = 4 * 1024 * 1024
     max_statements: int = 32  # statements in one execute() call
     max_sql_chars: int = 200_000
+    attest: bool = False  # ask the engine whether each statement only read (QueryResult.read_only)
 
     def __post_init__(self) -> None:
         if self.timeout_s <= 0:

@@ -6,7 +6,8 @@
 Semantics (BIRD-CRITIC's ``evaluation/src``; differences are listed below):
 - Each test case runs on a **fresh session** from the ``SessionSource`` (``sqlrl.db.source``;
   ``LocalSessions``: ``open_session(url, preprocess_sql=task.preprocess_sql)``)
-  with ``Limits(timeout_s, max_rows=10_000)``; the predicted statements run first, in order, on it;
+  with ``Limits(timeout_s, max_rows=10_000, attest=True)`` (the engine says whether the prediction
+  only read: ``TestCaseOutcome.read_only``); the predicted statements run first, in order, on it;
   then the test case; then ``task.clean_up_sql``. Errors in clean-up are recorded on the outcome,
   never fatal: sqlrl sessions are scratch (docs/sessions.md), so nothing any of these statements do
   reaches the base database and clean-up is run only for fidelity.
@@ -321,7 +322,7 @@ def run_critic(task: CriticTask, pred_sqls: Sequence[str], url: str, *, timeout_
             raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
     preds = _check_sqls("pred_sqls", pred_sqls)
     sessions = sessions if sessions is not None else LocalSessions()
-    limits = Limits(timeout_s=timeout_s, max_rows=MAX_ROWS)
+    limits = Limits(timeout_s=timeout_s, max_rows=MAX_ROWS, attest=True)  # read_only is asked
     parsed = parse_url(url)
     dialect = get_dialect(dialect_name(parsed)).sqlglot_dialect
 

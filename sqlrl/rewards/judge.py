@@ -20,7 +20,8 @@ Guarantees:
   last statement's result is compared (as ``execute_sql`` shows it).
 - A verdict's ``read_only`` is the engine's attestation that the prediction only read
   (``QueryResult.read_only``; for BIRD-CRITIC, over every test case's run of it): True or False
-  only as the database engine reports it, None where the engine gave no attestation.
+  only as the database engine reports it, None where the engine gave no attestation. The judge's
+  sessions always ask for it (``Limits.attest`` is turned on, whatever limits were given).
 - Never raises for anything a model wrote; ``ValueError`` only for a task whose database is not in
   the catalog (a configuration error).
 """
@@ -29,7 +30,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
 
 from sqlrl.db import ErrorKind, Limits, QueryResult, SessionError
@@ -61,7 +62,7 @@ class Judge:
                  sessions: SessionSource | None = None, gold_cache_size: int = 4096,
                  critic_test_timeout_s: float = 30.0) -> None:
         self.catalog = {db: dict(urls) for db, urls in catalog.items()}
-        self.limits = limits or Limits(timeout_s=10.0, max_rows=10_000)
+        self.limits = replace(limits or Limits(timeout_s=10.0, max_rows=10_000), attest=True)
         self.sessions = sessions if sessions is not None else LocalSessions()
         self.critic_test_timeout_s = critic_test_timeout_s
         self._gold: OrderedDict[Any, QueryResult] = OrderedDict()

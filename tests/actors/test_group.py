@@ -44,6 +44,15 @@ def test_late_dead_and_raising_members_become_typed_placeholders(ray_session) ->
         assert group.fan_out(Member.work, {0: (3,)}, timeout_s=120, live_only=True) == {0: 3}
         assert group.known_incarnations()[0] not in (None, hung)
         ray_session.kill(group[2], no_restart=True)
+        # ray.kill only asks the GCS: a call sent at once can still reach the live actor (it did in CI,
+        # and the fan-out got 201). Wait for the event -- a call to it fails -- not for a clock.
+        for _ in range(10_000):
+            try:
+                ray_session.get(group[2].incarnation_id.remote(), timeout=120)
+            except ray_session.exceptions.RayActorError:
+                break
+        else:
+            raise AssertionError("the killed actor kept answering")
         dead = group.fan_out(Member.work, {2: (1,), 1: (1,)}, timeout_s=120)
         assert isinstance(dead[2], Failed) and dead[2].kind == DIED and dead[1] == 101
         # a collective: after the first failure the rest are waited for settle_s at most

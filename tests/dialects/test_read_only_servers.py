@@ -82,13 +82,28 @@ def test_a_dml_fix_of_a_debugging_task_scores_one(server):
 
 
 @pytest.mark.postgres
+class _Spy:
+    """The session's adapter, noting every ``read_only`` question put to it."""
+
+    def __init__(self, inner: object, asked: list[object]) -> None:
+        self._inner, self._asked = inner, asked
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._inner, name)
+
+    def read_only(self, *args: object) -> object:
+        self._asked.append(args)
+        return self._inner.read_only(*args)
+
+
 def test_postgresql_sees_a_write_inside_a_select(pg_admin_url, demo_db_path):
     """A plain SELECT that writes through a function it calls: PostgreSQL gave its block an xid.
-    A function that ends up changing no row assigns no xid: it wrote nothing."""
+    A function that ends up changing no row assigns no xid: it wrote nothing. A session that does
+    not ask (``Limits.attest`` off, as in rollouts) gets None and pays no extra round trip."""
     name = f"t_ro_{uuid.uuid4().hex[:8]}"
     report = load_sqlite(demo_db_path, pg_admin_url, name, replace=True)
     try:
-        with open_session(report.session_url) as s:
+        with open_session(report.session_url, limits=Limits(attest=True)) as s:
             made = s.execute("CREATE FUNCTION bump() RETURNS bigint LANGUAGE sql AS $$ UPDATE "
                              "products SET stock = stock WHERE product_id = 1 RETURNING 1 $$")
             assert made.ok and made.read_only is None, made.error  # not streamed: not attested
@@ -102,6 +117,14 @@ def test_postgresql_sees_a_write_inside_a_select(pg_admin_url, demo_db_path):
                              "$$ DELETE FROM products WHERE false RETURNING 1 $$")
             assert made.ok, made.error
             assert s.execute("SELECT nothing()").read_only is True
+        with open_session(report.session_url) as s:
+            asked: list[object] = []
+            s.adapter = _Spy(s.adapter, asked)
+            for sql in ("CREATE FUNCTION bump() RETURNS bigint LANGUAGE sql AS $$ UPDATE products "
+                        "SET stock = stock WHERE product_id = 1 RETURNING 1 $$", "SELECT bump()", "SELECT COUNT(*) FROM products"):
+                r = s.execute(sql)
+                assert r.ok and r.read_only is None, (sql, r.error)
+            assert asked == []
     finally:
         provision.drop_database(pg_admin_url, name)
 
@@ -111,7 +134,7 @@ def test_mariadb_attests_nothing(mysql_admin_url, demo_db_path):
     name = f"t_ro_{uuid.uuid4().hex[:8]}"
     report = load_sqlite(demo_db_path, mysql_admin_url, name, replace=True)
     try:
-        with open_session(report.session_url) as s:
+        with open_session(report.session_url, limits=Limits(attest=True)) as s:
             for sql in ("SELECT COUNT(*) FROM customers", "DELETE FROM order_items"):
                 r = s.execute(sql)
                 assert r.ok and r.read_only is None, (sql, r.error)

@@ -156,9 +156,11 @@ def test_read_only_pragmas_are_allowed(demo_db_path):
 
 
 def test_read_only_is_the_authorizers_word_per_call_also_for_repeated_statements(demo_db_path):
-    """``QueryResult.read_only``: True only when SQLite reported a SELECT and only reads for every
-    statement of the call. A statement run twice is compiled twice (no statement cache), so the
-    authorizer sees it again -- also on a reused pooled connection."""
+    """``QueryResult.read_only`` with ``Limits.attest``: True only when SQLite reported a SELECT
+    and only reads for every statement of the call. The statement cache is on, so a statement run
+    a second time comes from it; ``observe`` has SQLite compile it again through the authorizer
+    (without that, the second ``SELECT COUNT(*)`` would not be attested) -- also on a reused
+    pooled connection. Without ``attest`` nothing is asked: None."""
     from sqlrl.db import SessionPool
 
     calls = [("SELECT COUNT(*) FROM orders", True), ("DELETE FROM orders WHERE 0", False),
@@ -167,16 +169,41 @@ def test_read_only_is_the_authorizers_word_per_call_also_for_repeated_statements
              ("CREATE TEMP TABLE IF NOT EXISTS t AS SELECT 1 AS x", False), ("SELECT x FROM t", True),
              ("PRAGMA table_info(orders)", False), ("REINDEX", False),
              ("INSERT INTO t VALUES (2) RETURNING x", False), ("SELECT nope", None)]
-    with open_session(url(demo_db_path)) as s:
+    attest = Limits(attest=True)
+    with open_session(url(demo_db_path), limits=attest) as s:
         for _ in range(2):
             for sql, want in calls:
                 assert s.execute(sql).read_only is want, sql
+    with open_session(url(demo_db_path)) as s:
+        for sql, _ in calls:
+            assert s.execute(sql).read_only is None, sql
     with SessionPool() as pool:
         for _ in range(3):
-            s = pool.session(url(demo_db_path))
+            s = pool.session(url(demo_db_path), limits=attest)
             assert s.execute("DELETE FROM order_items").read_only is False
             assert s.execute("SELECT COUNT(*) FROM order_items").read_only is True
             s.close()
+
+
+def test_the_statement_cache_serves_unattested_calls_and_keeps_the_sandbox(demo_db_path):
+    """Calls that do not attest reuse SQLite's compiled statements (the authorizer is not asked
+    again), and what the authorizer denied stays denied on every try."""
+    with open_session(url(demo_db_path)) as s:
+        conn = s._conn
+        seen: list[int] = []
+        inner = conn.authorize
+
+        def spy(*args):
+            seen.append(args[0])
+            return inner(*args)
+        conn.set_authorizer(spy)
+        conn.authorize = spy
+        for _ in range(3):
+            assert s.execute("SELECT COUNT(*) FROM orders").rows == ((300,),)
+        assert seen.count(sqlite3.SQLITE_SELECT) == 1  # compiled once, then served from the cache
+        for _ in range(3):
+            r = s.execute("SELECT load_extension('x')")
+            assert r.error is not None and r.error.kind is ErrorKind.PERMISSION
 
 
 def test_huge_values_are_refused_not_built(demo_db_path):

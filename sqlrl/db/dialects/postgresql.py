@@ -29,7 +29,8 @@ of any kind -- a row of any table (TEMP included) or a catalog row (DDL) -- what
 e.g. a function the query calls. No xid: the statement wrote nothing (True); an xid: it wrote
 (False). Statements that are not streamed (DML, DDL, SET, SHOW, EXPLAIN, SELECT INTO, ...) ran
 in autocommit, so there is no block left to ask: None. The question is one more round trip per
-streamed statement, in the block, with no effect on it (the block still ends as before).
+streamed statement, in the block, with no effect on it (the block still ends as before); it is
+asked only when ``Limits.attest`` is on (the reward judge's sessions), never in rollouts.
 
 Sandbox (friendly errors; the wall is the server): statements are split and classified by their
 parse node with pglast (PostgreSQL's own parser: ``postgresql_lex``), whose ``denial`` refuses

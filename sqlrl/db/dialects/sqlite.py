@@ -19,8 +19,13 @@ Read-only attestation (``read_only``, ``QueryResult.read_only``): the same autho
 action SQLite reports while compiling each statement; a statement is read-only when SQLite reported
 a SELECT and nothing but SELECT, READ, FUNCTION and RECURSIVE (so every write, DDL, PRAGMA --
 even a read-only one -- ANALYZE, and a statement that reports no action at all, such as REINDEX,
-is not). Statements are compiled on every execution (``cached_statements=0``): a statement served
-from the connection's statement cache would not be shown to the authorizer again.
+is not). Asked only when ``Limits.attest`` is on. A statement served from the connection's
+statement cache is not shown to the authorizer again, so ``observe`` (called before an attested
+statement) sets the authorizer anew: SQLite then expires every prepared statement of the
+connection, and the cached one is compiled again, through the authorizer, when it runs
+(``sqlite3_set_authorizer``; a test runs each statement twice to hold it to that). A statement
+the authorizer did not see reports no SELECT, so it is never attested read-only. Calls that do
+not attest keep the statement cache.
 """
 
 from __future__ import annotations
@@ -73,6 +78,7 @@ class _Connection(sqlite3.Connection):
     temp_used: bool = False  # a TEMP object was created (seen by the authorizer)
     selected: bool = False  # the running statement's compilation reported a SELECT
     only_read: bool = True  # ... and no action outside _READ_ACTIONS
+    authorize: Any = None  # the tracking authorizer in place (set again by ``observe``)
 
 
 @dataclass
@@ -202,13 +208,14 @@ class SQLiteDialect:
 
     def _open(self, target: str, data: bytes | None = None) -> _Connection:
         conn = sqlite3.connect(target, factory=_Connection, check_same_thread=False,
-                               isolation_level=None, cached_statements=0)
+                               isolation_level=None)
         if data is not None:
             conn.deserialize(data)  # before the authorizer, which would deny it
             conn.snapshot = data
         conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_VALUE_BYTES)
         conn.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)
-        conn.set_authorizer(_tracking_authorizer(conn))
+        conn.authorize = _tracking_authorizer(conn)
+        conn.set_authorizer(conn.authorize)
         conn.set_progress_handler(
             lambda: 1 if time.monotonic() > conn.deadline else 0, _PROGRESS_EVERY)
         return conn
@@ -220,7 +227,7 @@ class SQLiteDialect:
             try:
                 conn.deserialize(data)
             finally:
-                conn.set_authorizer(_tracking_authorizer(conn))
+                conn.set_authorizer(conn.authorize)
             conn.snapshot = data
         conn.fresh = False
         return _Workspace(conn.temp_path)
@@ -234,6 +241,10 @@ class SQLiteDialect:
         conn.deadline = deadline
         conn.selected, conn.only_read = False, True  # the authorizer notes what compiling shows
         return conn.execute(statement)
+
+    def observe(self, conn: Any, state: Any) -> None:
+        """The next statement will be attested: have SQLite compile it afresh (module doc)."""
+        conn.set_authorizer(conn.authorize)
 
     def read_only(self, conn: Any, state: Any, cursor: Any) -> bool:
         """Whether SQLite's authorizer saw the statement that just ran only read (module doc)."""
