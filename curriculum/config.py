@@ -62,7 +62,7 @@ class DataConfig:
     domains: tuple[str, ...] = ()  # () = every generated domain
     spider: str | None = None  # a Spider folder: Spider-derived tasks instead of generated ones
     train_split: str = "train"
-    eval_split: str = "test"  # held-out tasks (heldout_test: held-out databases too)
+    eval_split: str = "test"  # held-out tasks (heldout_test: held-out databases too; test+dev: both unused splits)
     difficulties: tuple[str, ...] = ()  # () = all
     mixture: dict[str, float] = field(default_factory=lambda: {"text2sql": 0.5, "critic": 0.5})
     eval_mixture: dict[str, float] | None = None  # held-out kinds; None = mixture (Talon trained on critic, scored on both)
@@ -86,6 +86,10 @@ class DataConfig:
             MixtureConfig(weights=self.eval_mixture, size=max(1, self.eval_size), seed=self.seed)
         if self.train_size < 1 or self.eval_size < 0:
             raise ValueError("data.train_size must be >= 1 and data.eval_size >= 0")
+        shared = set(self.train_split.split("+")) & set(self.eval_split.split("+"))
+        if shared:
+            raise ValueError(f"data.train_split={self.train_split!r} and data.eval_split="
+                             f"{self.eval_split!r} share {sorted(shared)}: held-out tasks would be trained on")
 
 
 @dataclass(frozen=True)

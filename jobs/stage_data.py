@@ -11,7 +11,9 @@ Guarantees:
 - The held-out tasks are the same for every stage of a run (same seed, size, mixture and
   difficulties), drawn with seed ``data.seed + 1`` from the eval split, each task at most once,
   balanced across (kind, difficulty, domain) strata (``held_out_tasks``); training tasks with
-  ``data.seed`` (``curriculum.mixing``).
+  ``data.seed`` (``curriculum.mixing``). A split may name several (``data.eval_split: test+dev``:
+  both held-out splits of the generated data); a split named on both sides is refused
+  (``DataConfig``).
 - Only tasks whose database is in the catalog are kept.
 - Generated data: a missing split file is a ``FileNotFoundError`` naming the file and the files
   that are there. Spider: train questions for training, dev for evaluation (held-out databases);
@@ -55,16 +57,18 @@ Split = tuple[list, list, dict, dict, str]  # train, held-out, catalog, schemas,
 
 
 def _load_split(root: Path, split: str, kinds: Sequence[str]) -> list[Any]:
+    """Each kind's tasks of ``split``; ``"test+dev"`` names several splits, read one after another."""
     from sqlrl.tasks.loaders import load
 
     sets = []
-    for kind in kinds:
-        path = root / f"{kind}_{split}.jsonl"
-        if not path.is_file():
-            raise FileNotFoundError(f"{path} does not exist (data.{'train' if 'train' in split else 'eval'}"
-                                    f"_split={split!r}; files in {root}: "
-                                    f"{', '.join(sorted(p.name for p in root.glob('*.jsonl')))})")
-        sets.append(load("jsonl", path, db_root=root / "databases"))
+    for part in split.split("+"):
+        for kind in kinds:
+            path = root / f"{kind}_{part}.jsonl"
+            if not path.is_file():
+                raise FileNotFoundError(f"{path} does not exist (data.{'train' if 'train' in split else 'eval'}"
+                                        f"_split={split!r}; files in {root}: "
+                                        f"{', '.join(sorted(p.name for p in root.glob('*.jsonl')))})")
+            sets.append(load("jsonl", path, db_root=root / "databases"))
     return sets
 
 

@@ -83,7 +83,9 @@ class Agent:
         from sqlrl.policy.load import load_policy
 
         policy = place_policy(load_policy(config.model, dtype=config.dtype), config.device, config.backend)
-        backend = make_backend(config.backend, policy, **dict(config.backend_options))
+        options = dict(config.backend_options)  # a "seed" option wins over the loop's seed
+        backend = make_backend(config.backend, policy, options.pop("seed", config.loop.sampling.seed),
+                               **options)
         return cls(policy, backend, HFChatFormat(policy.tokenizer), config.loop, sessions, schemas)
 
     def with_backend(self, backend: Any) -> "Agent":

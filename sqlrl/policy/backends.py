@@ -1,6 +1,10 @@
 """The generation backends by name: one place to add one (``BACKENDS``).
 
-``make_backend(name, policy, **options)`` builds a ``GenerationBackend`` for a loaded ``Policy``:
+``make_backend(name, policy, seed=None, **options)`` builds a ``GenerationBackend`` for a loaded
+``Policy``. ``seed`` is the caller's sampling seed (``SamplingParams.seed``): a backend that draws
+from an engine-wide generator is seeded with it (vLLM's CPU build samples from the engine's
+generator, ``sqlrl.policy.vllm_backend``, so without it every run would draw the same samples
+whatever its seed); the others seed each call from ``params.seed`` and ignore it.
 
 - ``"hf"``: ``HFBackend`` (transformers; CPU, or GPU with a CUDA torch) -- options go to it
   (``prefix_cache``, ``max_cached_tokens``);
@@ -34,21 +38,22 @@ from typing import Any, Callable
 from .types import GenerationBackend
 
 
-def _hf(policy: Any, **options: Any) -> GenerationBackend:
-    from .hf_backend import HFBackend
+def _hf(policy: Any, seed: int | None = None, **options: Any) -> GenerationBackend:
+    from .hf_backend import HFBackend  # seeds every call from params.seed
 
     return HFBackend(policy, **options)
 
 
-def _vllm(policy: Any, **options: Any) -> GenerationBackend:
+def _vllm(policy: Any, seed: int | None = None, **options: Any) -> GenerationBackend:
     from .vllm_backend import VLLMBackend
 
     dtype = str(next(policy.model.parameters()).dtype).removeprefix("torch.")
-    options = {"dtype": dtype, "eos_token_ids": policy.eos_token_ids, **options}
+    options = {"dtype": dtype, "eos_token_ids": policy.eos_token_ids,
+               **({"seed": seed} if seed is not None else {}), **options}
     return VLLMBackend(policy.path, **options)
 
 
-def _scripted(policy: Any, **options: Any) -> GenerationBackend:
+def _scripted(policy: Any, seed: int | None = None, **options: Any) -> GenerationBackend:
     from .scripted import ScriptedBackend
 
     return ScriptedBackend(policy.tokenizer, policy.eos_token_ids, **options)
@@ -70,9 +75,9 @@ def vllm_unavailable(policy: Any) -> str | None:
     return None
 
 
-def _auto(policy: Any, **options: Any) -> GenerationBackend:
+def _auto(policy: Any, seed: int | None = None, **options: Any) -> GenerationBackend:
     if not vllm_unavailable(policy):
-        return _vllm(policy, **options)
+        return _vllm(policy, seed, **options)
     import inspect
 
     from .hf_backend import HFBackend
@@ -123,7 +128,7 @@ def generate_streaming(backend: Any, prompts: Any, params: Any,
     return gens
 
 
-def make_backend(name: str, policy: Any, **options: Any) -> GenerationBackend:
+def make_backend(name: str, policy: Any, seed: int | None = None, **options: Any) -> GenerationBackend:
     if name not in BACKENDS:
         raise ValueError(f"unknown backend {name!r}; known: {', '.join(BACKENDS)}")
-    return BACKENDS[name](policy, **options)
+    return BACKENDS[name](policy, seed, **options)

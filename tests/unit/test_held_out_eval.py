@@ -123,6 +123,28 @@ def test_a_talon_run_is_trained_on_debugging_and_scored_on_both_kinds(monkeypatc
     assert loaded == {"train": ["critic"], "test": ["text2sql", "critic"]}
 
 
+def test_an_eval_split_may_name_several_splits_and_never_a_training_one(monkeypatch, tmp_path):
+    """``data.eval_split: test+dev`` reads both held-out splits of every kind; a missing file is
+    named; a split on both the training and the held-out side is refused."""
+    import sqlrl.tasks.loaders as loaders
+    from curriculum.config import DataConfig
+
+    for name in ("text2sql_test", "critic_test", "text2sql_dev"):
+        (tmp_path / f"{name}.jsonl").write_text("")
+    monkeypatch.setattr(loaders, "load", lambda fmt, path, db_root: path.name)
+    assert stage_data._load_split(tmp_path, "test", ["text2sql", "critic"]) == [
+        "text2sql_test.jsonl", "critic_test.jsonl"]
+    with pytest.raises(FileNotFoundError, match="critic_dev.jsonl does not exist"):
+        stage_data._load_split(tmp_path, "test+dev", ["text2sql", "critic"])
+    (tmp_path / "critic_dev.jsonl").write_text("")
+    assert stage_data._load_split(tmp_path, "test+dev", ["text2sql", "critic"]) == [
+        "text2sql_test.jsonl", "critic_test.jsonl", "text2sql_dev.jsonl", "critic_dev.jsonl"]
+    assert DataConfig(eval_split="test+dev").eval_split == "test+dev"
+    for train, held in (("train", "test+train"), ("train+dev", "dev"), ("test", "test")):
+        with pytest.raises(ValueError, match="would be trained on"):
+            DataConfig(train_split=train, eval_split=held)
+
+
 @dataclass(frozen=True)
 class OriginTask:
     task_id: str

@@ -64,11 +64,47 @@ def test_auto_backend_picks_vllm_only_where_it_can_run(tmp_path, monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
     assert backends.vllm_unavailable(smol_like) == "vllm is not installed"
     chosen = []
-    monkeypatch.setattr(backends, "_hf", lambda policy, **o: chosen.append(("hf", o)) or "hf-backend")
-    monkeypatch.setattr(backends, "_vllm", lambda policy, **o: chosen.append(("vllm", o)) or "vllm-backend")
+    monkeypatch.setattr(backends, "_hf", lambda policy, seed=None, **o: chosen.append(("hf", o)) or "hf-backend")
+    monkeypatch.setattr(backends, "_vllm", lambda policy, seed=None, **o: chosen.append(("vllm", o)) or "vllm-backend")
     assert backends.make_backend("auto", smol_like, kv_cache_gb=1) == "hf-backend"  # vllm missing
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else None)
     assert backends.make_backend("auto", smol_like, kv_cache_gb=1) == "vllm-backend"
     assert backends.make_backend("auto", tiny_like) == "hf-backend"
     assert backends.make_backend("auto", tiny_like, prefix_cache=False) == "hf-backend"
     assert chosen == [("hf", {}), ("vllm", {"kv_cache_gb": 1}), ("hf", {}), ("hf", {"prefix_cache": False})]
+
+
+def test_the_sampling_seed_seeds_vllms_engine_and_nothing_else(monkeypatch):
+    """vLLM's CPU build samples from the engine's generator, so the caller's seed (``rl.seed``
+    through the loop's ``SamplingParams.seed``) must reach the engine, or every run draws the same
+    samples; a ``seed`` in the backend options wins; the HF and scripted backends seed per call and
+    ignore it. ``Agent.build`` passes the loop's seed."""
+    import types
+
+    import sqlrl.policy.vllm_backend as vb
+    from sqlrl.policy import backends
+    from sqlrl.agent.agent import Agent, AgentConfig
+    from sqlrl.agent.loop import LoopConfig
+    from sqlrl.policy import hf_backend
+    from sqlrl.policy.types import SamplingParams
+
+    made = []
+    monkeypatch.setattr(vb, "VLLMBackend", lambda path, **o: made.append(o) or "vllm-backend")
+    monkeypatch.setattr(hf_backend, "HFBackend", lambda policy, **o: made.append(("hf", o)) or "hf-backend")
+    param = types.SimpleNamespace(dtype="torch.float32")
+    policy = types.SimpleNamespace(path="/m", eos_token_ids=(2,), model=types.SimpleNamespace(
+        parameters=lambda: iter([param])))
+    backends.make_backend("vllm", policy, 7)
+    backends.make_backend("vllm", policy)
+    backends.make_backend("hf", policy, 7, prefix_cache=False)
+    assert [m.get("seed") if isinstance(m, dict) else m for m in made] == [7, None, ("hf", {"prefix_cache": False})]
+    seen = []
+    monkeypatch.setattr(backends, "make_backend", lambda name, pol, seed=None, **o: seen.append((name, seed, o)))
+    monkeypatch.setattr("sqlrl.policy.load.load_policy", lambda model, dtype=None: types.SimpleNamespace(
+        tokenizer=None))
+    monkeypatch.setattr(backends, "place_policy", lambda pol, device, backend: pol)
+    monkeypatch.setattr("sqlrl.agent.agent.HFChatFormat", lambda tok: None)
+    loop = LoopConfig(mode="single", sampling=SamplingParams(temperature=0.7, seed=11))
+    Agent.build(AgentConfig(model="m", backend="vllm", loop=loop, backend_options={"kv_cache_gb": 1}))
+    Agent.build(AgentConfig(model="m", backend="vllm", loop=loop, backend_options={"seed": 3}))
+    assert seen == [("vllm", 11, {"kv_cache_gb": 1}), ("vllm", 3, {})]
