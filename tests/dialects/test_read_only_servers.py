@@ -81,7 +81,6 @@ def test_a_dml_fix_of_a_debugging_task_scores_one(server):
     assert bad.score == 0.0 and bad.parts["executed"] == 1.0
 
 
-@pytest.mark.postgres
 class _Spy:
     """The session's adapter, noting every ``read_only`` question put to it."""
 
@@ -96,6 +95,7 @@ class _Spy:
         return self._inner.read_only(*args)
 
 
+@pytest.mark.postgres
 def test_postgresql_sees_a_write_inside_a_select(pg_admin_url, demo_db_path):
     """A plain SELECT that writes through a function it calls: PostgreSQL gave its block an xid.
     A function that ends up changing no row assigns no xid: it wrote nothing. A session that does
@@ -121,7 +121,8 @@ def test_postgresql_sees_a_write_inside_a_select(pg_admin_url, demo_db_path):
             asked: list[object] = []
             s.adapter = _Spy(s.adapter, asked)
             for sql in ("CREATE FUNCTION bump() RETURNS bigint LANGUAGE sql AS $$ UPDATE products "
-                        "SET stock = stock WHERE product_id = 1 RETURNING 1 $$", "SELECT bump()", "SELECT COUNT(*) FROM products"):
+                        "SET stock = stock WHERE product_id = 1 RETURNING 1 $$", "SELECT bump()",
+                        "SELECT COUNT(*) FROM products"):
                 r = s.execute(sql)
                 assert r.ok and r.read_only is None, (sql, r.error)
             assert asked == []
