@@ -6,7 +6,7 @@
     python -m jobs.main rl.steps=1 ...       # key=value overrides go to every stage
     python -m jobs.main --overwrite          # run again into a run dir that holds stage results
     python -m jobs.main --preset long --spider-eval ../shared/data/spider
-                                             # Zeno and Talon, 64 held-out tasks + 100 Spider dev questions
+                                             # Zeno and Talon, 144 held-out tasks + 100 Spider dev questions
 
 Setup: the preset (``jobs.presets``: ``default`` = the shipped stage configs; ``long`` =
 ``jobs/configs/presets/long.yaml``) and the generated data (``data.synth_dir``, built once). Run:

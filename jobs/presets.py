@@ -1,7 +1,7 @@
 """The main job's presets: which curricula (variants) to run, and what each stage changes.
 
     python -m jobs.main                    # the "default" preset: the shipped stage configs as they are
-    python -m jobs.main --preset long      # jobs/configs/presets/long.yaml: Zeno and Talon, 64 held-out tasks
+    python -m jobs.main --preset long      # jobs/configs/presets/long.yaml: Zeno and Talon, 144 held-out tasks
 
 A preset file (YAML) holds:
 

@@ -12,7 +12,8 @@ Guarantees:
   master weights and optimizer state). FSDP2 works on CPU with gloo in torch 2.13 (reduce-scatter
   and all-gather included): verified by tests/actors/test_learner_fsdp.py.
 - ``bf16_supported(device)`` says whether bf16 compute is usable; asking for "bf16" where it is not
-  raises ``ValueError``.
+  raises ``ValueError``. On a CPU, "bf16" without AVX512-BF16/AMX (``cpu_bf16_hardware()``)
+  warns ``SlowPrecisionWarning``: it runs, emulated, several times slower than fp32.
 - ``free_port(host)`` returns a port that was free on ``host`` a moment ago (rendezvous).
 """
 
@@ -97,6 +98,22 @@ def bf16_supported(device: str) -> bool:
     return True  # CPU: bf16 kernels exist for every op the models use (slow without AVX512-BF16/AMX)
 
 
+def cpu_bf16_hardware() -> bool:
+    """Whether this CPU computes bf16 matmuls natively (AVX512-BF16 or AMX, as oneDNN reports it).
+    With it a SmolLM2 update in bf16 autocast ran ~2x faster than fp32 (docs/learner.md); without it
+    torch emulates bf16 and the same update ran 4-5x slower."""
+    import torch
+
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+class SlowPrecisionWarning(UserWarning):
+    """bf16 asked for on a CPU that emulates it."""
+
+
 def _bf16() -> Any:
     import torch
     from torch.distributed.fsdp import MixedPrecisionPolicy
@@ -112,6 +129,12 @@ def check_precision(mixed_precision: str, device: str) -> None:
         raise ValueError(f"unknown mixed_precision {mixed_precision!r}; known: {', '.join(MIXED_PRECISION)}")
     if mixed_precision == "bf16" and not bf16_supported(device):
         raise ValueError(f"bf16 is not supported on {device}; use mixed_precision='fp32'")
+    if mixed_precision == "bf16" and device.startswith("cpu") and not cpu_bf16_hardware():
+        import warnings
+
+        warnings.warn("mixed_precision='bf16' on a CPU without AVX512-BF16/AMX: torch emulates bf16 here, "
+                      "about 4-5x slower than fp32 (docs/learner.md); set model.mixed_precision=fp32",
+                      SlowPrecisionWarning, stacklevel=2)
 
 
 def decoder_layers(model: Any) -> list[Any]:

@@ -111,6 +111,23 @@ def test_bf16_autocast_step_is_finite(tiny, batch) -> None:
     assert next(learner.model.parameters()).dtype == torch.float32  # master weights stay fp32
 
 
+@pytest.mark.parametrize("hardware", [True, False])
+def test_bf16_on_a_cpu_without_bf16_hardware_warns(monkeypatch, hardware) -> None:
+    import warnings
+
+    from sqlrl.learn import fsdp
+
+    monkeypatch.setattr(fsdp, "cpu_bf16_hardware", lambda: hardware)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        fsdp.check_precision("bf16", "cpu")
+        fsdp.check_precision("fp32", "cpu")
+    slow = [w for w in seen if issubclass(w.category, fsdp.SlowPrecisionWarning)]
+    assert len(slow) == (0 if hardware else 1)
+    if slow:
+        assert "model.mixed_precision=fp32" in str(slow[0].message)
+
+
 def grpo_batch(batch: TokenBatch) -> TokenBatch:
     g = torch.Generator().manual_seed(0)
     adv = (torch.randn(len(batch), 1, generator=g) * batch.loss_mask)

@@ -203,7 +203,8 @@ def test_the_long_preset_runs_each_variant_in_its_own_folder_from_the_base_model
     assert "model.init=tiny" in zeno and "model.init=tiny" in talon  # both start from the base model
     assert "data.mixture={critic: 1.0}" in talon and "data.mixture={text2sql: 0.5, critic: 0.5}" in zeno
     for argv in (zeno, talon):
-        assert "data.eval_size=64" in argv and "data.eval_mixture={text2sql: 0.5, critic: 0.5}" in argv
+        assert "data.eval_size=144" in argv and "data.eval_mixture={text2sql: 0.5, critic: 0.5}" in argv
+        assert "data.eval_split=test+dev" in argv and "model.mixed_precision=bf16" in argv
         assert "data.train_size=160" in argv  # the preset's stage1 size
     rows = json.loads((run / "results.json").read_text())["rows"]
     assert [r["variant"] for r in rows] == [""] + ["zeno"] * 4 + ["talon"] * 4
