@@ -44,6 +44,7 @@ sys.path.insert(0, str(ROOT))
 from sqlrl.learn.batch import TokenBatch  # noqa: E402
 from sqlrl.learn.config import GRPOConfig  # noqa: E402
 from sqlrl.learn.engine import Learner  # noqa: E402
+from sqlrl.learn.fsdp import cpu_bf16_hardware  # noqa: E402
 from sqlrl.learn.losses import forward_logprobs, rollout_mismatch  # noqa: E402
 from sqlrl.learn.optim import OptimConfig  # noqa: E402
 
@@ -86,7 +87,7 @@ def main() -> None:
     optim = OptimConfig(lr=1e-7, micro_batch_size=args.micro, total_steps=2 * args.rounds + 2)
     learner = Learner(args.model, optim)
     batch = make_batch(args, learner.model)
-    extra: dict = {"bf16_hardware": bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())}
+    extra: dict = {"bf16_hardware": cpu_bf16_hardware()}
     if args.compare == "share":
         a, b = "plain", "shared"
         runs = {a: (learner, GRPOConfig(share_prefix=False)), b: (learner, GRPOConfig(share_prefix=True))}

@@ -29,8 +29,9 @@ Guarantees (the ``sqlrl.policy.types`` contract):
   for partially prefilled requests needs (``RuntimeError: CPU Generator does not use offset``,
   seen in a long-preset run); there every sample comes from the engine's generator, seeded at
   construction (``seed``: ``make_backend`` passes the caller's sampling seed) -- different samples
-  for equal prompts, reproducible for the same sequence of calls on a fresh engine, not per call. (Before, ``params.seed`` went to every request unchanged, so a
-  GRPO group's samples were all the same and no group had a gradient.)
+  for equal prompts, reproducible for the same sequence of calls on a fresh engine, not per call.
+  (Before, ``params.seed`` went to every request unchanged, so a GRPO group's samples were all the
+  same and no group had a gradient.)
 - a failed ``generate`` aborts every request left in the engine and raises ``RuntimeError`` naming
   the cause (logged with its traceback), so the next call starts clean instead of waiting forever
   on the failed call's requests; if the abort fails too, the backend is closed (later calls raise);
