@@ -137,6 +137,25 @@ class EvalConfig:
     enabled: bool = True
     modes: tuple[str, ...] = ()  # () = the stage's own mode
     temperature: float = 0.0
+    # Also a sampled evaluation (jobs.held_out.evaluate_sampled): k rollouts a task at
+    # sample_temperature, success = the mean per-task solve rate (avg@k), with pass@k; reported as
+    # mode "<mode>@<k>". 0 = off. sample_modes: () = every evaluated mode, else those of them named.
+    samples: int = 0
+    sample_temperature: float = 0.7
+    sample_modes: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.samples < 0 or self.samples == 1:
+            raise ValueError(f"eval.samples must be 0 (off) or >= 2, got {self.samples}")
+        if self.samples and not self.sample_temperature > 0:
+            raise ValueError(f"eval.sample_temperature must be > 0 for a sampled evaluation, "
+                             f"got {self.sample_temperature}")
+
+    def sampled_modes(self, evaluated: Sequence[str]) -> list[str]:
+        """The evaluated modes that also get a sampled evaluation (none when ``samples`` is 0)."""
+        if not self.samples:
+            return []
+        return [m for m in evaluated if not self.sample_modes or m in self.sample_modes]
 
 
 @dataclass(frozen=True)

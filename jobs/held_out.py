@@ -10,8 +10,16 @@ Guarantees:
 - The summary also holds ``successes``, ``success_ci95`` (the 95% Wilson interval of ``success``,
   ``sqlrl.eval.stats``) and ``per_task``: task id -> ``{"success": 1 | 0 | None (excluded), "kind",
   "difficulty", "domain"}``, so two evaluations of the same tasks can be compared task by task.
+- ``evaluate_sampled(rt, model, tasks, mode, k, temperature)`` rolls every task out ``k`` times at
+  ``temperature`` (sampling seeded with ``data.seed``, so every checkpoint draws with the same
+  seeds) and reports mode ``<mode>@<k>``: ``success`` is the mean over tasks of each task's solve
+  rate (the share of its k samples solved: avg@k, an estimate of the sampled policy's pass@1),
+  ``success_ci95`` its bootstrap interval over tasks, ``pass_at_k`` the share of tasks solved at
+  least once, and ``per_task`` holds the rates. Samples of a task that were not scored are left
+  out of its rate; a task with none scored is excluded (None).
 - ``compare(before, after)`` is the paired bootstrap difference of two such summaries (matched by
-  task id; tasks on one side only are reported in it), or None when either has no ``per_task``.
+  task id; tasks on one side only are reported in it; per-task rates when either is sampled), or
+  None when either has no ``per_task``.
 - ``changes_since_earlier(run_dir, stage, evals)``: for each of ``evals``, the paired difference
   against the latest earlier stage of ``curriculum.stages.STAGES`` whose ``<run_dir>/<stage>/summary.json``
   holds an evaluation in the same mode (``{mode: {"vs": stage, **difference}}``; modes with no
@@ -31,22 +39,28 @@ from jobs.console import Heartbeat
 from jobs.output import console
 
 
-def evaluate(rt: Any, model: str, tasks: Sequence[Any], mode: str) -> dict[str, Any]:
-    """Greedy rollouts of ``model`` on ``tasks`` in ``mode``; success = the reward's result part is 1."""
-    t0 = time.perf_counter()
+def _roll_out(rt: Any, model: str, tasks: Sequence[Any], mode: str, label: str, *, temperature: float,
+              seed: int | None = None) -> tuple[list[Any], list[Any]]:
+    """One rollout of each of ``tasks`` (repeats allowed) in batches, then their breakdowns."""
     batch = rt.cfg.rollout.batch
-    with Heartbeat(f"eval ({mode}) {Path(model).name}", total=len(tasks), unit="tasks rolled out",
+    with Heartbeat(f"eval ({label}) {Path(model).name}", total=len(tasks), unit="rollouts",
                    note="loading the model") as beat:
-        group = rt.rollout_group(model, mode, temperature=rt.cfg.eval.temperature)
+        group = rt.rollout_group(model, mode, temperature=temperature, **({} if seed is None else {"seed": seed}))
         try:
-            trajs = []
+            trajs: list[Any] = []
             for start in range(0, len(tasks), batch):
                 beat.update(len(trajs), note=f"rollout batch {start // batch + 1}/{math.ceil(len(tasks) / batch)}")
                 trajs += group.rollout(list(tasks[start:start + batch]))
         finally:
             rt.release(group)
         beat.update(len(trajs), note="scoring")
-        breakdowns = rt.score(trajs, tasks, f"hybrid_{mode}")
+        return trajs, rt.score(trajs, tasks, f"hybrid_{mode}")
+
+
+def evaluate(rt: Any, model: str, tasks: Sequence[Any], mode: str) -> dict[str, Any]:
+    """Greedy rollouts of ``model`` on ``tasks`` in ``mode``; success = the reward's result part is 1."""
+    t0 = time.perf_counter()
+    trajs, breakdowns = _roll_out(rt, model, tasks, mode, mode, temperature=rt.cfg.eval.temperature)
     from sqlrl.eval.stats import wilson_interval
 
     by_kind: dict[str, list[float]] = {}
@@ -71,6 +85,56 @@ def evaluate(rt: Any, model: str, tasks: Sequence[Any], mode: str) -> dict[str, 
     return out
 
 
+def evaluate_sampled(rt: Any, model: str, tasks: Sequence[Any], mode: str, k: int,
+                     temperature: float) -> dict[str, Any]:
+    """``k`` sampled rollouts of ``model`` per task at ``temperature``: avg@k and pass@k (module doc)."""
+    from sqlrl.eval.stats import mean_interval
+
+    if k < 2 or not temperature > 0:
+        raise ValueError(f"a sampled evaluation needs k >= 2 and temperature > 0, got k={k}, temperature={temperature}")
+    t0 = time.perf_counter()
+    drawn = [t for t in tasks for _ in range(k)]
+    label = f"{mode}@{k}"
+    trajs, breakdowns = _roll_out(rt, model, drawn, mode, label, temperature=temperature, seed=rt.cfg.data.seed)
+    solved: dict[str, list[int]] = {t.task_id: [] for t in tasks}
+    for task, b in zip(drawn, breakdowns):
+        if not b.excluded:
+            solved[task.task_id].append(int(b.parts.get("result", 0.0) >= 1.0))
+    per_task: dict[str, dict[str, Any]] = {}
+    by_kind: dict[str, list[float]] = {}
+    for task in tasks:
+        xs = solved[task.task_id]
+        rate = sum(xs) / len(xs) if xs else None
+        per_task[task.task_id] = {"success": rate, "samples": len(xs), "kind": task.kind,
+                                  "difficulty": getattr(task, "difficulty", None), "domain": task.db_id}
+        if rate is not None:
+            by_kind.setdefault(task.kind, []).append(rate)
+    rates = [x for v in by_kind.values() for x in v]
+    out = {"model": model, "mode": label, "rollout_mode": mode, "samples": k, "temperature": temperature,
+           "n": len(tasks), "scored": len(rates), "success": mean(rates),
+           "success_ci95": list(mean_interval(rates)) if rates else [0.0, 1.0],
+           "pass_at_k": mean(float(r > 0) for r in rates), "successes": sum(sum(v) for v in solved.values()),
+           "rollouts": len(drawn),
+           **{f"success_{kind}": mean(v) for kind, v in sorted(by_kind.items())},
+           "format_ok": mean(b.parts.get("format", 0.0) for b in breakdowns if not b.excluded),
+           "mean_turns": mean(len(t.turns) for t in trajs),
+           "stop_reasons": dict(Counter(t.stop_reason for t in trajs)),
+           "seconds": round(time.perf_counter() - t0, 1), "per_task": per_task}
+    console.print(f"  eval ({label}) {Path(model).name}: success (avg@{k}, T {temperature}) {success_text(out)}, "
+                  f"pass@{k} {out['pass_at_k']:.2f}, format {out['format_ok']:.2f} on {out['scored']} tasks "
+                  f"in {out['seconds']:.0f} s")
+    return out
+
+
+def evaluations(rt: Any, model: str, tasks: Sequence[Any], modes: Sequence[str]) -> list[dict[str, Any]]:
+    """A checkpoint's evaluations as a stage makes them (``eval.*``): greedy in each of ``modes``,
+    then sampled in ``eval.sampled_modes(modes)``."""
+    e = rt.cfg.eval
+    out = [evaluate(rt, model, tasks, m) for m in modes]
+    return out + [evaluate_sampled(rt, model, tasks, m, e.samples, e.sample_temperature)
+                  for m in e.sampled_modes(modes)]
+
+
 def outcomes(summary: Mapping[str, Any]) -> dict[str, Any] | None:
     """Task id -> 1 / 0 / None of an evaluation summary, or None when it has no ``per_task``."""
     per_task = summary.get("per_task")
@@ -86,8 +150,9 @@ def compare(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, An
     b, a = outcomes(before), outcomes(after)
     if b is None or a is None:
         return None
+    fractional = any((s.get("samples") or 1) > 1 for s in (before, after))
     try:
-        return paired_difference(b, a).to_dict()
+        return paired_difference(b, a, fractional=fractional).to_dict()
     except ValueError:
         return None
 

@@ -69,12 +69,15 @@ def stage_args(stage: str, args: list[str]) -> list[str]:
     return ["--config", str(path), *args] if path else list(args)
 
 
-def table_title(source: str) -> str:
-    return f"Success on held-out tasks: {source} (greedy; format = well-formed answers)"
+def table_title(source: str, sampled: bool = False) -> str:
+    how = "greedy, and k samples a task in the <mode>@k columns" if sampled else "greedy"
+    return f"Success on held-out tasks: {source} ({how}; format = well-formed answers)"
 
 
 LEGEND = ("success [95% Wilson interval]; change = success minus the previous row's in the same mode on the "
-          "same tasks [95% paired bootstrap interval] (n = tasks compared, +gained/-lost)")
+          "same tasks [95% paired bootstrap interval] (n = tasks compared, +gained/-lost); a mode <mode>@k "
+          "(eval.samples): k sampled rollouts a task, success = the mean per-task solve rate (avg@k) "
+          "[95% bootstrap interval over tasks], +gained/-lost = tasks whose rate rose/fell")
 
 
 def add_changes(rows: list[dict], modes: list[str]) -> None:
@@ -101,7 +104,8 @@ def change_cell(row: dict, modes: list[str]) -> str:
 
 
 def results_table(rows: list[dict], modes: list[str], held_out_name: str) -> tuple[Table, str]:
-    table = Table(title=table_title(held_out_name))
+    sampled = any("@" in m for m in modes)
+    table = Table(title=table_title(held_out_name, sampled))
     table.add_column("model")
     for m in modes:
         table.add_column(f"{m} success", justify="right")
@@ -118,7 +122,8 @@ def results_table(rows: list[dict], modes: list[str], held_out_name: str) -> tup
             if e is None:
                 cells += ["—", "—"]
             else:
-                cells += [f"{held_out.success_text(e)} (format {e.get('format_ok', 0.0):.2f}, n={e['scored']})",
+                k = f", pass@{e['samples']} {e['pass_at_k']:.2f}" if "pass_at_k" in e else ""
+                cells += [f"{held_out.success_text(e)} (format {e.get('format_ok', 0.0):.2f}{k}, n={e['scored']})",
                           " / ".join(f"{e[k]:.2f}" if k in e else "—" for k in ("success_critic", "success_text2sql"))]
         cells.append(change_cell(row, modes))
         cells.append(time_cell(row))
@@ -288,6 +293,10 @@ def main(argv: list[str] | None = None) -> int:
         if overwrite:
             common.append("overwrite=true")
         finished = {(v, s): bool(config(s, v).existing_result()) for v in variants for s in stages}
+        sampled: list[str] = []  # the stages' sampled evaluations (eval.samples): columns of their own
+        for c in (config(s, v) for v in variants for s in stages):
+            sampled += [f"{m}@{c.eval.samples}" for m in c.eval.sampled_modes(c.eval.modes or (c.mode,))
+                        if f"{m}@{c.eval.samples}" not in sampled]
         done = [f"{v + '/' if v else ''}{s}" for (v, s), f in finished.items() if f]
     except (ConfigError, ValueError) as exc:
         raise SystemExit(f"main: {exc}") from None
@@ -307,6 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     spider_n = a.spider_size if a.spider_size is not None else (preset.spider_eval or 100)
     if a.spider_eval:
         modes.append("spider")
+    shown = modes + sampled  # the base model is not sampled: its rows there are empty
     data = stage_data.prepare_data(first)
     spider = stage_data.spider_held_out(a.spider_eval, spider_n, first.data.seed + 1) if a.spider_eval else None
     heading(console, f"sqlrl main job: {a.model}, preset {a.preset}"
@@ -339,8 +349,8 @@ def main(argv: list[str] | None = None) -> int:
             resumed = True
         rows.append({"name": f"base ({a.model})", "variant": "", "eval": base, "seconds": time.perf_counter() - t0,
                      "resumed": resumed})
-        add_changes(rows, modes)
-        phases.finished(phase_line(rows[-1], modes))
+        add_changes(rows, shown)
+        phases.finished(phase_line(rows[-1], shown))
 
         # -- run: each variant's stages, each from the previous one's checkpoint
         for variant in variants:
@@ -359,11 +369,11 @@ def main(argv: list[str] | None = None) -> int:
                     evals.update(spider_eval(summary["checkpoint"]))
                 rows.append({"name": f"+ {label} {title}", "label": f"+ {stage} {title}", "variant": variant, "eval": evals,
                              "seconds": time.perf_counter() - t0, "resumed": kept})
-                add_changes(rows, modes)
-                phases.finished(phase_line(rows[-1], modes))
+                add_changes(rows, shown)
+                phases.finished(phase_line(rows[-1], shown))
 
     # -- report: the table, once, and the figures
-    table, md = results_table(rows, modes, data.source)
+    table, md = results_table(rows, shown, data.source)
     total = time.perf_counter() - t_start
     report = {"model": a.model, "preset": a.preset, "variants": variants, "held_out": data.source,
               "spider": spider.source if spider else None, "rows": rows, "seconds": total}
@@ -375,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     if console.is_terminal:
         console.print(table)
     else:  # plain markdown, full width: nothing wrapped or cut in a log
-        print(table_title(data.source), md, sep="\n", end="", flush=True)
+        print(table_title(data.source, bool(sampled)), md, sep="\n", end="", flush=True)
     console.print(LEGEND, markup=False, highlight=False, soft_wrap=True)
     last = run_dir / variants[0] if variants[0] else run_dir
     console.print(f"total {total / 60:.1f} min; checkpoints in {last}/<stage>/final; "

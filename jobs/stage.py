@@ -6,8 +6,8 @@ Setup: the config (``--config FILE`` + ``key=value`` overrides into ``StageConfi
 before any work; the data (``jobs.stage_data``); the actors (``jobs.runtime``). Run: the stage's
 data builder (``StageSpec.build``: verified training items) and its trainer
 (``jobs.train.TRAINERS[spec.trainer]``). Cleanup: the checkpoint in ``<run_dir>/<stage>/final``,
-its held-out evaluation (``jobs.held_out``: success with its 95% interval, per-task outcomes, and
-``eval_change``, the paired difference against the latest earlier stage evaluated in the same mode),
+its held-out evaluation (``jobs.held_out``: success with its 95% interval, per-task outcomes -- greedy,
+plus a sampled ``<mode>@k`` one when ``eval.samples`` is set -- and ``eval_change``, the paired difference against the latest earlier stage evaluated in the same mode),
 ``summary.json``, metrics and curves.
 Which stages exist and what each one does is ``curriculum.stages.STAGES``; the
 ``jobs/stage*.py`` files are thin ``python -m`` entry points onto this module.
@@ -101,7 +101,9 @@ def describe_stage(cfg: StageConfig, start: str, config_path: str | None) -> str
     d = cfg.data
     source = f"Spider ({d.spider})" if d.spider else f"generated ({d.synth_dir})"
     mixture = ", ".join(f"{k} {v:g}" for k, v in d.mixture.items())
-    evals = (f"{d.eval_size} held-out tasks, {', '.join(cfg.eval.modes or (cfg.mode,))}"
+    modes = cfg.eval.modes or (cfg.mode,)
+    sampled = [f"{m}@{cfg.eval.samples} (T {cfg.eval.sample_temperature:g})" for m in cfg.eval.sampled_modes(modes)]
+    evals = (f"{d.eval_size} held-out tasks, {', '.join([*modes, *sampled])}"
              if cfg.eval.enabled and d.eval_size else "off")
     outputs = f"{cfg.stage_dir}" + (" (replacing its result: overwrite=true)" if cfg.existing_result() else "")
     return "\n".join([
@@ -142,8 +144,7 @@ def finish_stage(rt: Any, learner: Any, history: list[dict], logger: Any,
     curves = logger.close()
     evals = []
     if cfg.eval.enabled and rt.data.eval:
-        for mode in cfg.eval.modes or (cfg.mode,):
-            evals.append(held_out.evaluate(rt, str(final), rt.data.eval, mode))
+        evals = held_out.evaluations(rt, str(final), rt.data.eval, cfg.eval.modes or (cfg.mode,))
     summary = {"stage": cfg.stage, "title": cfg.spec.title, "checkpoint": str(final),
                "steps": len(history), "data": rt.data.counts(), "source": rt.data.source,
                "last": history[-1] if history else {}, "eval": evals,

@@ -5,6 +5,8 @@ evaluations of the same tasks with a bootstrap interval.
     rate = success_rate([1, 0, 1, 1])             # Rate(successes=3, n=4, rate=0.75, ci95=(...))
     d = paired_difference({"t1": 0, "t2": 1}, {"t1": 1, "t2": 1})
     d.diff, d.ci95, d.only_before, d.only_after   # after - before, its interval, unmatched ids
+    paired_difference({"t1": 0.25, "t2": 0.5}, {"t1": 0.75, "t2": 0.5}, fractional=True)
+    mean_interval([0.25, 0.5, 1.0])               # bootstrap interval of a mean of per-task rates
 
 Guarantees:
 - ``wilson_interval(k, n)`` is the Wilson score interval for a binomial proportion,
@@ -25,6 +27,14 @@ Guarantees:
   bit, independent of the order of the mappings. Resampling per-task differences in {-1, 0, 1}
   is done exactly as a multinomial draw over their three counts (the same distribution as drawing
   indices), so memory does not grow with the number of tasks. Identical outcomes give ``(0, 0)``.
+- ``fractional=True``: the outcomes are per-task rates in [0, 1] (the share of a task's k sampled
+  rollouts that solved it; anything else is a ``ValueError`` naming the task); the matching and
+  reporting are the same, the resamples draw task indices (pairs kept together), ``gained`` /
+  ``lost`` count the tasks whose rate rose / fell. Binary outcomes give the same ``diff``,
+  ``gained`` and ``lost`` either way.
+- ``mean_interval(values)`` is the percentile bootstrap interval (tasks drawn with replacement,
+  same seed rule) of the mean of per-task rates in [0, 1]; it contains the mean; no values gives
+  ``(0, 1)``.
 - Pure Python + numpy; no Ray, no I/O.
 """
 
@@ -35,7 +45,8 @@ from dataclasses import dataclass
 from statistics import NormalDist
 from typing import Any, Iterable, Mapping
 
-__all__ = ["Rate", "PairedDiff", "wilson_interval", "success_rate", "paired_difference", "as_outcome"]
+__all__ = ["Rate", "PairedDiff", "wilson_interval", "success_rate", "paired_difference", "as_outcome",
+           "as_rate", "mean_interval"]
 
 
 def _z(level: float) -> float:
@@ -72,6 +83,39 @@ def as_outcome(value: Any, task_id: str = "?") -> int | None:
     if isinstance(value, (int, float)) and value in (0, 1):
         return int(value)
     raise ValueError(f"task {task_id!r}: an outcome must be 0, 1, a bool or None, got {value!r}")
+
+
+def as_rate(value: Any, task_id: str = "?") -> float | None:
+    """A per-task rate in [0, 1] (bools and ints count as 0 / 1), or None (unscored); anything
+    else -- NaN, a string, a value outside [0, 1] -- is a ValueError."""
+    if value is None:
+        return None
+    if isinstance(value, (bool, int, float)) and 0.0 <= float(value) <= 1.0:
+        return float(value)
+    raise ValueError(f"task {task_id!r}: a rate must be a number in [0, 1] or None, got {value!r}")
+
+
+def mean_interval(values: Iterable[Any], *, resamples: int = 10_000, seed: int = 0,
+                  level: float = 0.95) -> tuple[float, float]:
+    """The percentile bootstrap interval of the mean of per-task rates (see the module doc)."""
+    import numpy as np
+
+    _check_resamples(resamples)
+    _z(level)
+    xs = np.array([r for i, v in enumerate(values) if (r := as_rate(v, str(i))) is not None], dtype=float)
+    if not len(xs):
+        return (0.0, 1.0)
+    rng = np.random.default_rng(seed)
+    means = xs[rng.integers(0, len(xs), size=(resamples, len(xs)))].mean(axis=1)
+    tail = (1.0 - level) / 2.0
+    low, high = (float(x) for x in np.quantile(means, [tail, 1.0 - tail]))
+    m = float(xs.mean())
+    return (min(low, m), max(high, m))
+
+
+def _check_resamples(resamples: Any) -> None:
+    if isinstance(resamples, bool) or not isinstance(resamples, int) or resamples < 1:
+        raise ValueError(f"resamples must be a positive integer, got {resamples!r}")
 
 
 @dataclass(frozen=True)
@@ -111,6 +155,7 @@ class PairedDiff:
     resamples: int = 10_000
     seed: int = 0
     level: float = 0.95
+    fractional: bool = False  # per-task rates (k sampled rollouts a task), not 0/1 outcomes
 
     @property
     def matched(self) -> bool:
@@ -122,19 +167,21 @@ class PairedDiff:
                 "ci95": list(self.ci95), "gained": self.gained, "lost": self.lost,
                 "only_before": list(self.only_before), "only_after": list(self.only_after),
                 "unscored": list(self.unscored), "resamples": self.resamples, "seed": self.seed,
-                "level": self.level}
+                "level": self.level, "fractional": self.fractional}
 
 
 def paired_difference(before: Mapping[str, Any], after: Mapping[str, Any], *, resamples: int = 10_000,
-                      seed: int = 0, level: float = 0.95, strict: bool = False) -> PairedDiff:
-    """The paired bootstrap difference ``after - before`` (see the module doc)."""
+                      seed: int = 0, level: float = 0.95, strict: bool = False,
+                      fractional: bool = False) -> PairedDiff:
+    """The paired bootstrap difference ``after - before`` (see the module doc); ``fractional``:
+    per-task rates in [0, 1] instead of 0/1 outcomes."""
     import numpy as np
 
-    if isinstance(resamples, bool) or not isinstance(resamples, int) or resamples < 1:
-        raise ValueError(f"resamples must be a positive integer, got {resamples!r}")
+    _check_resamples(resamples)
     _z(level)  # checks the level
-    b = {str(k): as_outcome(v, str(k)) for k, v in before.items()}
-    a = {str(k): as_outcome(v, str(k)) for k, v in after.items()}
+    convert = as_rate if fractional else as_outcome
+    b = {str(k): convert(v, str(k)) for k, v in before.items()}
+    a = {str(k): convert(v, str(k)) for k, v in after.items()}
     only_before = tuple(sorted(set(b) - set(a)))
     only_after = tuple(sorted(set(a) - set(b)))
     both = sorted(set(a) & set(b))
@@ -148,15 +195,21 @@ def paired_difference(before: Mapping[str, Any], after: Mapping[str, Any], *, re
         raise ValueError(f"no task is scored in both evaluations ({len(b)} before, {len(a)} after, "
                          f"{len(both)} ids in common)")
     n = len(pairs)
-    gained = sum(1 for x, y in pairs if (x, y) == (0, 1))
-    lost = sum(1 for x, y in pairs if (x, y) == (1, 0))
-    diff = (gained - lost) / n
+    gained = sum(1 for x, y in pairs if y > x)
+    lost = sum(1 for x, y in pairs if y < x)
     rng = np.random.default_rng(seed)
-    # each resample: counts of (+1, -1, 0) differences among n tasks drawn with replacement
-    counts = rng.multinomial(n, [gained / n, lost / n, (n - gained - lost) / n], size=resamples)
-    means = (counts[:, 0] - counts[:, 1]) / n
+    if fractional:
+        d = np.array([y - x for x, y in pairs], dtype=float)
+        diff = float(d.mean())
+        means = d[rng.integers(0, n, size=(resamples, n))].mean(axis=1)
+    else:
+        diff = (gained - lost) / n
+        # each resample: counts of (+1, -1, 0) differences among n tasks drawn with replacement
+        counts = rng.multinomial(n, [gained / n, lost / n, (n - gained - lost) / n], size=resamples)
+        means = (counts[:, 0] - counts[:, 1]) / n
     tail = (1.0 - level) / 2.0
     low, high = (float(x) for x in np.quantile(means, [tail, 1.0 - tail]))
     return PairedDiff(n=n, before=sum(x for x, _ in pairs) / n, after=sum(y for _, y in pairs) / n,
                       diff=diff, ci95=(low, high), gained=gained, lost=lost, only_before=only_before,
-                      only_after=only_after, unscored=unscored, resamples=resamples, seed=seed, level=level)
+                      only_after=only_after, unscored=unscored, resamples=resamples, seed=seed, level=level,
+                      fractional=fractional)
