@@ -112,7 +112,7 @@ def evaluate_sampled(rt: Any, model: str, tasks: Sequence[Any], mode: str, k: in
     rates = [x for v in by_kind.values() for x in v]
     out = {"model": model, "mode": label, "rollout_mode": mode, "samples": k, "temperature": temperature,
            "n": len(tasks), "scored": len(rates), "success": mean(rates),
-           "success_ci95": list(mean_interval(rates)) if rates else [0.0, 1.0],
+           "success_ci95": list(mean_interval(rates)),  # (0, 1) when no task was scored
            "pass_at_k": mean(float(r > 0) for r in rates), "successes": sum(sum(v) for v in solved.values()),
            "rollouts": len(drawn),
            **{f"success_{kind}": mean(v) for kind, v in sorted(by_kind.items())},
