@@ -21,7 +21,8 @@ agentic) with its 95% Wilson interval for the base model and after every stage,
 and the paired difference (95% bootstrap interval, ``jobs.held_out.compare``) against the previous
 row of the same variant (the base model for a variant's first stage) evaluated in the same mode
 on the same tasks — printed once at the end and written to ``<run_dir>/results.{json,md}`` with the
-figures of ``jobs.report`` in ``<run_dir>/curves`` (one summary line per phase as it ends).
+figures of ``jobs.report`` in ``<run_dir>/curves`` (one summary line per phase as it ends, with
+its time and the job process's peak resident memory, ``peak_rss_gib`` in ``results.json``).
 Checkpoints stay in ``<run_dir>/[<variant>/]<stage>/final`` for serving.
 
 A run dir whose stages already hold results (``<run_dir>/<stage>/summary.json`` or ``final/``) is
@@ -59,6 +60,7 @@ from jobs.report import write_figures
 from curriculum.stages import STAGES
 from jobs.console import heading, make_console, quiet_third_party_bars
 from sqlrl.db.dialects.descriptor import find
+from sqlrl import memory
 
 console = make_console()
 
@@ -179,11 +181,13 @@ def read_base_eval(run_dir: Path, key: dict[str, Any]) -> dict[str, Any] | None:
 
 def phase_line(row: dict, modes: list[str]) -> str:
     """One line for a finished phase: its evaluations (with intervals, and the change since the
-    previous evaluation in the same mode) and its time."""
+    previous evaluation in the same mode), its time and the job process's peak resident memory
+    during it (``sqlrl.memory``; the process's peak so far where the kernel cannot reset it)."""
     evals = [f"{m} {held_out.success_text(e)} (format {e.get('format_ok', 0.0):.2f}, n={e['scored']})"
              for m in modes if (e := row["eval"].get(m)) is not None]
     changes = [f"{m} {held_out.change_text(d)} vs {d['vs']}" for m in modes if (d := row.get("change", {}).get(m))]
-    return (f"{row['name']}: {', '.join(evals) or 'not evaluated'}; {time_cell(row)}"
+    peak = f", peak memory {row['peak_rss_gib']:.1f} GiB" if row.get("peak_rss_gib") and not row.get("resumed") else ""
+    return (f"{row['name']}: {', '.join(evals) or 'not evaluated'}; {time_cell(row)}{peak}"
             + (f"; change: {', '.join(changes)}" if changes else ""))
 
 
@@ -333,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     with Phases(1 + len(stages) * len(variants)) as phases:
         phases.start("base model evaluation")
-        t0 = time.perf_counter()
+        t0, _ = time.perf_counter(), memory.reset_peak()
         base_key = {"model": a.model, "schema_style": first.model.schema_style, "modes": modes,
                     "tasks": [t.task_id for t in data.eval],
                     "spider": [t.task_id for t in spider.eval] if spider else None}
@@ -348,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             resumed = True
         rows.append({"name": f"base ({a.model})", "variant": "", "eval": base, "seconds": time.perf_counter() - t0,
-                     "resumed": resumed})
+                     "resumed": resumed, "peak_rss_gib": memory.peak_gib()})
         add_changes(rows, shown)
         phases.finished(phase_line(rows[-1], shown))
 
@@ -358,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
                 title = STAGES[stage].title
                 label = f"{variant} {stage}" if variant else stage
                 phases.start(f"{label}: {title}")
-                t0 = time.perf_counter()
+                t0, _ = time.perf_counter(), memory.reset_peak()
                 init = a.model if i == 0 else "previous"
                 argv = stage_args(stage, args_for(stage, variant, init))
                 kept = a.resume and finished[variant, stage]
@@ -368,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
                 if spider is not None:
                     evals.update(spider_eval(summary["checkpoint"]))
                 rows.append({"name": f"+ {label} {title}", "label": f"+ {stage} {title}", "variant": variant, "eval": evals,
-                             "seconds": time.perf_counter() - t0, "resumed": kept})
+                             "seconds": time.perf_counter() - t0, "resumed": kept, "peak_rss_gib": memory.peak_gib()})
                 add_changes(rows, shown)
                 phases.finished(phase_line(rows[-1], shown))
 

@@ -37,6 +37,7 @@ from curriculum.stages import BuildInputs, stage_spec
 from jobs.console import Heartbeat, quiet_third_party_bars
 from jobs.output import build_phase, console, stage_logger
 from jobs.train import TRAINERS
+from sqlrl import memory
 from sqlrl.agent.prompts import record_schema_style
 
 
@@ -45,6 +46,7 @@ def run_stage(stage: str, argv: Sequence[str] | None = None) -> dict[str, Any]:
     # -- setup
     spec = stage_spec(stage)
     cfg = parse_stage_args(stage, argv)
+    peak_scope = "stage" if memory.reset_peak() else "process"  # see finish_stage
     save_config(cfg)
     data = stage_data.prepare_data(cfg)
     with runtime.Runtime(cfg, data) as rt:
@@ -59,7 +61,7 @@ def run_stage(stage: str, argv: Sequence[str] | None = None) -> dict[str, Any]:
         logger = stage_logger(cfg)
         learner, history = TRAINERS[spec.trainer].train(rt, cfg.init_model(), items, logger)
         # -- cleanup: checkpoint, evaluation, summary
-        return finish_stage(rt, learner, history, logger, {"data_build": report.to_dict()})
+        return finish_stage(rt, learner, history, logger, {"data_build": report.to_dict()}, peak_scope=peak_scope)
 
 
 def parse_stage_args(stage: str, argv: Sequence[str] | None) -> StageConfig:
@@ -131,8 +133,13 @@ def save_config(cfg: StageConfig) -> None:
 
 
 def finish_stage(rt: Any, learner: Any, history: list[dict], logger: Any,
-                 extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Save the final checkpoint to ``<stage_dir>/final``, evaluate it, write ``summary.json``."""
+                 extra: Mapping[str, Any] | None = None, *, peak_scope: str = "process") -> dict[str, Any]:
+    """Save the final checkpoint to ``<stage_dir>/final``, evaluate it, write ``summary.json``.
+
+    The summary's ``peak_rss_gib`` is this process's peak resident memory over the stage
+    (``peak_scope: "stage"``) or, where the peak could not be reset, since the process started
+    (``"process"``). It is the job's driver: with ``cluster.ray: false`` every worker runs in it;
+    on Ray the actors' memory is on the dashboard."""
     from sqlrl.config import to_dict
 
     cfg = rt.cfg
@@ -149,6 +156,7 @@ def finish_stage(rt: Any, learner: Any, history: list[dict], logger: Any,
                "steps": len(history), "data": rt.data.counts(), "source": rt.data.source,
                "last": history[-1] if history else {}, "eval": evals,
                "eval_change": held_out.changes_since_earlier(cfg.run_dir, cfg.stage, evals),
-               "curves": [str(p) for p in curves], "config": to_dict(cfg), **(extra or {})}
+               "curves": [str(p) for p in curves], "peak_rss_gib": memory.peak_gib(), "peak_rss_scope": peak_scope,
+               "config": to_dict(cfg), **(extra or {})}
     (cfg.stage_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     return summary

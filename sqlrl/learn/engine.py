@@ -19,6 +19,8 @@ means ``torch.autocast`` (bf16 matmuls, fp32 weights), with FSDP it means FSDP2'
   reference model under ``no_grad`` before the update;
 - global grad-norm clipping (DTensor-aware ``clip_grad_norm_``), ``AdamW`` step, ``LambdaLR`` step;
   a non-finite grad norm skips the update (reported as ``skipped=1``, the step counter stays);
+- after the update the freed heap goes back to the OS (``sqlrl.memory.trim``: on CPU the step's
+  activations and gradients otherwise stay resident as heap garbage, step after step);
 - returns metrics identical on every rank: ``loss`` and the loss's own metrics (weighted by
   ``weight`` over all micro-batches and ranks; counts named ``n_*`` are summed instead), ``lr`` (the lr used), ``grad_norm`` (before clipping), ``tokens``
   (sum over ranks), ``tokens_per_s``, ``step_time_s`` (slowest rank), ``micro_batches``, ``step``,
@@ -39,6 +41,8 @@ import os
 import time
 from collections import defaultdict
 from typing import Any, Mapping
+
+from sqlrl.memory import trim as trim_heap
 
 from .fsdp import DistConfig, check_precision, default_device, init_distributed, shard_model
 from .optim import OptimConfig, build_optimizer, build_scheduler
@@ -198,6 +202,7 @@ class Learner:
             self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
             self.step_count += 1
+        trim_heap()  # the step's activations and gradients are free: give their heap pages back
         elapsed = time.perf_counter() - t0
         gathered = self._gather((dict(sums), int(batch.n_tokens), elapsed))
         merged: dict[str, float] = defaultdict(float)

@@ -53,6 +53,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from sqlrl.memory import trim as trim_heap
+
 from .types import Generation, SamplingParams, row_seed
 
 logger = logging.getLogger(__name__)
@@ -220,7 +222,7 @@ class VLLMBackend:
     def close(self) -> None:
         """Stop the engine (its processes, or in-process its worker) and free its memory (the
         weights and the KV cache): the engine is dropped and collected now, not at some later
-        garbage collection. Idempotent; ``generate`` after ``close`` raises."""
+        garbage collection, and the freed heap goes back to the OS (``sqlrl.memory.trim``). Idempotent; ``generate`` after ``close`` raises."""
         import gc
 
         llm, self.llm = getattr(self, "llm", None), None
@@ -230,3 +232,4 @@ class VLLMBackend:
             shutdown()
         del llm, engine, shutdown
         gc.collect()
+        trim_heap()

@@ -66,8 +66,13 @@ def setup(tmp_path_factory):
                for t in tasks[:3]]
     yield {"db": db, "tasks": tasks, "schemas": schemas, "policy": policy, "vllm": vllm,
            "hf": HFBackend(policy), "prompts": prompts}
+    from sqlrl import memory
+
+    before = memory.rss_bytes()
     vllm.close()  # the engine ends (ActorGroup.stop closes in-process workers this way)
     assert vllm.llm is None
+    if vllm.in_process and memory.rss_bytes():  # its 1 GiB KV cache and weights leave this process now
+        assert before - memory.rss_bytes() > 0.7 * memory.GIB, (before, memory.rss_bytes())
     with pytest.raises(RuntimeError, match="closed"):
         vllm.generate(prompts[:1], SamplingParams(max_new_tokens=2))
     vllm.close()  # idempotent

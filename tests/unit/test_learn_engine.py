@@ -104,6 +104,17 @@ def test_lr_and_clipping_in_step_metrics(tiny, batch) -> None:
     assert any(not torch.equal(before[k], after[k]) for k in before)
 
 
+def test_every_step_hands_its_freed_heap_back(tiny, batch, monkeypatch) -> None:
+    import sqlrl.learn.engine as engine
+
+    trims = []
+    monkeypatch.setattr(engine, "trim_heap", lambda: trims.append(1) or True)
+    learner = Learner(tiny, OptimConfig(lr=1e-3, micro_batch_size=3))
+    for _ in range(2):
+        learner.step(batch, "sft", SFTConfig())
+    assert len(trims) == 2  # once a step, after the update (sqlrl.memory.trim; tests/unit/test_memory.py)
+
+
 def test_bf16_autocast_step_is_finite(tiny, batch) -> None:
     learner = Learner(tiny, OptimConfig(lr=1e-3, micro_batch_size=6), mixed_precision="bf16")
     m = learner.step(batch, "sft", SFTConfig())

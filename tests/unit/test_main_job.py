@@ -77,7 +77,9 @@ def test_a_fresh_run_prints_a_line_per_phase_and_the_table_once_in_full(fake, tm
     assert md.strip() in out  # the plain markdown table, no line wrapped or cut
     assert "| + stage4 agentic GRPO | — | — | 0.50 (format 1.00, n=4) | 0.00 / 1.00 |" in out
     assert "┃" not in out and "│" not in out  # no rich box drawing off a terminal
-    assert json.loads((tmp_path / "run" / "results.json").read_text())["rows"][0]["name"] == "base (tiny)"
+    rows = json.loads((tmp_path / "run" / "results.json").read_text())["rows"]
+    assert rows[0]["name"] == "base (tiny)" and all(r["peak_rss_gib"] > 0 for r in rows)
+    assert err.count(" GiB") >= 5 and "s, peak memory " in err  # every phase line: time, then peak memory
     final = (tmp_path / "run" / "stage4" / "final").resolve()
     assert f"SQLRL_SERVE_API_KEYS=<key> python -m jobs.serve --model zeno={final}" in out + err
 

@@ -118,6 +118,9 @@ def test_a_new_stage_is_one_registry_entry(fake_stage, tmp_path, capsys, monkeyp
     assert fake_stage["evals"] == [("tiny", "single"), ("tiny", "agentic"), ("final", "single")]
     summary = json.loads((run / "stage5" / "summary.json").read_text())
     assert summary["title"] == "answer polish SFT" and summary["steps"] == 2 and summary["data_build"]["kept"] == 3
+    # the job process's peak memory over the stage (Linux resets the peak at the stage's start)
+    assert summary["peak_rss_gib"] > 0 and summary["peak_rss_scope"] in {"stage", "process"}
+    assert "peak memory" in err  # the main job's line for the phase
     assert "stage: stage5" in (run / "stage5" / "config.yaml").read_text()
     metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [m["stage"] for m in metrics] == ["stage5", "stage5"] and metrics[0]["loss"] == 0.25
