@@ -337,7 +337,8 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     with Phases(1 + len(stages) * len(variants)) as phases:
         phases.start("base model evaluation")
-        t0, _ = time.perf_counter(), memory.reset_peak()
+        t0 = time.perf_counter()
+        memory.reset_peak()  # this phase's own peak (run_stage resets it again at its start)
         base_key = {"model": a.model, "schema_style": first.model.schema_style, "modes": modes,
                     "tasks": [t.task_id for t in data.eval],
                     "spider": [t.task_id for t in spider.eval] if spider else None}
@@ -362,7 +363,8 @@ def main(argv: list[str] | None = None) -> int:
                 title = STAGES[stage].title
                 label = f"{variant} {stage}" if variant else stage
                 phases.start(f"{label}: {title}")
-                t0, _ = time.perf_counter(), memory.reset_peak()
+                t0 = time.perf_counter()
+                memory.reset_peak()  # this phase's own peak (run_stage resets it again at its start)
                 init = a.model if i == 0 else "previous"
                 argv = stage_args(stage, args_for(stage, variant, init))
                 kept = a.resume and finished[variant, stage]

@@ -222,7 +222,8 @@ class VLLMBackend:
     def close(self) -> None:
         """Stop the engine (its processes, or in-process its worker) and free its memory (the
         weights and the KV cache): the engine is dropped and collected now, not at some later
-        garbage collection, and the freed heap goes back to the OS (``sqlrl.memory.trim``). Idempotent; ``generate`` after ``close`` raises."""
+        garbage collection, and the freed heap goes back to the OS (``sqlrl.memory.trim``).
+        Idempotent; ``generate`` after ``close`` raises."""
         import gc
 
         llm, self.llm = getattr(self, "llm", None), None

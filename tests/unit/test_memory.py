@@ -14,7 +14,7 @@ MIB = 2 ** 20
 
 @pytest.mark.skipif(not GLIBC, reason="malloc_trim is glibc's (Linux); elsewhere trim() is a no-op, tested below")
 def test_trim_returns_the_free_pages_of_a_fragmented_heap_and_keeps_live_blocks():
-    libc = memory._libc()
+    libc = ctypes.CDLL("libc.so.6")  # a handle of its own: these prototypes stay out of sqlrl.memory's
     libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
     libc.free.argtypes = [ctypes.c_void_p]
     blocks = [libc.malloc(8192) for _ in range(20_000)]  # 160 MiB of heap chunks (below the mmap threshold)
