@@ -9,7 +9,10 @@ Guarantees:
   a failed rollout -- counts in ``n`` but not in ``scored``). ``format_ok`` is the mean format part.
 - The summary also holds ``successes``, ``success_ci95`` (the 95% Wilson interval of ``success``,
   ``sqlrl.eval.stats``) and ``per_task``: task id -> ``{"success": 1 | 0 | None (excluded), "kind",
-  "difficulty", "domain"}``, so two evaluations of the same tasks can be compared task by task.
+  "difficulty", "domain", "answer"}``, so two evaluations of the same tasks can be compared task by
+  task; ``answer`` is a fingerprint of everything the model generated on the task (``fingerprint``:
+  equal exactly when the generated token ids are), so a change of behaviour shows even where
+  success does not move.
 - ``evaluate_sampled(rt, model, tasks, mode, k, temperature)`` rolls every task out ``k`` times at
   ``temperature`` (sampling seeded with ``data.seed``, so every checkpoint draws with the same
   seeds) and reports mode ``<mode>@<k>``: ``success`` is the mean over tasks of each task's solve
@@ -19,7 +22,8 @@ Guarantees:
   out of its rate; a task with none scored is excluded (None).
 - ``compare(before, after)`` is the paired bootstrap difference of two such summaries (matched by
   task id; tasks on one side only are reported in it; per-task rates when either is sampled), or
-  None when either has no ``per_task``.
+  None when either has no ``per_task``; with ``answers_changed`` (of ``answers_compared``) when both
+  carry answer fingerprints.
 - ``changes_since_earlier(run_dir, stage, evals)``: for each of ``evals``, the paired difference
   against the latest earlier stage of ``curriculum.stages.STAGES`` whose ``<run_dir>/<stage>/summary.json``
   holds an evaluation in the same mode (``{mode: {"vs": stage, **difference}}``; modes with no
@@ -65,10 +69,11 @@ def evaluate(rt: Any, model: str, tasks: Sequence[Any], mode: str) -> dict[str, 
 
     by_kind: dict[str, list[float]] = {}
     per_task: dict[str, dict[str, Any]] = {}
-    for task, b in zip(tasks, breakdowns):
+    for task, traj, b in zip(tasks, trajs, breakdowns):
         ok_one = None if b.excluded else int(b.parts.get("result", 0.0) >= 1.0)
         per_task[task.task_id] = {"success": ok_one, "kind": task.kind,
-                                  "difficulty": getattr(task, "difficulty", None), "domain": task.db_id}
+                                  "difficulty": getattr(task, "difficulty", None), "domain": task.db_id,
+                                  "answer": fingerprint(traj)}
         if ok_one is not None:
             by_kind.setdefault(task.kind, []).append(float(ok_one))
     ok = [x for v in by_kind.values() for x in v]
@@ -152,9 +157,23 @@ def compare(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, An
         return None
     fractional = any((s.get("samples") or 1) > 1 for s in (before, after))
     try:
-        return paired_difference(b, a, fractional=fractional).to_dict()
+        out = paired_difference(b, a, fractional=fractional).to_dict()
     except ValueError:
         return None
+    pb, pa = before["per_task"], after["per_task"]
+    both = [t for t in pb if t in pa and (pb[t] or {}).get("answer") and (pa[t] or {}).get("answer")]
+    if both:
+        out.update(answers_compared=len(both), answers_changed=sum(pb[t]["answer"] != pa[t]["answer"] for t in both))
+    return out
+
+
+def fingerprint(traj: Any) -> str:
+    """16 hex digits of SHA-256 over the model-generated token ids of a trajectory (the ids under
+    its loss mask, in order): the same for two rollouts exactly when the model wrote the same."""
+    import hashlib
+
+    ids = [t for t, m in zip(traj.token_ids, traj.loss_mask) if m]
+    return hashlib.sha256(",".join(map(str, ids)).encode()).hexdigest()[:16]
 
 
 def changes_since_earlier(run_dir: str | Path, stage: str, evals: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -192,11 +211,14 @@ def success_text(e: Mapping[str, Any]) -> str:
 
 
 def change_text(d: Mapping[str, Any]) -> str:
-    """``+0.06 [-0.03, +0.16] (n=64, +9/-5)``: a paired difference, its interval, the tasks
-    gained and lost; ``unmatched tasks!`` marks a comparison whose task sets differ (listed in ``d``)."""
+    """``+0.06 [-0.03, +0.16] (n=64, +9/-5, 21 answers changed)``: a paired difference, its
+    interval, the tasks gained and lost, and (when both sides have answer fingerprints) on how many
+    tasks the model's output changed at all; ``unmatched tasks!`` marks a comparison whose task
+    sets differ (listed in ``d``)."""
     lo, hi = d["ci95"]
     mismatch = "" if not (d["only_before"] or d["only_after"] or d["unscored"]) else ", unmatched tasks!"
-    return f"{d['diff']:+.2f} [{lo:+.2f}, {hi:+.2f}] (n={d['n']}, +{d['gained']}/-{d['lost']}{mismatch})"
+    answers = f", {d['answers_changed']} answers changed" if "answers_changed" in d else ""
+    return f"{d['diff']:+.2f} [{lo:+.2f}, {hi:+.2f}] (n={d['n']}, +{d['gained']}/-{d['lost']}{answers}{mismatch})"
 
 
 def mean(xs: Iterable[float]) -> float:

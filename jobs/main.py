@@ -113,10 +113,11 @@ def results_table(rows: list[dict], modes: list[str], held_out_name: str) -> tup
         table.add_column(f"{m} success", justify="right")
         table.add_column(f"{m}: debug / text2sql", justify="right")
     table.add_column("change vs previous", justify="right")
+    table.add_column("training signal", justify="right")
     table.add_column("stage time", justify="right")
     md = ["| model | " + " | ".join(f"{m} success | {m}: debug / text2sql" for m in modes)
-          + " | change vs previous | stage time |",
-          "|---" * (2 * len(modes) + 3) + "|"]
+          + " | change vs previous | training signal | stage time |",
+          "|---" * (2 * len(modes) + 4) + "|"]
     for row in rows:
         cells = []
         for m in modes:
@@ -128,6 +129,7 @@ def results_table(rows: list[dict], modes: list[str], held_out_name: str) -> tup
                 cells += [f"{held_out.success_text(e)} (format {e.get('format_ok', 0.0):.2f}{k}, n={e['scored']})",
                           " / ".join(f"{e[k]:.2f}" if k in e else "—" for k in ("success_critic", "success_text2sql"))]
         cells.append(change_cell(row, modes))
+        cells.append((row.get("training") or {}).get("text", "—"))
         cells.append(time_cell(row))
         table.add_row(row["name"], *cells)
         md.append(f"| {row['name']} | " + " | ".join(cells) + " |")
@@ -181,14 +183,16 @@ def read_base_eval(run_dir: Path, key: dict[str, Any]) -> dict[str, Any] | None:
 
 def phase_line(row: dict, modes: list[str]) -> str:
     """One line for a finished phase: its evaluations (with intervals, and the change since the
-    previous evaluation in the same mode), its time and the job process's peak resident memory
-    during it (``sqlrl.memory``; the process's peak so far where the kernel cannot reset it)."""
+    previous evaluation in the same mode), its time, the job process's peak resident memory
+    during it (``sqlrl.memory``; the process's peak so far where the kernel cannot reset it) and
+    what its training steps measured (``jobs.train.Trainer.signal``)."""
     evals = [f"{m} {held_out.success_text(e)} (format {e.get('format_ok', 0.0):.2f}, n={e['scored']})"
              for m in modes if (e := row["eval"].get(m)) is not None]
     changes = [f"{m} {held_out.change_text(d)} vs {d['vs']}" for m in modes if (d := row.get("change", {}).get(m))]
     peak = f", peak memory {row['peak_rss_gib']:.1f} GiB" if row.get("peak_rss_gib") and not row.get("resumed") else ""
+    training = f"; training: {row['training']['text']}" if (row.get("training") or {}).get("text") else ""
     return (f"{row['name']}: {', '.join(evals) or 'not evaluated'}; {time_cell(row)}{peak}"
-            + (f"; change: {', '.join(changes)}" if changes else ""))
+            + (f"; change: {', '.join(changes)}" if changes else "") + training)
 
 
 class Phases:
@@ -374,7 +378,8 @@ def main(argv: list[str] | None = None) -> int:
                 if spider is not None:
                     evals.update(spider_eval(summary["checkpoint"]))
                 rows.append({"name": f"+ {label} {title}", "label": f"+ {stage} {title}", "variant": variant, "eval": evals,
-                             "seconds": time.perf_counter() - t0, "resumed": kept, "peak_rss_gib": memory.peak_gib()})
+                             "training": summary.get("training"), "seconds": time.perf_counter() - t0, "resumed": kept,
+                             "peak_rss_gib": memory.peak_gib()})
                 add_changes(rows, shown)
                 phases.finished(phase_line(rows[-1], shown))
 

@@ -134,7 +134,8 @@ def save_config(cfg: StageConfig) -> None:
 
 def finish_stage(rt: Any, learner: Any, history: list[dict], logger: Any,
                  extra: Mapping[str, Any] | None = None, *, peak_scope: str = "process") -> dict[str, Any]:
-    """Save the final checkpoint to ``<stage_dir>/final``, evaluate it, write ``summary.json``.
+    """Save the final checkpoint to ``<stage_dir>/final``, evaluate it, write ``summary.json``
+(with ``training``: the trainer's ``signal``, what its steps measured).
 
     The summary's ``peak_rss_gib`` is this process's peak resident memory over the stage
     (``peak_scope: "stage"``) or, where the peak could not be reset, since the process started
@@ -154,7 +155,8 @@ def finish_stage(rt: Any, learner: Any, history: list[dict], logger: Any,
         evals = held_out.evaluations(rt, str(final), rt.data.eval, cfg.eval.modes or (cfg.mode,))
     summary = {"stage": cfg.stage, "title": cfg.spec.title, "checkpoint": str(final),
                "steps": len(history), "data": rt.data.counts(), "source": rt.data.source,
-               "last": history[-1] if history else {}, "eval": evals,
+               "last": history[-1] if history else {}, "training": TRAINERS[cfg.spec.trainer].signal(history),
+               "eval": evals,
                "eval_change": held_out.changes_since_earlier(cfg.run_dir, cfg.stage, evals),
                "curves": [str(p) for p in curves], "peak_rss_gib": memory.peak_gib(), "peak_rss_scope": peak_scope,
                "config": to_dict(cfg), **(extra or {})}

@@ -19,7 +19,10 @@
 Guarantees: a trainer returns the learner (still holding the trained weights, for the job to save)
 and one metrics dict per step, each also logged (``logger.log``); the optimizer's schedule spans
 exactly the steps the loop makes; the GRPO loop's rollout workers are released before it returns.
-``Trainer.plan`` is the line the job prints about the steps before any work.
+``Trainer.plan`` is the line the job prints about the steps before any work; ``Trainer.signal``
+sums up what the steps measured (``{"text": …, …}``: SFT's loss first -> last; GRPO's samples'
+pass rate first -> last and the groups trained of those drawn, saying so when no group had
+unequal rewards, i.e. no update happened), for ``summary.json`` and the main job's table.
 """
 
 from __future__ import annotations
@@ -229,10 +232,36 @@ def plan_grpo(cfg: StageConfig) -> str:
             + probe)
 
 
+def signal_sft(history: Sequence[dict]) -> dict[str, Any]:
+    losses = [h["loss"] for h in history if isinstance(h.get("loss"), (int, float))]
+    if not losses:
+        return {"steps": len(history), "text": f"{len(history)} steps, no loss logged"}
+    return {"steps": len(history), "loss_first": losses[0], "loss_last": losses[-1],
+            "text": f"loss {losses[0]:.2f} -> {losses[-1]:.2f} over {len(history)} steps"}
+
+
+def signal_grpo(history: Sequence[dict]) -> dict[str, Any]:
+    passes = [h["pass_rate"] for h in history if isinstance(h.get("pass_rate"), (int, float))]
+    trained = sum(int(h.get("groups_trained") or 0) for h in history)
+    drawn = sum(int(h.get("groups_drawn") or 0) for h in history)
+    out = {"steps": len(history), "groups_trained": trained, "groups_drawn": drawn,
+           "updates": sum(1 for h in history if h.get("learner_step") is not None)}
+    if passes:
+        out.update(pass_first=passes[0], pass_last=passes[-1])
+    rate = (f"samples' pass {passes[0]:.2f} -> {passes[-1]:.2f}" if len(passes) > 1
+            else f"samples' pass {passes[0]:.2f}" if passes else "no rollouts")
+    groups = (f"trained on {trained} of {drawn} groups" if trained
+              else f"no group of {drawn} had unequal rewards: no update")
+    out["text"] = f"{rate}, {groups} over {len(history)} step{'s' if len(history) != 1 else ''}"
+    return out
+
+
 @dataclass(frozen=True)
 class Trainer:
     train: Callable[[Any, str, Sequence[Any], Any], tuple[Any, list[dict]]]  # (rt, model, items, logger)
     plan: Callable[[StageConfig], str]  # the "steps:" line of the job's plan
+    signal: Callable[[Sequence[dict]], dict[str, Any]]  # what the steps measured, with a "text" line
 
 
-TRAINERS: dict[str, Trainer] = {"sft": Trainer(train_sft, plan_sft), "grpo": Trainer(train_grpo, plan_grpo)}
+TRAINERS: dict[str, Trainer] = {"sft": Trainer(train_sft, plan_sft, signal_sft),
+                                "grpo": Trainer(train_grpo, plan_grpo, signal_grpo)}

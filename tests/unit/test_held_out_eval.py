@@ -32,14 +32,18 @@ class Breakdown:
 
 
 class FakeRuntime:
-    """Rolls out nothing; the reward solves the tasks named in ``solved`` and excludes ``broken``."""
+    """Rolls out nothing; the reward solves the tasks named in ``solved`` and excludes ``broken``;
+    the "model" writes token 7 on every task, or ``answers[task_id]``."""
 
-    def __init__(self, solved: set[str], broken: set[str] = frozenset()) -> None:
+    def __init__(self, solved: set[str], broken: set[str] = frozenset(), answers: dict | None = None) -> None:
         self.cfg = SimpleNamespace(rollout=SimpleNamespace(batch=3), eval=SimpleNamespace(temperature=0.0))
-        self.solved, self.broken, self.released = solved, broken, 0
+        self.solved, self.broken, self.released, self.answers = solved, broken, 0, answers or {}
 
     def rollout_group(self, model, mode, temperature):
-        return SimpleNamespace(rollout=lambda tasks: [SimpleNamespace(turns=[1], stop_reason="submit") for _ in tasks])
+        def traj(t):  # prompt id 5 (masked out), then what the model wrote
+            return SimpleNamespace(turns=[1], stop_reason="submit", token_ids=(5, self.answers.get(t.task_id, 7)),
+                                   loss_mask=(0, 1))
+        return SimpleNamespace(rollout=lambda tasks: [traj(t) for t in tasks])
 
     def release(self, group):
         self.released += 1
@@ -58,7 +62,9 @@ def test_evaluate_keeps_its_keys_and_adds_per_task_outcomes_and_the_interval():
             "mean_turns", "stop_reasons", "seconds"} <= set(out)
     assert out["n"] == 8 and out["scored"] == 7 and out["successes"] == 3 and out["success"] == pytest.approx(3 / 7)
     assert out["success_ci95"] == list(wilson_interval(3, 7))
+    answer = out["per_task"]["t1"].pop("answer")
     assert out["per_task"]["t1"] == {"success": 1, "kind": "text2sql", "difficulty": "simple", "domain": "shop"}
+    assert len(answer) == 16 and answer == out["per_task"]["t2"]["answer"]  # the same generated ids
     assert out["per_task"]["t0"]["success"] == 0 and out["per_task"]["t7"]["success"] is None
     assert json.loads(json.dumps(out)) == out  # summary.json-ready
 
@@ -71,6 +77,17 @@ def test_compare_matches_by_task_and_reports_what_does_not_match():
     assert d["diff"] == pytest.approx(3 / 7) and d["ci95"][0] > 0
     assert "unmatched tasks!" in held_out.change_text(d) and held_out.change_text(d).startswith("+0.43 [+")
     assert held_out.compare({"success": 0.5}, after) is None  # an old summary without per-task outcomes
+    assert d["answers_compared"] == 8 and d["answers_changed"] == 0  # the fake wrote the same ids both times
+
+
+def test_compare_counts_the_tasks_whose_generated_output_changed():
+    before = held_out.evaluate(FakeRuntime({"t1"}), "a", TASKS, "single")
+    after = held_out.evaluate(FakeRuntime({"t1"}, answers={"t0": 8, "t3": 9}), "b", TASKS, "single")
+    d = held_out.compare(before, after)
+    assert d["diff"] == 0 and (d["answers_changed"], d["answers_compared"]) == (2, 8)
+    assert held_out.change_text(d) == "+0.00 [+0.00, +0.00] (n=8, +0/-0, 2 answers changed)"
+    old = {"per_task": {t: {k: v for k, v in x.items() if k != "answer"} for t, x in before["per_task"].items()}}
+    assert "answers_changed" not in held_out.compare(old, after)  # a summary from before fingerprints
     assert held_out.success_text({"success": 0.5}) == "0.50"
 
 
@@ -202,7 +219,8 @@ def test_a_missing_spider_folder_is_a_clear_error(tmp_path):
 
 def test_the_results_table_shows_intervals_and_paired_changes():
     base = held_out.evaluate(FakeRuntime({"t1"}), "base", TASKS, "single")
-    after = held_out.evaluate(FakeRuntime({"t1", "t2", "t3", "t4", "t5"}), "s1", TASKS, "single")
+    after = held_out.evaluate(FakeRuntime({"t1", "t2", "t3", "t4", "t5"}, answers=dict.fromkeys(["t2", "t3", "t4", "t5"], 8)),
+                              "s1", TASKS, "single")
     rows = [{"name": "base (tiny)", "eval": {"single": base}, "seconds": 1.0},
             {"name": "+ stage1", "eval": {"single": after}, "seconds": 2.0}]
     job_main.add_changes(rows, ["single"])
@@ -210,5 +228,5 @@ def test_the_results_table_shows_intervals_and_paired_changes():
     _, md = job_main.results_table(rows, ["single"], "generated")
     lo, hi = wilson_interval(5, 8)
     assert f"| + stage1 | 0.62 [{lo:.2f}, {hi:.2f}] (format 1.00, n=8) |" in md
-    assert "single +0.50 [+" in md and "(n=8, +4/-0)" in md
+    assert "single +0.50 [+" in md and "(n=8, +4/-0, 4 answers changed)" in md
     assert "change: single +0.50" in job_main.phase_line(rows[1], ["single"])

@@ -16,7 +16,12 @@ import jobs.runtime as runtime
 import jobs.stage as stage_job
 import jobs.stage_data as stage_data
 from curriculum.stages import STAGES
+from jobs.train import TRAINERS
 from sqlrl.config import to_dict
+
+HISTORY = {"sft": [{"loss": 2.5}, {"loss": 0.75}],
+           "grpo": [{"pass_rate": 0.25, "groups_drawn": 4, "groups_trained": 3, "learner_step": 1},
+                    {"pass_rate": 0.5, "groups_drawn": 2, "groups_trained": 0}]}
 
 
 def _eval(mode: str) -> dict:
@@ -51,8 +56,9 @@ def fake(monkeypatch):
         stage_job.save_config(cfg)
         (cfg.stage_dir / "final").mkdir(exist_ok=True)
         (cfg.stage_dir / "final" / "config.json").write_text("{}")
+        trainer = STAGES[stage].trainer
         summary = {"checkpoint": str(cfg.stage_dir / "final"), "eval": [_eval(STAGES[stage].mode)],
-                   "config": to_dict(cfg)}
+                   "training": TRAINERS[trainer].signal(HISTORY[trainer]), "config": to_dict(cfg)}
         (cfg.stage_dir / "summary.json").write_text(json.dumps(summary))
         return summary
 
@@ -76,6 +82,10 @@ def test_a_fresh_run_prints_a_line_per_phase_and_the_table_once_in_full(fake, tm
     md = (tmp_path / "run" / "results.md").read_text().split("\nHeld-out")[0]
     assert md.strip() in out  # the plain markdown table, no line wrapped or cut
     assert "| + stage4 agentic GRPO | — | — | 0.50 (format 1.00, n=4) | 0.00 / 1.00 |" in out
+    # every stage's row and phase line say what its own steps measured
+    grpo = "samples' pass 0.25 -> 0.50, trained on 3 of 6 groups over 2 steps"
+    assert f"| {grpo} |" in out and err.count(f"; training: {grpo}") == 2
+    assert "| loss 2.50 -> 0.75 over 2 steps |" in out and err.count("; training: loss 2.50 -> 0.75") == 2
     assert "┃" not in out and "│" not in out  # no rich box drawing off a terminal
     rows = json.loads((tmp_path / "run" / "results.json").read_text())["rows"]
     assert rows[0]["name"] == "base (tiny)" and all(r["peak_rss_gib"] > 0 for r in rows)

@@ -25,6 +25,10 @@ def test_long_preset_builds_valid_configs_for_every_stage_of_every_variant():
             assert cfg.data.mixture == ({"critic": 1.0} if v == "talon" else {"text2sql": 0.5, "critic": 0.5})
     stage3 = load_stage_config(STAGES["stage3"].config_path(), ["stage=stage3", *p.overrides("stage3", "zeno")])
     assert stage3.rl.sampling_rounds == 2 and stage3.rl.group_size == 8 and stage3.rl.temperature == 0.7
+    # Zeno's stage 3 is J (16 steps over 384 tasks); Talon's the shared 8 steps over 96
+    talon3 = load_stage_config(STAGES["stage3"].config_path(), ["stage=stage3", *p.overrides("stage3", "talon")])
+    assert (stage3.rl.steps, stage3.data.train_size) == (16, 384) and (talon3.rl.steps, talon3.data.train_size) == (8, 96)
+    assert talon3.rl.probe_samples == stage3.rl.probe_samples == 4
     # the learner scores the rollouts at the temperature they were sampled at (was 1.0 against 0.7)
     assert stage3.rl.loss.temperature == 0.7
     stage2 = load_stage_config(STAGES["stage2"].config_path(), ["stage=stage2", *p.overrides("stage2", "talon")])
@@ -39,12 +43,29 @@ def test_later_overrides_win():
     assert cfg.sft.epochs == 5 and cfg.data.seed == 3
 
 
+def test_a_variant_can_override_one_stage_of_its_own(tmp_path, monkeypatch):
+    path = tmp_path / "p.yaml"
+    path.write_text("stages: {stage3: {rl.steps: 8, rl.seed: 2}}\n"
+                    "variants:\n  a: {sft.epochs: 4, stage3: {rl.steps: 16, data.train_size: 384}}\n  b: {sft.epochs: 5}\n")
+    monkeypatch.setitem(presets.PRESETS, "p", path)
+    p = presets.load_preset("p", STAGES)
+    assert p.variants == {"a": {"sft.epochs": 4}, "b": {"sft.epochs": 5}}
+    a3 = load_stage_config(STAGES["stage3"].config_path(), ["stage=stage3", *p.overrides("stage3", "a")])
+    b3 = load_stage_config(STAGES["stage3"].config_path(), ["stage=stage3", *p.overrides("stage3", "b")])
+    assert (a3.rl.steps, a3.data.train_size, a3.rl.seed, a3.sft.epochs) == (16, 384, 2, 4)
+    assert (b3.rl.steps, b3.rl.seed, b3.sft.epochs) == (8, 2, 5) and b3.data.train_size != 384
+    a4 = load_stage_config(STAGES["stage4"].config_path(), ["stage=stage4", *p.overrides("stage4", "a")])
+    assert a4.rl.steps != 16 and a4.sft.epochs == 4  # the stage-3 block reaches stage 3 only
+
+
 @pytest.mark.parametrize("text, message", [
     ("bogus: 1\n", "unknown key(s) bogus"),
     ("stages: {stage9: {sft.epochs: 1}}\n", "unknown stage(s) stage9"),
     ("variants: [a, b]\n", "variants must be a mapping"),
     ("variants: {'two words': {}}\n", "needs a plain name"),
     ("- 1\n", "must hold a mapping"),
+    ("variants: {a: {stage9: {rl.steps: 1}}}\n", "variant 'a': unknown stage stage9"),
+    ("variants: {a: {stage3: [1]}}\n", "variant 'a', stage3: needs a mapping"),
 ])
 def test_a_bad_preset_file_is_refused(tmp_path, monkeypatch, text, message):
     path = tmp_path / "p.yaml"

@@ -120,6 +120,9 @@ def test_a_new_stage_is_one_registry_entry(fake_stage, tmp_path, capsys, monkeyp
     assert summary["title"] == "answer polish SFT" and summary["steps"] == 2 and summary["data_build"]["kept"] == 3
     # the job process's peak memory over the stage (Linux resets the peak at the stage's start)
     assert summary["peak_rss_gib"] > 0 and summary["peak_rss_scope"] in {"stage", "process"}
+    # what the two SFT steps measured, from the trainer's own history
+    assert summary["training"]["steps"] == 2 and summary["training"]["text"].endswith("over 2 steps")
+    assert f"; training: {summary['training']['text']}" in err
     assert "peak memory" in err  # the main job's line for the phase
     assert "stage: stage5" in (run / "stage5" / "config.yaml").read_text()
     metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
