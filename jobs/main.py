@@ -77,7 +77,10 @@ def table_title(source: str, sampled: bool = False) -> str:
 
 
 LEGEND = ("success [95% Wilson interval]; change = success minus the previous row's in the same mode on the "
-          "same tasks [95% paired bootstrap interval] (n = tasks compared, +gained/-lost); a mode <mode>@k "
+          "same tasks [95% paired bootstrap interval] (n = tasks compared, +gained/-lost, answers changed = tasks "
+          "on which the model wrote something else than in that row); training signal = what the stage's own "
+          "steps measured (SFT: loss first -> last; GRPO: its samples' pass rate, and how many groups had "
+          "unequal rewards -- the only ones with a gradient); a mode <mode>@k "
           "(eval.samples): k sampled rollouts a task, success = the mean per-task solve rate (avg@k) "
           "[95% bootstrap interval over tasks], +gained/-lost = tasks whose rate rose/fell")
 

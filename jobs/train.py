@@ -8,7 +8,9 @@
   workers. With ``rl.sampling_rounds > 1`` (DAPO's dynamic sampling) a step draws further batches
   of ``tasks_per_step`` tasks (the next ones, cycling) until ``tasks_per_step`` groups have unequal
   rewards or the rounds are spent, and trains only on those groups (``informative_rows``); every
-  step logs ``sampling_draws``, ``groups_drawn``, ``groups_trained`` and the reward parts.
+  step logs ``sampling_draws``, ``groups_drawn``, ``groups_trained`` (groups in the update),
+  ``groups_signal`` (those of them whose rewards differ: with one draw a flat group still enters
+  the update, with zero advantage) and the reward parts.
   With ``rl.probe_samples >= 2`` (difficulty-aware selection) the loop first rolls out every task
   that many times with the starting policy and trains only on the tasks whose samples' rewards
   differ -- for a pass/fail reward, pass rate strictly between 0 and 1 (``probe_tasks``; all of
@@ -21,8 +23,8 @@ and one metrics dict per step, each also logged (``logger.log``); the optimizer'
 exactly the steps the loop makes; the GRPO loop's rollout workers are released before it returns.
 ``Trainer.plan`` is the line the job prints about the steps before any work; ``Trainer.signal``
 sums up what the steps measured (``{"text": …, …}``: SFT's loss first -> last; GRPO's samples'
-pass rate first -> last and the groups trained of those drawn, saying so when no group had
-unequal rewards, i.e. no update happened), for ``summary.json`` and the main job's table.
+pass rate first -> last and how many of the groups drawn had unequal rewards -- the groups with a
+gradient -- saying so when none had), for ``summary.json`` and the main job's table.
 """
 
 from __future__ import annotations
@@ -122,8 +124,9 @@ def train_grpo(rt: Any, model: str, tasks: Sequence[Any], logger: Any) -> tuple[
             metrics: dict[str, Any] = rollout_metrics(trajs, breakdowns, keep)
             if step == 0:
                 metrics.update(probe)
+            signal = informative_rows(keep, [b.score for b in breakdowns], gids)  # == keep when sampling
             metrics.update(sampling_draws=draw + 1, groups_drawn=len(set(gids)),
-                           groups_trained=len({gids[i] for i in keep}))
+                           groups_trained=len({gids[i] for i in keep}), groups_signal=len({gids[i] for i in signal}))
             if keep:
                 beat.update(step, note=f"step {step + 1}: update")
                 batch = rl_batch([trajs[i] for i in keep], [breakdowns[i].score for i in keep],
@@ -144,7 +147,8 @@ def train_grpo(rt: Any, model: str, tasks: Sequence[Any], logger: Any) -> tuple[
             beat.update(step + 1, note="")
             console.print(f"  {stage} step {step + 1}/{r.steps}: reward {metrics['reward_mean']:.3f}, "
                           f"pass {metrics['pass_rate']:.2f}, groups trained {metrics['groups_trained']}/"
-                          f"{metrics['groups_drawn']}, rollout {roll_s:.0f}s, update {t3 - t2:.0f}s")
+                          f"{metrics['groups_drawn']} ({metrics['groups_signal']} with unequal rewards), "
+                          f"rollout {roll_s:.0f}s, update {t3 - t2:.0f}s")
     rt.release(rollout)
     return learner, history
 
@@ -242,16 +246,17 @@ def signal_sft(history: Sequence[dict]) -> dict[str, Any]:
 
 def signal_grpo(history: Sequence[dict]) -> dict[str, Any]:
     passes = [h["pass_rate"] for h in history if isinstance(h.get("pass_rate"), (int, float))]
-    trained = sum(int(h.get("groups_trained") or 0) for h in history)
     drawn = sum(int(h.get("groups_drawn") or 0) for h in history)
-    out = {"steps": len(history), "groups_trained": trained, "groups_drawn": drawn,
+    # groups whose rewards differ: the only ones with a non-zero advantage (older histories: trained)
+    signal = sum(int(h.get("groups_signal", h.get("groups_trained")) or 0) for h in history)
+    out = {"steps": len(history), "groups_signal": signal, "groups_drawn": drawn,
            "updates": sum(1 for h in history if h.get("learner_step") is not None)}
     if passes:
         out.update(pass_first=passes[0], pass_last=passes[-1])
     rate = (f"samples' pass {passes[0]:.2f} -> {passes[-1]:.2f}" if len(passes) > 1
             else f"samples' pass {passes[0]:.2f}" if passes else "no rollouts")
-    groups = (f"trained on {trained} of {drawn} groups" if trained
-              else f"no group of {drawn} had unequal rewards: no update")
+    groups = (f"{signal} of {drawn} groups with unequal rewards" if signal
+              else f"no group of {drawn} had unequal rewards: zero advantages, no gradient")
     out["text"] = f"{rate}, {groups} over {len(history)} step{'s' if len(history) != 1 else ''}"
     return out
 

@@ -27,8 +27,10 @@ fi
 trap '[ "$started" = 1 ] && ray stop --force >/dev/null 2>&1 || true' EXIT
 TINY=()
 if [ "$MODEL" = tiny ]; then  # micro sizes: the plumbing, not the learning
+  # rl.sampling_rounds=1: the random tiny model's rewards are all 0, so further draws would only
+  # repeat the rollouts; one draw keeps the update (zero advantages) and weight-sync path running.
   TINY=(data.n_per_domain=20 data.train_size=8 data.eval_size=4 sft.epochs=1 rl.steps=1
-        rl.tasks_per_step=2 rl.group_size=2 rollout.max_new_tokens=32)
+        rl.tasks_per_step=2 rl.group_size=2 rl.sampling_rounds=1 rollout.max_new_tokens=32)
 fi
 i=0
 for job in stage1_reasoning_sft stage2_tooluse_sft stage3_reasoning_rl stage4_agentic_rl; do

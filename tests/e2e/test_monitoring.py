@@ -58,7 +58,8 @@ SERIES = {
 }
 JOB = ["python", "-m", "jobs.stage4_agentic_rl", "--config", "jobs/configs/stage4.yaml", "cluster.ray=true",
        "model.init=tiny", "data.n_per_domain=20", "data.train_size=4", "data.eval_size=2", "eval.enabled=false",
-       "rl.steps=6", "rl.tasks_per_step=1", "rl.group_size=2", "rollout.max_new_tokens=24", "overwrite=true"]
+       "rl.steps=6", "rl.tasks_per_step=1", "rl.group_size=2", "rollout.max_new_tokens=24", "overwrite=true",
+       "rl.sampling_rounds=1"]  # the tiny model's rewards are flat: one draw, so every step updates (loss gauges)
 
 
 def free_ports(n: int) -> list[int]:

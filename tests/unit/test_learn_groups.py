@@ -148,3 +148,59 @@ def test_the_probe_keeps_tasks_whose_rewards_differ_even_when_none_is_solved():
 def test_too_few_informative_tasks_train_on_all():
     chosen, info, _ = _probe({"a": [0, 0], "b": [1, 0], "c": [1, 1]}, tasks_per_step=2)
     assert chosen == ["a", "b", "c"] and info["probe_used"] == 0 and info["probe_informative"] == 1
+
+
+
+def test_the_grpo_loop_counts_the_groups_whose_rewards_differ(monkeypatch):
+    """jobs.train.train_grpo with everything around the loop faked. One draw a step
+    (rl.sampling_rounds=1): every group enters the update, and ``groups_signal`` counts the ones
+    whose rewards differ (a flat step's update has zero advantages). Dynamic sampling
+    (rl.sampling_rounds=2): only groups with unequal rewards enter, and a step with none makes no
+    update."""
+    import sqlrl.learn.batch as batch_mod
+    import sqlrl.policy.load as load_mod
+    from curriculum.config import RLSettings, RolloutSettings
+    from jobs.train import TRAINERS, train_grpo
+
+    def run(sampling_rounds, scores):
+        scores, steps, batches = iter(scores), [], []
+
+        class Learner:
+            def step(self, batch, kind, loss):
+                steps.append(batch)
+                return {"loss": 0.5, "step": len(steps)}
+
+            def sync_to(self, rollout):
+                return len(steps), 0.0
+
+        def traj(task):
+            return NS(task_id=task.task_id, stop_reason="submitted", n_generated=3, turns=(NS(tool_ms=0.0),),
+                      n_tool_calls=1, n_tool_errors=0, n_malformed=0)
+
+        def score(trajs, tasks, reward):
+            return [NS(excluded=False, score=float(s), parts={"result": float(s)}) for s in (next(scores) for _ in tasks)]
+
+        cfg = NS(rl=RLSettings(steps=2, tasks_per_step=2, group_size=2, sampling_rounds=sampling_rounds),
+                 rollout=RolloutSettings(batch=8), stage="stage3", mode="single", reward="hybrid_single",
+                 data=NS(seed=0))
+        rt = NS(cfg=cfg, learner=lambda model, optim, reference=False: Learner(), score=score,
+                rollout_group=lambda *a, **k: NS(rollout=lambda tasks: [traj(t) for t in tasks]),
+                release=lambda x: None)
+        monkeypatch.setattr(load_mod, "load_tokenizer", lambda model: (None, 0))
+        monkeypatch.setattr(batch_mod, "rl_batch",
+                            lambda trajs, rewards, gids, *a, **k: batches.append([t.task_id for t in trajs]) or "B")
+        _, history = train_grpo(rt, "m", [NS(task_id="a"), NS(task_id="b")], NS(log=lambda step, m: None))
+        return history, batches
+
+    # step 1: both groups flat (all 0); step 2: task "b" mixed, task "a" flat
+    history, batches = run(1, [0, 0, 0, 0] + [0, 0, 1, 0])
+    assert [h["groups_trained"] for h in history] == [2, 2] and [h["groups_signal"] for h in history] == [0, 1]
+    assert batches == [["a", "a", "b", "b"]] * 2  # one draw: flat groups are in the update too
+    assert TRAINERS["grpo"].signal(history)["text"] == \
+        "samples' pass 0.00 -> 0.25, 1 of 4 groups with unequal rewards over 2 steps"
+    # dynamic sampling: step 1 draws twice and finds nothing (no update); step 2's first draw has one
+    # mixed group, its second draw another
+    history, batches = run(2, [0] * 8 + [0, 0, 1, 0] + [1, 0, 1, 1])
+    assert [h["groups_signal"] for h in history] == [h["groups_trained"] for h in history] == [0, 2]
+    assert [h["sampling_draws"] for h in history] == [2, 2] and "learner_step" not in history[0]
+    assert batches == [["b", "b", "a", "a"]]  # the mixed groups only: "b" of draw 1, "a" of draw 2

@@ -20,8 +20,8 @@ from jobs.train import TRAINERS
 from sqlrl.config import to_dict
 
 HISTORY = {"sft": [{"loss": 2.5}, {"loss": 0.75}],
-           "grpo": [{"pass_rate": 0.25, "groups_drawn": 4, "groups_trained": 3, "learner_step": 1},
-                    {"pass_rate": 0.5, "groups_drawn": 2, "groups_trained": 0}]}
+           "grpo": [{"pass_rate": 0.25, "groups_drawn": 4, "groups_trained": 3, "groups_signal": 3, "learner_step": 1},
+                    {"pass_rate": 0.5, "groups_drawn": 2, "groups_trained": 0, "groups_signal": 0}]}
 
 
 def _eval(mode: str) -> dict:
@@ -83,7 +83,7 @@ def test_a_fresh_run_prints_a_line_per_phase_and_the_table_once_in_full(fake, tm
     assert md.strip() in out  # the plain markdown table, no line wrapped or cut
     assert "| + stage4 agentic GRPO | — | — | 0.50 (format 1.00, n=4) | 0.00 / 1.00 |" in out
     # every stage's row and phase line say what its own steps measured
-    grpo = "samples' pass 0.25 -> 0.50, trained on 3 of 6 groups over 2 steps"
+    grpo = "samples' pass 0.25 -> 0.50, 3 of 6 groups with unequal rewards over 2 steps"
     assert f"| {grpo} |" in out and err.count(f"; training: {grpo}") == 2
     assert "| loss 2.50 -> 0.75 over 2 steps |" in out and err.count("; training: loss 2.50 -> 0.75") == 2
     assert "┃" not in out and "│" not in out  # no rich box drawing off a terminal

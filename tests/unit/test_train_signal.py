@@ -1,6 +1,6 @@
 """jobs.train's ``Trainer.signal``: what a stage's steps measured, as summary.json and the main
-job's table carry it -- SFT's loss first -> last, GRPO's samples' pass rate and the groups it
-trained on, and a plain "no update" when no group had unequal rewards."""
+job's table carry it -- SFT's loss first -> last, GRPO's samples' pass rate and the groups whose
+rewards differed (the only ones with a gradient), and a plain "no gradient" when none did."""
 
 from __future__ import annotations
 
@@ -14,16 +14,20 @@ def test_sft_reports_the_first_and_last_loss():
     assert signal_sft([]) == {"steps": 0, "text": "0 steps, no loss logged"}
 
 
-def test_grpo_reports_the_pass_rate_and_the_groups_it_trained_on():
-    s = signal_grpo([{"pass_rate": 0.2, "groups_drawn": 8, "groups_trained": 3, "learner_step": 1},
-                     {"pass_rate": 0.6, "groups_drawn": 4, "groups_trained": 4, "learner_step": 2}])
-    assert (s["pass_first"], s["pass_last"], s["groups_trained"], s["groups_drawn"], s["updates"]) == (0.2, 0.6, 7, 12, 2)
-    assert s["text"] == "samples' pass 0.20 -> 0.60, trained on 7 of 12 groups over 2 steps"
+def test_grpo_reports_the_pass_rate_and_the_groups_whose_rewards_differed():
+    s = signal_grpo([{"pass_rate": 0.2, "groups_drawn": 8, "groups_trained": 8, "groups_signal": 3, "learner_step": 1},
+                     {"pass_rate": 0.6, "groups_drawn": 4, "groups_trained": 4, "groups_signal": 4, "learner_step": 2}])
+    assert (s["pass_first"], s["pass_last"], s["groups_signal"], s["groups_drawn"], s["updates"]) == (0.2, 0.6, 7, 12, 2)
+    assert s["text"] == "samples' pass 0.20 -> 0.60, 7 of 12 groups with unequal rewards over 2 steps"
 
 
-def test_grpo_says_when_no_group_carried_a_signal():
-    s = signal_grpo([{"pass_rate": 0.0, "groups_drawn": 4, "groups_trained": 0}])
-    assert s["updates"] == 0 and s["text"] == "samples' pass 0.00, no group of 4 had unequal rewards: no update over 1 step"
+def test_grpo_says_when_no_group_carried_a_gradient():
+    # one draw a step: flat groups still enter the update (groups_trained), with zero advantage
+    s = signal_grpo([{"pass_rate": 0.0, "groups_drawn": 2, "groups_trained": 2, "groups_signal": 0, "learner_step": 1}])
+    assert s["updates"] == 1 and s["groups_signal"] == 0
+    assert s["text"] == "samples' pass 0.00, no group of 2 had unequal rewards: zero advantages, no gradient over 1 step"
+    # a history from before groups_signal was logged: groups_trained (dynamic sampling trained only those)
+    assert signal_grpo([{"pass_rate": 0.5, "groups_drawn": 4, "groups_trained": 2}])["groups_signal"] == 2
 
 
 def test_every_trainer_has_a_signal():
