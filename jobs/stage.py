@@ -135,7 +135,7 @@ def save_config(cfg: StageConfig) -> None:
 def finish_stage(rt: Any, learner: Any, history: list[dict], logger: Any,
                  extra: Mapping[str, Any] | None = None, *, peak_scope: str = "process") -> dict[str, Any]:
     """Save the final checkpoint to ``<stage_dir>/final``, evaluate it, write ``summary.json``
-(with ``training``: the trainer's ``signal``, what its steps measured).
+    (with ``training``: the trainer's ``signal``, what its steps measured).
 
     The summary's ``peak_rss_gib`` is this process's peak resident memory over the stage
     (``peak_scope: "stage"``) or, where the peak could not be reset, since the process started
