@@ -247,8 +247,8 @@ def signal_sft(history: Sequence[dict]) -> dict[str, Any]:
 def signal_grpo(history: Sequence[dict]) -> dict[str, Any]:
     passes = [h["pass_rate"] for h in history if isinstance(h.get("pass_rate"), (int, float))]
     drawn = sum(int(h.get("groups_drawn") or 0) for h in history)
-    # groups whose rewards differ: the only ones with a non-zero advantage (older histories: trained)
-    signal = sum(int(h.get("groups_signal", h.get("groups_trained")) or 0) for h in history)
+    # groups whose rewards differ: the only ones with a non-zero advantage
+    signal = sum(int(h.get("groups_signal") or 0) for h in history)
     out = {"steps": len(history), "groups_signal": signal, "groups_drawn": drawn,
            "updates": sum(1 for h in history if h.get("learner_step") is not None)}
     if passes:
