@@ -39,8 +39,11 @@ class Generation:
     token_ids: tuple[int, ...]
     logprobs: tuple[float, ...]
     text: str
-    finish_reason: str  # "stop" | "length" | "eos"
+    finish_reason: str  # "stop" | "length" | "eos" | "abort" (an engine request aborted: sqlrl.policy.engine)
     meta: dict = field(default_factory=dict, compare=False)
+    # The policy version that produced each token (async engines fill it: sqlrl.policy.engine); () from
+    # the batch backends, whose callers know the one version they ran.
+    versions: tuple[int, ...] = ()
 
 
 class GenerationBackend(Protocol):
