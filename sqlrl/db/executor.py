@@ -6,24 +6,27 @@ Guarantees:
 - Applies, in this order: the text-size cap, statement splitting, the statement count cap, the
   sandbox (common rules, then the engine's), execution by the engine adapter, and a row cap and
   byte cap on what is fetched (``truncated=True``).
-- Splitting and the sandbox read the text by the engine's own lexical rules: an adapter with a
-  lexer of its own (``lex(conn, sql)``: PostgreSQL via pglast, MariaDB/MySQL, SQLite) splits the
-  call into ``Statement``s and its ``denied`` judges each lexed statement; other adapters get
-  sqlglot's split and judge the statement text.
+- The adapter's optional capabilities are the ones it declared (``dialects/contract.py``,
+  checked when it registered; ``contract_of`` resolves them once per class): no hook is looked
+  up by name here.
+- Splitting and the sandbox read the text by the engine's own lexical rules: an adapter with the
+  ``ExactLexer`` capability (``lex(conn, sql)``: PostgreSQL via pglast, MariaDB/MySQL, SQLite)
+  splits the call into ``Statement``s and its ``denied`` judges each lexed statement; other
+  adapters get sqlglot's split for their dialect and judge the statement text.
 - Execution of a multi-statement call stops at the first error; earlier statements' effects stay.
 - ``Limits.timeout_s`` bounds the whole call (every statement and every fetch): one deadline is
   set when the call starts and passed to every ``adapter.run``; the fetch loop checks it between
-  batches; an adapter with ``canceller(conn)`` has the call armed on the process's watchdog
+  batches; an adapter with ``Cancellable`` (``canceller(conn)``) has the call armed on the process's watchdog
   (``sqlrl.db.watchdog``), which stops the statement from outside the session if the deadline
   passes. A call stopped by the deadline is always ``ErrorKind.TIMEOUT``.
 - Fetching is byte-bounded: batches start at ``FIRST_BATCH_ROWS`` and are then sized from the
   observed row width so one batch is about ``max_bytes / 4``; when the row or byte cap is reached
-  the rest is abandoned (``adapter.abandon`` stops the server's work where that is needed).
+  the rest is abandoned (an ``Abandoning`` adapter's ``abandon`` stops the server's work).
 - Values are normalised (``normalize.py``) so results are JSON-serialisable and hashable.
 - ``QueryResult.read_only`` is the engine's attestation, statement by statement, asked only when
-  ``Limits.attest`` is on (otherwise None, at no cost): an adapter with
-  ``read_only(conn, state, cursor) -> bool | None`` is asked after each statement that ran
-  (True: the engine attests it only read; False: it wrote; None: cannot tell), and its optional
+  ``Limits.attest`` is on (otherwise None, at no cost): an adapter with ``ReadOnlyAttestation``
+  is asked ``read_only(conn, state, cursor) -> bool | None`` after each statement that ran
+  (True: the engine attests it only read; False: it wrote; None: cannot tell), and its
   ``observe(conn, state)`` is called before the statement runs (SQLite compiles it afresh there,
   so its authorizer sees it); the call is True only when every statement is True, False when any
   is False, else None. An adapter without ``read_only``, a hook that raises, and every failed
@@ -35,9 +38,11 @@ from __future__ import annotations
 
 import marshal
 import time
-from typing import Any
+from typing import Any, cast
 
-from .dialects.base import DialectAdapter, common_denial, error_message
+from .dialects.base import common_denial, error_message
+from .dialects.contract import (Abandoning, Cancellable, DialectAdapter, ExactLexer,
+                                ReadOnlyAttestation, contract_of)
 from .normalize import normalize_rows
 from .statements import Statement, split
 from .types import ErrorKind, Limits, QueryResult, read_only_of
@@ -74,8 +79,9 @@ def run_call(adapter: DialectAdapter, conn: Any, state: Any, sql: str, limits: L
     if len(sql) > limits.max_sql_chars:
         return failed(ErrorKind.PERMISSION,
                       f"SQL text is {len(sql)} characters; the limit is {limits.max_sql_chars}")
-    lex = getattr(adapter, "lex", None)
-    statements: list[Statement] = (lex(conn, sql) if lex is not None
+    contract = contract_of(adapter)  # resolved once per adapter class, at its registration
+    lexer = cast(ExactLexer, adapter) if contract.has(ExactLexer) else None
+    statements: list[Statement] = (lexer.lex(conn, sql) if lexer is not None
                                    else split(sql, adapter.sqlglot_dialect))
     n = len(statements)
     if n == 0:
@@ -85,11 +91,11 @@ def run_call(adapter: DialectAdapter, conn: Any, state: Any, sql: str, limits: L
                       f"{n} statements in one call; the limit is {limits.max_statements}", n=n)
 
     deadline = time.monotonic() + limits.timeout_s
-    canceller = getattr(adapter, "canceller", None)
-    cancel = canceller(conn) if canceller is not None else None
+    cancel = (cast(Cancellable, adapter).canceller(conn) if contract.has(Cancellable) else None)
     armed = WATCHDOG.arm(deadline, cancel) if cancel is not None else None
-    attest = getattr(adapter, "read_only", None) if limits.attest else None
-    observe = getattr(adapter, "observe", None) if attest is not None else None
+    attest = (cast(ReadOnlyAttestation, adapter)
+              if limits.attest and contract.has(ReadOnlyAttestation) else None)
+    abandon = cast(Abandoning, adapter) if contract.has(Abandoning) else None
     read_only: bool | None = None if attest is None else True
     columns: tuple[str, ...] = ()
     rows: list[tuple[Any, ...]] = []
@@ -100,7 +106,7 @@ def run_call(adapter: DialectAdapter, conn: Any, state: Any, sql: str, limits: L
     try:
         for index, statement in enumerate(statements):
             reason = _FILTER[0] and (common_denial(statement) or adapter.denied(
-                statement if lex is not None else statement.text))
+                statement if lexer is not None else statement.text))
             if reason:
                 error = (ErrorKind.PERMISSION, reason)
                 break
@@ -108,17 +114,17 @@ def run_call(adapter: DialectAdapter, conn: Any, state: Any, sql: str, limits: L
             try:
                 if index and time.monotonic() >= deadline:
                     raise DeadlineExceeded()
-                if observe is not None:
-                    observe(conn, state)
+                if attest is not None:
+                    attest.observe(conn, state)
                 cursor = adapter.run(conn, state, statement.text, deadline)
                 columns, rows, truncated, affected = _fetch(cursor, limits, deadline)
                 if truncated:
-                    _abandon(adapter, conn, cursor)
+                    _abandon(abandon, conn, cursor)
                 if attest is not None:
                     read_only = read_only_of((read_only, _attested(attest, conn, state, cursor)))
             except DeadlineExceeded:
                 if cursor is not None:
-                    _abandon(adapter, conn, cursor)
+                    _abandon(abandon, conn, cursor)
                 error = (ErrorKind.TIMEOUT, _DEADLINE_MESSAGE.format(limits.timeout_s))
             except Exception as exc:  # every driver error becomes a typed result
                 error = (adapter.classify(exc), error_message(exc))
@@ -134,9 +140,6 @@ def run_call(adapter: DialectAdapter, conn: Any, state: Any, sql: str, limits: L
         if WATCHDOG.disarm(armed):  # stopped from outside: a timeout whatever the driver said
             if error is None or error[0] is not ErrorKind.SESSION_LOST:
                 error = (ErrorKind.TIMEOUT, _DEADLINE_MESSAGE.format(limits.timeout_s))
-            timed_out = getattr(adapter, "timed_out", None)
-            if timed_out is not None:
-                timed_out(conn, state)
     if error is not None:
         return failed(error[0], error[1], index, n)
     return QueryResult(columns=columns, rows=tuple(rows), row_count=len(rows), truncated=truncated,
@@ -144,21 +147,20 @@ def run_call(adapter: DialectAdapter, conn: Any, state: Any, sql: str, limits: L
                        statements=n, read_only=read_only)
 
 
-def _attested(attest: Any, conn: Any, state: Any, cursor: Any) -> bool | None:
+def _attested(attest: ReadOnlyAttestation, conn: Any, state: Any, cursor: Any) -> bool | None:
     """The adapter's word on the statement that just ran; None when it cannot give one."""
     try:
-        verdict = attest(conn, state, cursor)
+        verdict = attest.read_only(conn, state, cursor)
     except Exception:
         return None
     return verdict if isinstance(verdict, bool) else None
 
 
-def _abandon(adapter: DialectAdapter, conn: Any, cursor: Any) -> None:
+def _abandon(adapter: Abandoning | None, conn: Any, cursor: Any) -> None:
     """The rest of a result is not wanted: let the adapter stop the server's work on it."""
-    abandon = getattr(adapter, "abandon", None)
-    if abandon is not None:
+    if adapter is not None:
         try:
-            abandon(conn, cursor)
+            adapter.abandon(conn, cursor)
         except Exception:
             pass
 

@@ -40,6 +40,7 @@ from sqlalchemy.engine import URL
 
 from .admin_server import SWEEP_EVERY_S, AdminServer
 from .dialects.base import close_quietly
+from .dialects.contract import AgentLogin
 from .provision import SCRATCH_PREFIX
 from .types import Limits, SessionError
 from .url import dialect_name, parse_url, redact
@@ -75,7 +76,7 @@ class _Source:
     url: URL  # the session URL (admin credentials, the base as database)
     base: str
     limits: Limits
-    adapter: Any
+    adapter: AgentLogin
     ready: collections.deque = field(default_factory=collections.deque)
     takes: int = 0
     preparing: int = 0

@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-from sqlrl.db.dialects.descriptor import dialect_of, dialects
+from sqlrl.db.dialects.descriptor import FileCopy, dialect_of, dialects
 from sqlrl.db.statements import split_statements
 from sqlrl.tasks.types import norm_dialect
 
@@ -50,11 +50,12 @@ DIFFICULTY_ORDER = ("simple", "moderate", "challenging")
 
 
 def database_url(dialect: str, db_root: str, db_id: str) -> str:
-    """The session URL of database ``db_id``: ``<db_root>/<db_id>/<db_id>.sqlite`` (BIRD's
-    layout) for an engine whose databases are files, else ``db_root`` as a URL template."""
+    """The session URL of database ``db_id``: for an engine whose databases are files, its file
+    in the folder ``db_root`` by the engine's storage layout (``FileCopy.path_in``: SQLite's is
+    BIRD's ``<db_root>/<db_id>/<db_id>.sqlite``), else ``db_root`` as a URL template."""
     engine = dialect_of(dialect)
-    if engine.file_based:
-        return f"{engine.name}:///{(Path(db_root) / db_id / f'{db_id}.sqlite').resolve()}"
+    if isinstance(engine.storage, FileCopy):
+        return engine.file_url(engine.storage.path_in(db_root, db_id).resolve())
     return db_root.replace("{db_id}", db_id)
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from sqlrl.db.dialects.descriptor import dialect_of
-from sqlrl.tasks.loaders.base import sqlite_db_file
+from sqlrl.tasks.loaders.base import db_file
 from sqlrl.tasks.types import CriticTask, TaskError
 
 from .critic import CriticVerdict, SolCache, run_critic
@@ -95,11 +95,11 @@ def resolve_url(task: CriticTask, catalog: Mapping[str, Mapping[str, str]] | Non
     if catalog and task.db_id in catalog and task.dialect in catalog[task.db_id]:
         return catalog[task.db_id][task.dialect]
     if dialect_of(task.dialect).file_based and db_root is not None:
-        path = sqlite_db_file(task.db_id, [Path(db_root)])
+        path = db_file(task.db_id, [Path(db_root)], task.dialect)
         if path is not None:
-            return f"{task.dialect}:///{path}"
+            return dialect_of(task.dialect).file_url(path)
     raise FileNotFoundError(f"no database for {task.db_id!r} ({task.dialect}): give a catalog "
-                            f"entry or a SQLite file under db_root/{task.db_id}/")
+                            f"entry or a database file under db_root/{task.db_id}/")
 
 
 def evaluate_critic(tasks: Sequence[CriticTask], predictions: Mapping[str, list[str]], *,

@@ -33,13 +33,32 @@ class _Cursor:
 
 
 class _Adapter:
+    """A whole adapter (``contract.DialectAdapter``) whose statements return scripted cursors,
+    with the ``ExactLexer``, ``Abandoning`` and ``Cancellable`` capabilities."""
+
     name = "fake"
     sqlglot_dialect = "sqlite"
+    isolation = "none"
 
     def __init__(self, cursor_factory, cancel=None) -> None:
         self.cursor_factory, self.cancel = cursor_factory, cancel
         self.abandoned = 0
         self.deadlines: list[float] = []
+
+    def connect(self, url, limits):
+        return None
+
+    def begin(self, conn, url):
+        return None
+
+    def end(self, conn, state):
+        return False
+
+    def ping(self, conn):
+        return True
+
+    def close(self, conn):
+        pass
 
     def lex(self, conn, sql) -> list[Statement]:
         return split(sql, "sqlite")

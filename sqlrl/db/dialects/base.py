@@ -1,5 +1,5 @@
-"""The one Protocol every database engine implements, the registry that names them, and the
-sandbox rules shared by all engines.
+"""The registry of engine adapters and the sandbox rules shared by all engines. The Protocol every
+adapter implements, and its optional capabilities, are declared in ``contract.py``.
 
 An adapter owns everything engine-specific: how to connect (applying the statement timeout and
 refusing privileged roles), how a session's workspace is isolated (``begin``/``end``), how one
@@ -7,7 +7,10 @@ statement runs (``run``), and how driver exceptions map onto ``ErrorKind``. Ever
 splitting, the sandbox's common rules, row caps, normalisation, timing — is the single executor's
 (``sqlrl.db.executor``) and identical for every engine.
 
-Adapters register themselves by name with ``@register_dialect``; ``get_dialect`` imports an
+Adapters register themselves by name with ``@register_dialect``, which checks the class against
+the contract (``contract.check_adapter``: a missing method is an error naming it, here, not an
+``AttributeError`` mid-rollout); ``get_dialect`` also checks the engine's storage layout against
+its adapter and admin (``contract.check_engine``) before the first session, and imports an
 adapter's module (named by the engine's descriptor, ``descriptor.py`` / ``engines.py``) only when
 first asked for, so optional drivers (pyodbc, oracledb) are needed only by users of those engines.
 """
@@ -16,44 +19,18 @@ from __future__ import annotations
 
 import importlib
 import re
-from typing import Any, Callable, Protocol, runtime_checkable
+from typing import Any, Callable
 
 from sqlalchemy.engine import URL
 
 from ..statements import Statement, as_statement
-from ..types import ErrorKind, Limits, SessionError
+from ..types import SessionError
+from .contract import DialectAdapter, check_engine, contract_of
 from .descriptor import dialect_of, find, names
 
-
-@runtime_checkable
-class DialectAdapter(Protocol):
-    name: str  # registry key (set by ``@register_dialect``)
-    sqlglot_dialect: str  # sqlglot's name for the engine (set from its descriptor)
-    isolation: str  # short name of the isolation mechanism (docs/sessions.md)
-
-    def connect(self, url: URL, limits: Limits) -> Any:
-        """A DB-API connection with session-wide limits applied. Raises ``SessionError``."""
-
-    def begin(self, conn: Any, url: URL) -> Any:
-        """Create a fresh isolated workspace on ``conn``; returns the adapter's state for it."""
-
-    def end(self, conn: Any, state: Any) -> bool:
-        """Discard the workspace; True when ``conn`` is clean and may serve another session."""
-
-    def run(self, conn: Any, state: Any, statement: str, deadline: float) -> Any:
-        """Execute one statement; returns a DB-API cursor positioned before its first row.
-        ``deadline`` (``time.monotonic()``) is informational: the engine enforces the timeout."""
-
-    def ping(self, conn: Any) -> bool: ...
-
-    def classify(self, exc: BaseException) -> ErrorKind: ...
-
-    def denied(self, statement: str) -> str | None:
-        """The reason this engine's sandbox rejects ``statement``, or None. An adapter that also
-        defines ``lex(conn, sql) -> list[Statement]`` (its own exact lexer: PostgreSQL, MariaDB,
-        SQLite) has the call split by it and receives each lexed ``Statement`` here."""
-
-    def close(self, conn: Any) -> None: ...
+__all__ = ["DialectAdapter", "available_dialects", "close_quietly", "common_denial",
+           "error_message", "forget_adapter", "get_dialect", "register_dialect", "url_flag",
+           "url_option"]
 
 
 _REGISTRY: dict[str, type] = {}
@@ -73,8 +50,10 @@ class _FromDescriptor:
 
 def register_dialect(name: str) -> Callable[[type], type]:
     """Class decorator: the adapter of the engine ``name``; its ``name`` and ``sqlglot_dialect``
-    come from the engine's descriptor (``engines.py``)."""
+    come from the engine's descriptor (``engines.py``). Raises ``AdapterContractError`` naming
+    what the class lacks (``contract.py``)."""
     def deco(cls: type) -> type:
+        contract_of(cls)
         cls.name = name  # type: ignore[attr-defined]
         cls.sqlglot_dialect = _FromDescriptor("sqlglot")  # type: ignore[attr-defined]
         _REGISTRY[name] = cls
@@ -99,7 +78,16 @@ def get_dialect(name: str) -> DialectAdapter:
     except ImportError as exc:
         raise SessionError(f"the {descriptor.name} adapter needs a driver that is not installed: "
                            f"{exc}") from exc
-    adapter = _REGISTRY[descriptor.name]()
+    cls = _REGISTRY.get(descriptor.name)
+    if cls is None:
+        raise SessionError(f"the module {descriptor.adapter} registers no adapter named "
+                           f"{descriptor.name!r} (@register_dialect)")
+    try:
+        check_engine(descriptor, cls)
+    except ImportError as exc:
+        raise SessionError(f"the {descriptor.name} admin needs a driver that is not installed: "
+                           f"{exc}") from exc
+    adapter = cls()
     _INSTANCES[name] = adapter
     return adapter
 

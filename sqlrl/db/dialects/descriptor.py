@@ -27,10 +27,12 @@ import re
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any, Callable, ClassVar, Iterable, Iterator, Mapping
 
-__all__ = ["COMMON_RESERVED", "Dialect", "LoadTypes", "by_sqlglot", "dialect_of", "dialects",
-           "find", "names", "register", "registered", "sqlglot_name", "unregister"]
+__all__ = ["COMMON_RESERVED", "Dialect", "FileCopy", "LoadTypes", "ServerClone", "ServerTransaction",
+           "Storage", "by_sqlglot", "dialect_of", "dialects", "find", "names", "register",
+           "registered", "sqlglot_name", "unregister"]
 
 # Words quoted when used as names in every dialect: PostgreSQL's reserved words and SQLite's
 # keywords (so a name like ``order`` or ``key`` is always quoted); engines add their own.
@@ -67,22 +69,75 @@ class LoadTypes:
         return f"VARCHAR({max(longest, 1)})" if longest <= self.key_varchar_max else None
 
 
+@dataclass(frozen=True)
+class FileCopy:
+    """Storage "file-copy": a database is one local file (the session URL's path); every session
+    works on a private copy of it (SQLite: deserialized into memory, or a temp file), never on
+    the file. In a database folder, database ``db_id`` is ``<root>/<db_id>/<db_id><suffix>``, the
+    first of ``suffixes`` that exists (``path_in`` names the first)."""
+
+    suffixes: tuple[str, ...]  # file name endings after the db_id, the canonical one first
+    sqlite_file: bool = False  # the file is an SQLite database (its schema is read with sqlite3)
+    kind: ClassVar[str] = "file-copy"
+    needs_admin: ClassVar[bool] = False
+
+    def __post_init__(self) -> None:
+        if not self.suffixes or not all(isinstance(s, str) and s for s in self.suffixes):
+            raise ValueError("FileCopy needs at least one file name suffix (e.g. '.sqlite')")
+
+    def path_in(self, root: str | Path, db_id: str) -> Path:
+        """Where database ``db_id`` lives in the folder ``root`` (the canonical file name)."""
+        return Path(root) / db_id / f"{db_id}{self.suffixes[0]}"
+
+    def find(self, db_id: str, roots: Iterable[str | Path]) -> Path | None:
+        """The first existing ``<root>/<db_id>/<db_id><suffix>`` (resolved), or None."""
+        for root in roots:
+            for suffix in self.suffixes:
+                candidate = Path(root) / db_id / f"{db_id}{suffix}"
+                if candidate.is_file():
+                    return candidate.resolve()
+        return None
+
+
+@dataclass(frozen=True)
+class ServerClone:
+    """Storage "server-clone": a database is a base on a server (the URL names it); every
+    session gets its own clone and login role, made by the engine's admin (``Dialect.admin``:
+    ``contract.ServerAdmin``) and logged into by its adapter (``contract.AgentLogin``)."""
+
+    kind: ClassVar[str] = "server-clone"
+    needs_admin: ClassVar[bool] = True
+
+
+@dataclass(frozen=True)
+class ServerTransaction:
+    """Storage "server-transaction": a database on a server, shared by sessions; each session
+    works inside one transaction that is rolled back at its end (SQL Server, Oracle: unverified)."""
+
+    kind: ClassVar[str] = "server-transaction"
+    needs_admin: ClassVar[bool] = False
+
+
+Storage = FileCopy | ServerClone | ServerTransaction
+_STORAGES = (FileCopy, ServerClone, ServerTransaction)
+
+
 @dataclass(frozen=True, eq=False)
 class Dialect:
-    """One engine. Only ``name``, ``display_name``, ``sqlglot`` and ``adapter`` are required; the
-    optional parts switch features on (no ``admin``: no provisioning; no ``columns_sql``: no
+    """One engine. Only ``name``, ``display_name``, ``sqlglot``, ``adapter`` and ``storage`` are
+    required; the optional parts switch features on (no ``admin``: no provisioning; no ``columns_sql``: no
     introspection through a session; no ``plan_cost``: no BIRD-CRITIC plan comparison)."""
 
     name: str  # the registry key, as task records, URLs and catalogs spell it
     display_name: str  # how prompts name the engine
     sqlglot: str  # sqlglot's name for the engine (parsing, transpiling, tokenizing)
     adapter: str  # the module whose import registers the session adapter (``@register_dialect``)
+    storage: Storage  # where a database lives and how a session gets its own (FileCopy, ServerClone, ...)
     aliases: tuple[str, ...] = ()  # other spellings accepted anywhere a dialect is named
     quotes: tuple[str, str] = ('"', '"')  # identifier quote characters (open, close)
     reserved_words: frozenset[str] = frozenset()  # quoted as names, beyond COMMON_RESERVED
     sqlglot_reserved: bool = False  # also quote sqlglot's reserved keywords for the engine
     declared_types: bool = False  # column types are free text (SQLite): shown as declared
-    file_based: bool = False  # a database is a local file (the URL's path), not a server
     one_statement_per_call: bool = False  # its official driver runs one statement per call (BIRD)
     lexer: str | None = None  # module with split()/lex(): the engine's exact lexer (statements.py)
     admin: str | None = None  # "module:Class" of the admin operations (provision.py, loader.py)
@@ -93,6 +148,29 @@ class Dialect:
     plan_cost: Callable[[Callable[[str], Any], str], float] | None = field(default=None, repr=False)
     #   (run, sql) -> the plan cost of one DML statement; ``run(sql)`` returns its rows
     verified: bool = True  # tested against a real server (docs/unverified_dialects.md otherwise)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.storage, _STORAGES):
+            raise ValueError(f"dialect {self.name!r}: storage must be one of "
+                             f"{', '.join(c.__name__ for c in _STORAGES)}, got {self.storage!r}")
+        if self.storage.needs_admin and self.admin is None:
+            raise ValueError(f"dialect {self.name!r}: storage {self.storage.kind} needs an admin "
+                             "class (admin='module:Class', contract.ServerAdmin)")
+        if self.load is not None and self.admin is None:
+            raise ValueError(f"dialect {self.name!r}: a loader target (load=...) needs an admin "
+                             "class (contract.BulkLoad)")
+
+    @property
+    def file_based(self) -> bool:
+        """A database is a local file copied per session (``storage`` is ``FileCopy``)."""
+        return isinstance(self.storage, FileCopy)
+
+    def file_url(self, path: str | Path) -> str:
+        """The session URL of the database file at ``path`` (a file-based engine)."""
+        if not isinstance(self.storage, FileCopy):
+            raise ValueError(f"{self.display_name} databases are not files "
+                             f"(storage {self.storage.kind})")
+        return f"{self.name}:///{path}"
 
     @cached_property
     def keywords(self) -> frozenset[str]:
@@ -116,12 +194,23 @@ class Dialect:
             return name
         return self.quote(name)
 
+    def admin_class(self) -> type:
+        """The admin class ``admin`` names (imports its module, so the engine's driver), checked
+        against ``contract.ServerAdmin`` (and ``BulkLoad`` with ``load``)."""
+        if self.admin is None:
+            raise ValueError(f"dialect {self.name!r} has no admin class")
+        from .contract import check_admin
+
+        module, name = self.admin.split(":")
+        cls = vars(importlib.import_module(module)).get(name)
+        if not isinstance(cls, type):
+            raise ValueError(f"dialect {self.name!r}: admin {self.admin!r} names no class")
+        check_admin(cls, load=self.load is not None)
+        return cls
+
     def admin_ops(self) -> Any:
         """A new admin operations object (imports the engine's driver); None without one."""
-        if self.admin is None:
-            return None
-        module, cls = self.admin.split(":")
-        return getattr(importlib.import_module(module), cls)()
+        return None if self.admin is None else self.admin_class()()
 
 
 _REGISTRY: dict[str, Dialect] = {}

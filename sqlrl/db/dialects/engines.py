@@ -1,7 +1,9 @@
 """The built-in engines: one ``Dialect`` descriptor per engine, next to its adapter module.
 
 **Adding an engine** = its adapter module in this folder (``@register_dialect("name")``, the
-``DialectAdapter`` Protocol of ``base.py``) + one ``register(Dialect(...))`` below. Nothing else
+``DialectAdapter`` Protocol and the optional capabilities of ``contract.py``, checked when the
+class registers) + one ``register(Dialect(...))`` below, whose ``storage`` says where a database
+lives (``FileCopy``, ``ServerClone``: then an admin class, ``contract.ServerAdmin``). Nothing else
 names engines: every other module reads these descriptors (``descriptor.py``), and
 tests/unit/test_dialect_registry.py both fails on a per-dialect map anywhere else and shows a
 test-only engine working end to end with no other edit.
@@ -14,7 +16,7 @@ from __future__ import annotations
 import json
 from typing import Any, Callable
 
-from .descriptor import Dialect, LoadTypes, register
+from .descriptor import Dialect, FileCopy, LoadTypes, ServerClone, ServerTransaction, register
 
 _INFORMATION_SCHEMA_COLUMNS = (
     "SELECT table_name, column_name, data_type, is_nullable = 'NO' FROM information_schema.columns "
@@ -36,7 +38,8 @@ def _explain_json_total_cost(run: Callable[[str], Any], sql: str) -> float:
 SQLITE = register(Dialect(
     name="sqlite", display_name="SQLite", sqlglot="sqlite",
     adapter="sqlrl.db.dialects.sqlite", lexer="sqlrl.db.dialects.sqlite_lex",
-    declared_types=True, file_based=True, one_statement_per_call=True,
+    storage=FileCopy(suffixes=(".sqlite", "_template.sqlite"), sqlite_file=True),
+    declared_types=True, one_statement_per_call=True,
     columns_sql=("SELECT m.name, p.name, p.type, p.\"notnull\" FROM sqlite_master AS m "
                  "JOIN pragma_table_info(m.name) AS p WHERE m.type IN ('table', 'view') "
                  "AND m.name NOT LIKE 'sqlite_%' ORDER BY m.name, p.cid"),
@@ -45,6 +48,7 @@ SQLITE = register(Dialect(
 POSTGRESQL = register(Dialect(
     name="postgresql", display_name="PostgreSQL", sqlglot="postgres", aliases=("postgres", "pg"),
     adapter="sqlrl.db.dialects.postgresql", lexer="sqlrl.db.dialects.postgresql_lex",
+    storage=ServerClone(),
     admin="sqlrl.db.dialects.postgresql_admin:PostgresAdmin", admin_url_env="SQLRL_PG_ADMIN_URL",
     load=LoadTypes(types={"integer": "BIGINT", "real": "DOUBLE PRECISION", "text": "TEXT",
                           "blob": "BYTEA", "date": "DATE", "timestamp": "TIMESTAMP"}),
@@ -53,7 +57,7 @@ POSTGRESQL = register(Dialect(
 
 MYSQL = register(Dialect(
     name="mysql", display_name="MySQL", sqlglot="mysql", aliases=("mariadb",),
-    adapter="sqlrl.db.dialects.mysql", lexer="sqlrl.db.dialects.mysql_lex",
+    adapter="sqlrl.db.dialects.mysql", lexer="sqlrl.db.dialects.mysql_lex", storage=ServerClone(),
     quotes=("`", "`"), sqlglot_reserved=True, one_statement_per_call=True,
     admin="sqlrl.db.dialects.mysql_admin:MySQLAdmin", admin_url_env="SQLRL_MYSQL_ADMIN_URL",
     load=LoadTypes(types={"integer": "BIGINT", "real": "DOUBLE", "text": "LONGTEXT",
@@ -65,6 +69,7 @@ MYSQL = register(Dialect(
 MSSQL = register(Dialect(
     name="mssql", display_name="SQL Server (T-SQL)", sqlglot="tsql",
     aliases=("sqlserver", "sql server", "tsql"), adapter="sqlrl.db.dialects.mssql",
+    storage=ServerTransaction(),
     quotes=("[", "]"), admin_url_env="SQLRL_MSSQL_ADMIN_URL", verified=False,
     reserved_words=frozenset(
         "BACKUP BREAK BROWSE BULK CLUSTERED COMPUTE CONTAINS DENY DISK DUMP ERRLVL EXEC EXECUTE "
@@ -74,6 +79,7 @@ MSSQL = register(Dialect(
 
 ORACLE = register(Dialect(
     name="oracle", display_name="Oracle", sqlglot="oracle", adapter="sqlrl.db.dialects.oracle",
+    storage=ServerTransaction(),
     admin_url_env="SQLRL_ORACLE_ADMIN_URL", verified=False,
     reserved_words=frozenset("ACCESS COMMENT DATE FILE LEVEL MODE NUMBER RESOURCE ROWID ROWNUM "
                              "SIZE START UID".split())))

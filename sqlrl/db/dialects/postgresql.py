@@ -289,6 +289,9 @@ class PostgreSQLDialect:
             cur.close()
             raise
 
+    def observe(self, conn: Any, state: Any) -> None:
+        """Nothing to prepare: the server's transaction id tells (``read_only``)."""
+
     def read_only(self, conn: Any, state: Any, cursor: Any) -> bool | None:
         """Whether the statement that just ran wrote nothing, as the server says (module doc)."""
         if (not isinstance(cursor, _StreamedCursor)

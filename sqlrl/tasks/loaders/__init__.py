@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..io import read_tasks
-from .base import SqliteIndex, TaskSet, from_files, require_dir
+from .base import DatabaseFolder, TaskSet, from_files, require_dir
 from .bird import load_bird
 from .critic import load_critic
 from .spider import SPLITS as SPIDER_SPLITS
@@ -25,15 +25,16 @@ __all__ = ["TaskSet", "LOADERS", "load", "load_spider", "load_bird", "load_criti
 
 
 def load_jsonl(path: str | Path, db_root: str | Path | None = None) -> TaskSet:
-    """Tasks from a sqlrl JSONL file (``sqlrl.tasks.io``). With ``db_root``, SQLite tasks (a
-    file-based engine's: ``base.from_files``) get catalog entries (and schemas, read from the
-    files) from ``<db_root>/<db_id>/<db_id>.sqlite`` and are skipped (counted) without."""
+    """Tasks from a sqlrl JSONL file (``sqlrl.tasks.io``). With ``db_root``, the tasks of a
+    file-based engine (``base.from_files``: SQLite's) get catalog entries (and schemas, read from
+    the files) from ``<db_root>/<db_id>/<db_id><suffix>`` (the engine's ``FileCopy`` layout:
+    ``.sqlite`` for SQLite) and are skipped (counted) without."""
     path = Path(path)
     tasks = read_tasks(path)
     if db_root is None:
         return TaskSet(tasks=tuple(tasks), source=f"jsonl-{path.stem}")
-    index = SqliteIndex([require_dir(Path(db_root), "database folder")], read_schemas=True)
-    kept = [t for t in tasks if not from_files(t.dialect) or index.attach(t.db_id)]
+    index = DatabaseFolder([require_dir(Path(db_root), "database folder")], read_schemas=True)
+    kept = [t for t in tasks if not from_files(t.dialect) or index.attach(t.db_id, t.dialect)]
     return TaskSet(tasks=tuple(kept), catalog=index.catalog, schemas=index.schemas,
                    source=f"jsonl-{path.stem}", skipped=index.skipped)
 

@@ -15,13 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from ...db.dialects.descriptor import dialect_of
-from ...db.url import sqlite_url
+from ...db.dialects.descriptor import FileCopy, dialect_of
 from ..schema import DatabaseSchema, schemas_from_tables_json
 from ..types import Task, TaskError
 
-__all__ = ["TaskSet", "require_file", "require_dir", "read_json", "sqlite_db_file",
-           "sqlite_catalog_entry", "read_tables_json", "from_files"]
+__all__ = ["DatabaseFolder", "TaskSet", "db_file", "from_files", "read_json", "read_tables_json",
+           "require_dir", "require_file", "sqlite_db_file"]
 
 
 @dataclass(frozen=True)
@@ -81,30 +80,36 @@ def read_tables_json(path: Path) -> dict[str, DatabaseSchema]:
     return schemas_from_tables_json(entries, origin=str(path))
 
 
+def db_file(db_id: str, roots: Iterable[Path], dialect: str = "sqlite") -> Path | None:
+    """The file of database ``db_id`` in a database folder, by ``dialect``'s storage layout
+    (``Dialect.storage``, a ``FileCopy``: SQLite's is ``<root>/<db_id>/<db_id>.sqlite`` or
+    BIRD-CRITIC's ``…_template.sqlite``), or None. ``TaskError`` for an engine without files."""
+    engine = dialect_of(dialect)
+    if not isinstance(engine.storage, FileCopy):
+        raise TaskError(f"{engine.display_name} databases are not files "
+                        f"(storage {engine.storage.kind}): give a catalog entry")
+    return engine.storage.find(db_id, roots)
+
+
 def sqlite_db_file(db_id: str, roots: Iterable[Path]) -> Path | None:
-    """The first ``<root>/<db_id>/<db_id>.sqlite`` (or BIRD-CRITIC's ``…_template.sqlite``)."""
-    for root in roots:
-        for name in (f"{db_id}.sqlite", f"{db_id}_template.sqlite"):
-            candidate = root / db_id / name
-            if candidate.is_file():
-                return candidate.resolve()
-    return None
+    """The SQLite file of ``db_id`` (``db_file`` for SQLite: the datasets' own databases)."""
+    return db_file(db_id, roots, "sqlite")
 
 
 def from_files(dialect: str) -> bool:
     """Whether a task in ``dialect`` takes its database from a loader's database folder: the
-    engine's databases are files (``Dialect.file_based``); a server engine's come from a catalog."""
-    return dialect_of(dialect).file_based
+    engine's storage is a file copied per session (``Dialect.storage`` is a ``FileCopy``); a
+    server engine's databases come from a catalog."""
+    return isinstance(dialect_of(dialect).storage, FileCopy)
 
 
-def sqlite_catalog_entry(path: Path) -> dict[str, str]:
-    return {"sqlite": sqlite_url(str(path.resolve()))}
-
-
-class SqliteIndex:
-    """What every loader does with a database folder: find each database's SQLite file once under
-    ``roots`` (``sqlite_db_file``), build the TaskSet's ``catalog`` (and ``schemas`` read from the
-    files when ``read_schemas``), and count the tasks whose file is missing in ``skipped``."""
+class DatabaseFolder:
+    """What every loader does with a database folder: find each database's file once under
+    ``roots`` (``db_file``, by the storage layout of the engine asked for: the datasets ship
+    SQLite files, a file-based engine's tasks need its own), build the TaskSet's ``catalog``
+    (``{db_id: {dialect: url}}``; and ``schemas`` read from the files when ``read_schemas``: with
+    sqlite3 for an SQLite file, else through a session, ``DatabaseSchema.from_url``), and count
+    the tasks whose file is missing in ``skipped``."""
 
     def __init__(self, roots: Iterable[Path], *, read_schemas: bool = False) -> None:
         self.roots = list(roots)
@@ -112,26 +117,33 @@ class SqliteIndex:
         self.catalog: dict[str, dict[str, str]] = {}
         self.schemas: dict[str, DatabaseSchema] = {}
         self.skipped: dict[str, int] = {}
-        self._found: dict[str, Path | None] = {}
+        self._found: dict[tuple[str, str], Path | None] = {}
 
-    def find(self, db_id: str) -> Path | None:
-        if db_id not in self._found:
-            self._found[db_id] = sqlite_db_file(db_id, self.roots)
-        return self._found[db_id]
+    def find(self, db_id: str, dialect: str = "sqlite") -> Path | None:
+        key = (db_id, dialect)
+        if key not in self._found:
+            self._found[key] = db_file(db_id, self.roots, dialect)
+        return self._found[key]
 
     def skip(self, db_id: str) -> None:
         self.skipped[db_id] = self.skipped.get(db_id, 0) + 1
 
-    def attach(self, db_id: str) -> bool:
-        """Give ``db_id`` its catalog entry; False (the task is counted as skipped) without a file."""
-        path = self.find(db_id)
+    def attach(self, db_id: str, dialect: str = "sqlite") -> bool:
+        """Give ``db_id`` its catalog entry for ``dialect``; False (the task is counted as
+        skipped) without a file."""
+        path = self.find(db_id, dialect)
         if path is None:
             self.skip(db_id)
             return False
-        if db_id not in self.catalog:
-            self.catalog[db_id] = sqlite_catalog_entry(path)
-            if self.read_schemas:
-                self.schemas[db_id] = DatabaseSchema.from_sqlite(path, db_id)
+        engine = dialect_of(dialect)
+        entry = self.catalog.setdefault(db_id, {})
+        if engine.name not in entry:
+            entry[engine.name] = url = engine.file_url(path)
+            if self.read_schemas and db_id not in self.schemas:
+                self.schemas[db_id] = (
+                    DatabaseSchema.from_sqlite(path, db_id)
+                    if isinstance(engine.storage, FileCopy) and engine.storage.sqlite_file
+                    else DatabaseSchema.from_url(url))
         return True
 
 

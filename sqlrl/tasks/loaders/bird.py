@@ -26,7 +26,7 @@ from pathlib import Path
 
 from ...db.dialects.descriptor import find
 from ..types import TaskError, Text2SQLTask, norm_dialect
-from .base import (SqliteIndex, TaskSet, from_files, read_json, read_tables_json, records_of,
+from .base import (DatabaseFolder, TaskSet, from_files, read_json, read_tables_json, records_of,
                    require_dir, require_file)
 
 __all__ = ["load_bird"]
@@ -55,7 +55,7 @@ def load_bird(questions_json: str | Path, db_root: str | Path | None = None,
     records = records_of(read_json(path, "BIRD questions file"), path)
 
     source = f"bird-{path.stem}"
-    tasks, index = [], SqliteIndex(roots)
+    tasks, index = [], DatabaseFolder(roots)
     for i, record in enumerate(records):
         record = dict(record)
         record.setdefault("dialect", dialect)
@@ -68,10 +68,9 @@ def load_bird(questions_json: str | Path, db_root: str | Path | None = None,
             raise TaskError(f"{path}[{i}]: {exc}") from None
         if roots:
             if index.find(task.db_id) is not None:
-                index.attach(task.db_id)
-            elif from_files(task.dialect):
-                index.skip(task.db_id)
-                continue
+                index.attach(task.db_id)  # the dataset's SQLite file (the loader's source)
+            if from_files(task.dialect) and not index.attach(task.db_id, task.dialect):
+                continue  # counted as skipped
         tasks.append(task)
     used = {t.db_id for t in tasks}
     return TaskSet(tasks=tuple(tasks), catalog=index.catalog,

@@ -30,7 +30,7 @@ from typing import Any
 
 from ..io import iter_jsonl
 from ..types import CriticTask, TaskError, norm_dialect
-from .base import SqliteIndex, TaskSet, from_files, read_json, require_dir, require_file
+from .base import DatabaseFolder, TaskSet, from_files, read_json, require_dir, require_file
 
 __all__ = ["load_critic", "read_critic_schemas"]
 
@@ -77,13 +77,13 @@ def load_critic(jsonl_path: str | Path, schema_jsonl: str | Path | None = None,
     roots = [require_dir(Path(db_root), "BIRD-CRITIC database folder")] if db_root is not None else []
 
     source = f"bird-critic-{path.stem}"
-    tasks, index = [], SqliteIndex(roots, read_schemas=True)
+    tasks, index = [], DatabaseFolder(roots, read_schemas=True)
     for lineno, record in iter_jsonl(path):
         try:
             task = _task(record, by_instance, by_db, default_dialect, source)
         except (TaskError, TypeError) as exc:
             raise TaskError(f"{path}:{lineno}: {exc}") from None
-        if roots and from_files(task.dialect) and not index.attach(task.db_id):
+        if roots and from_files(task.dialect) and not index.attach(task.db_id, task.dialect):
             continue
         tasks.append(task)
     return TaskSet(tasks=tuple(tasks), catalog=index.catalog, schemas=index.schemas, source=source,

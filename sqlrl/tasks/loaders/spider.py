@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ..types import TaskError, Text2SQLTask
-from .base import (SqliteIndex, TaskSet, read_json, read_tables_json, records_of, require_dir,
+from .base import (DatabaseFolder, TaskSet, read_json, read_tables_json, records_of, require_dir,
                    require_file)
 
 __all__ = ["SPLITS", "SplitSpec", "load_spider", "spider_hardness"]
@@ -74,7 +74,7 @@ def load_spider(root: str | Path, split: str = "dev", *, db_dirs: Sequence[str |
     records = records_of(read_json(data_file, f"Spider {split} file"), data_file)
 
     source = f"spider-{split}"
-    tasks, index = [], SqliteIndex(roots)
+    tasks, index = [], DatabaseFolder(roots)
     for i, record in enumerate(records):
         rest = {k: v for k, v in record.items() if k not in _DERIVED}
         difficulty = None

@@ -1,0 +1,218 @@
+"""The declared engine contract (``sqlrl/db/dialects/contract.py``): registration refuses an
+adapter that lacks a required method or implements half of an optional capability, naming what
+is missing; a storage layout is held to what the adapter and admin implement; every registered
+engine conforms; and the executor uses only the capabilities an adapter class declares."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from sqlrl.db import ErrorKind, Limits
+from sqlrl.db.dialects import get_dialect, register_dialect
+from sqlrl.db.dialects.contract import (CAPABILITIES, AdapterContractError, AgentLogin, BulkLoad,
+                                        Cancellable, DialectAdapter, ExactLexer,
+                                        ReadOnlyAttestation, ServerAdmin, check_adapter,
+                                        check_admin, contract_of, methods_of)
+from sqlrl.db.dialects.descriptor import (Dialect, FileCopy, ServerClone, ServerTransaction,
+                                          dialects, registered)
+from sqlrl.db.dialects.engines import POSTGRESQL, SQLITE
+from sqlrl.db.executor import run_call
+from sqlrl.db.types import SessionError
+
+
+class _Whole:
+    """Every required method; no capability."""
+
+    isolation = "none"
+    sqlglot_dialect = "sqlite"
+
+    def connect(self, url: Any, limits: Any) -> Any:
+        return None
+
+    def begin(self, conn: Any, url: Any) -> Any:
+        return None
+
+    def end(self, conn: Any, state: Any) -> bool:
+        return False
+
+    def run(self, conn: Any, state: Any, statement: str, deadline: float) -> Any:
+        return _Cursor()
+
+    def ping(self, conn: Any) -> bool:
+        return True
+
+    def classify(self, exc: BaseException) -> ErrorKind:
+        return ErrorKind.RUNTIME
+
+    def denied(self, statement: Any) -> str | None:
+        return None
+
+    def close(self, conn: Any) -> None:
+        pass
+
+
+class _Cursor:
+    description = (("x",),)
+
+    def __init__(self) -> None:
+        self.rows = [(1,)]
+
+    def fetchmany(self, n: int) -> list[tuple[int]]:
+        rows, self.rows = self.rows[:n], self.rows[n:]
+        return rows
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("method", methods_of(DialectAdapter))
+def test_an_adapter_missing_a_required_method_does_not_register(method: str) -> None:
+    lacking = type("Lacking", (), {k: v for k, v in vars(_Whole).items() if k != method})
+    with pytest.raises(AdapterContractError, match=rf"Lacking lacks required method\(s\) {method}\b"):
+        register_dialect("contract_test")(lacking)
+
+
+def test_an_adapter_without_an_isolation_name_does_not_register() -> None:
+    nameless = type("Nameless", (_Whole,), {"isolation": None})
+    with pytest.raises(AdapterContractError, match="Nameless must name its isolation"):
+        register_dialect("contract_test")(nameless)
+
+
+@pytest.mark.parametrize("capability", [c for c in CAPABILITIES if len(methods_of(c)) > 1],
+                         ids=lambda c: c.__name__)
+def test_half_a_capability_does_not_register(capability: type) -> None:
+    first, *rest = methods_of(capability)
+    half = type("Half", (_Whole,), {first: lambda self, *a: None})
+    with pytest.raises(AdapterContractError,
+                       match=rf"Half implements half of the capability {capability.__name__}: "
+                             rf"it lacks {', '.join(rest)}"):
+        register_dialect("contract_test")(half)
+
+
+def test_a_hook_offered_by_getattr_is_no_capability() -> None:
+    """Capabilities are read off the class: a ``__getattr__`` that answers every name declares
+    nothing, so the executor never calls what the class does not define."""
+    called: list[str] = []
+
+    class Dynamic(_Whole):
+        def __getattr__(self, name: str) -> Any:
+            return lambda *a: called.append(name)
+
+    assert contract_of(Dynamic).capabilities == frozenset()
+    r = run_call(Dynamic(), None, None, "SELECT 1", Limits(attest=True))
+    assert r.ok and r.rows == ((1,),) and r.read_only is None and called == []
+
+
+def test_the_executor_calls_the_declared_capabilities() -> None:
+    seen: list[str] = []
+
+    class Attesting(_Whole):
+        def observe(self, conn: Any, state: Any) -> None:
+            seen.append("observe")
+
+        def read_only(self, conn: Any, state: Any, cursor: Any) -> bool:
+            seen.append("read_only")
+            return True
+
+    assert contract_of(Attesting).capabilities == {ReadOnlyAttestation}
+    r = run_call(Attesting(), None, None, "SELECT 1; SELECT 2", Limits(attest=True))
+    assert r.ok and r.read_only is True and seen == ["observe", "read_only"] * 2
+    seen.clear()
+    assert run_call(Attesting(), None, None, "SELECT 1", Limits()).read_only is None and seen == []
+
+
+def test_a_storage_layout_needs_its_parts() -> None:
+    with pytest.raises(ValueError, match="storage server-clone needs an admin class"):
+        Dialect(name="x", display_name="X", sqlglot="postgres", adapter="m", storage=ServerClone())
+    with pytest.raises(ValueError, match="storage must be one of FileCopy"):
+        Dialect(name="x", display_name="X", sqlglot="postgres", adapter="m", storage="file")
+    with pytest.raises(ValueError, match="at least one file name suffix"):
+        FileCopy(suffixes=())
+
+
+class _SqliteOnAServer(_Whole):
+    """A server-clone engine's adapter that cannot log agents in."""
+
+
+register_dialect("contract_noagent")(_SqliteOnAServer)
+
+
+def test_a_server_clone_engine_needs_agent_login_and_a_whole_admin() -> None:
+    engine = replace(POSTGRESQL, name="contract_noagent", aliases=(), adapter=__name__)
+    with registered(engine):
+        with pytest.raises(AdapterContractError, match=r"storage server-clone needs its adapter "
+                           r".*_SqliteOnAServer to implement AgentLogin \(open_agent, close_agent\)"):
+            get_dialect("contract_noagent")
+
+    class HalfAdmin:
+        def connect(self, url: Any, database: Any = None) -> Any: ...
+
+    with pytest.raises(AdapterContractError, match="HalfAdmin lacks prepare_server, create_database"):
+        check_admin(HalfAdmin, load=False)
+
+
+def test_an_admin_missing_a_method_is_refused_before_the_first_session() -> None:
+    engine = replace(POSTGRESQL, name="contract_badadmin", aliases=(),
+                     admin=f"{__name__}:_NoSeal")
+    with registered(engine):
+        with pytest.raises(AdapterContractError, match=r"_NoSeal lacks seal \(ServerAdmin"):
+            engine.admin_ops()
+
+
+class _NoSeal:
+    pass
+
+
+for _name in set(methods_of(ServerAdmin)) | set(methods_of(BulkLoad)):
+    if _name != "seal":
+        setattr(_NoSeal, _name, lambda self, *a: None)
+
+
+# --- conformance: every registered engine ------------------------------------------------------
+
+@pytest.mark.parametrize("engine", dialects(), ids=lambda d: d.name)
+def test_every_registered_engine_conforms(engine: Dialect) -> None:
+    adapter = get_dialect(engine.name)  # checks the storage layout against adapter and admin
+    contract = check_adapter(type(adapter))
+    assert contract == contract_of(adapter) and isinstance(adapter, DialectAdapter)
+    assert isinstance(adapter.isolation, str) and adapter.isolation
+    for capability in contract.capabilities:  # whole, and callable on the instance
+        assert all(callable(getattr(adapter, m)) for m in methods_of(capability))
+    assert isinstance(engine.storage, (FileCopy, ServerClone, ServerTransaction))
+    if isinstance(engine.storage, ServerClone):
+        assert contract.has(AgentLogin)
+        admin = engine.admin_class()
+        check_admin(admin, load=engine.load is not None)
+    else:
+        assert not contract.has(AgentLogin)
+    if isinstance(engine.storage, FileCopy):
+        assert engine.file_based and engine.file_url("/d/x").startswith(f"{engine.name}:///")
+        assert engine.storage.path_in("/r", "db").name.startswith("db")
+    else:
+        assert not engine.file_based
+        with pytest.raises(ValueError, match="are not files"):
+            engine.file_url("/d/x")
+    # the exact lexer a descriptor names is what the adapter lexes with, and vice versa
+    assert contract.has(ExactLexer) == (engine.lexer is not None)
+
+
+def test_the_builtins_declare_what_they_implement() -> None:
+    caps = {d.name: {c.__name__ for c in contract_of(get_dialect(d.name)).capabilities}
+            for d in dialects()}
+    assert caps == {
+        "sqlite": {"ExactLexer", "ReadOnlyAttestation"},
+        "postgresql": {"ExactLexer", "Cancellable", "ReadOnlyAttestation", "AgentLogin"},
+        "mysql": {"ExactLexer", "Cancellable", "Abandoning", "AgentLogin"},
+        "mssql": set(), "oracle": set()}
+    assert [d.storage.kind for d in dialects()] == [
+        "file-copy", "server-clone", "server-clone", "server-transaction", "server-transaction"]
+    assert SQLITE.storage.sqlite_file and Cancellable in CAPABILITIES
+
+
+def test_an_engine_whose_module_registers_no_adapter_is_a_clear_error() -> None:
+    with registered(replace(SQLITE, name="contract_noclass", aliases=(), adapter="json")):
+        with pytest.raises(SessionError, match="registers no adapter named 'contract_noclass'"):
+            get_dialect("contract_noclass")
