@@ -20,7 +20,7 @@ from ..schema import DatabaseSchema, schemas_from_tables_json
 from ..types import Task, TaskError
 
 __all__ = ["DatabaseFolder", "TaskSet", "db_file", "from_files", "read_json", "read_tables_json",
-           "require_dir", "require_file", "sqlite_db_file"]
+           "require_dir", "require_file"]
 
 
 @dataclass(frozen=True)
@@ -89,11 +89,6 @@ def db_file(db_id: str, roots: Iterable[Path], dialect: str = "sqlite") -> Path 
         raise TaskError(f"{engine.display_name} databases are not files "
                         f"(storage {engine.storage.kind}): give a catalog entry")
     return engine.storage.find(db_id, roots)
-
-
-def sqlite_db_file(db_id: str, roots: Iterable[Path]) -> Path | None:
-    """The SQLite file of ``db_id`` (``db_file`` for SQLite: the datasets' own databases)."""
-    return db_file(db_id, roots, "sqlite")
 
 
 def from_files(dialect: str) -> bool:
