@@ -11,7 +11,11 @@ servers by tests/dialects/test_lexer_differential.py):
 - ``sqlite``: ``dialects/sqlite_lex.py`` — SQLite's tokenizer rules, statement ends by
   ``sqlite3.complete_statement`` (a trigger body keeps its ``;``).
 
-Other engines (``tsql``, ``oracle``: unverified) use sqlglot's tokenizer for their dialect.
+- ``tsql``, ``oracle`` (unverified): ``dialects/glot_lex.py`` — sqlglot's tokenizer for the
+  dialect, with the text of its command words read again as tokens; the sandbox reads the same
+  tokens (``Statement.node``).
+
+Other engines (a test's DuckDB) use sqlglot's tokenizer for their dialect directly.
 
 Guarantees:
 - ``split`` never raises: text the engine's lexer cannot read (an unterminated string, say) comes
@@ -52,16 +56,22 @@ class Statement:
     kind: str = ""  # the engine's class: PostgreSQL's parse node ("TransactionStmt"); else words[0]
     code: str = ""  # text with comments blanked (MariaDB: executable comments' contents kept)
     parts: int = 1  # statements the engine reads in ``text`` (1 for everything ``split`` returns)
-    node: Any = field(default=None, compare=False, repr=False)  # PostgreSQL: the parse tree (JSON)
+    node: Any = field(default=None, compare=False, repr=False)  # PostgreSQL: the parse tree (JSON);
+    #                                                  glot_lex engines: the tokens (kind, text)
 
 
 @lru_cache(maxsize=None)
 def _lexer(dialect: str) -> Any:
-    """The exact lexer module of the engine whose sqlglot name is ``dialect``, or None."""
+    """The exact lexer of the engine whose sqlglot name is ``dialect`` (a module, or an object
+    in one: ``Dialect.lexer`` is ``"module"`` or ``"module:name"``), or None."""
     from .dialects.descriptor import by_sqlglot
 
     engine = by_sqlglot(dialect)
-    return importlib.import_module(engine.lexer) if engine is not None and engine.lexer else None
+    if engine is None or not engine.lexer:
+        return None
+    module, _, name = engine.lexer.partition(":")
+    loaded = importlib.import_module(module)
+    return vars(loaded)[name] if name else loaded
 
 
 def split(sql: str, dialect: str = "sqlite") -> list[Statement]:

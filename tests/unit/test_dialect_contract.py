@@ -206,7 +206,7 @@ def test_the_builtins_declare_what_they_implement() -> None:
         "sqlite": {"ExactLexer", "ReadOnlyAttestation"},
         "postgresql": {"ExactLexer", "Cancellable", "ReadOnlyAttestation", "AgentLogin"},
         "mysql": {"ExactLexer", "Cancellable", "Abandoning", "AgentLogin"},
-        "mssql": set(), "oracle": set()}
+        "mssql": {"ExactLexer"}, "oracle": {"ExactLexer"}}
     assert [d.storage.kind for d in dialects()] == [
         "file-copy", "server-clone", "server-clone", "server-transaction", "server-transaction"]
     assert SQLITE.storage.sqlite_file and Cancellable in CAPABILITIES

@@ -139,7 +139,8 @@ class Dialect:
     sqlglot_reserved: bool = False  # also quote sqlglot's reserved keywords for the engine
     declared_types: bool = False  # column types are free text (SQLite): shown as declared
     one_statement_per_call: bool = False  # its official driver runs one statement per call (BIRD)
-    lexer: str | None = None  # module with split()/lex(): the engine's exact lexer (statements.py)
+    lexer: str | None = None  # "module" or "module:object" with split()/lex(): the engine's exact
+    #                           lexer (statements.py); its adapter then has ExactLexer (contract.py)
     admin: str | None = None  # "module:Class" of the admin operations (provision.py, loader.py)
     admin_url_env: str | None = None  # environment variable naming a test server's admin URL
     load: LoadTypes | None = None  # the loader can copy SQLite databases into this engine

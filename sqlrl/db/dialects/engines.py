@@ -69,7 +69,7 @@ MYSQL = register(Dialect(
 MSSQL = register(Dialect(
     name="mssql", display_name="SQL Server (T-SQL)", sqlglot="tsql",
     aliases=("sqlserver", "sql server", "tsql"), adapter="sqlrl.db.dialects.mssql",
-    storage=ServerTransaction(),
+    lexer="sqlrl.db.dialects.glot_lex:TSQL", storage=ServerTransaction(),
     quotes=("[", "]"), admin_url_env="SQLRL_MSSQL_ADMIN_URL", verified=False,
     reserved_words=frozenset(
         "BACKUP BREAK BROWSE BULK CLUSTERED COMPUTE CONTAINS DENY DISK DUMP ERRLVL EXEC EXECUTE "
@@ -79,7 +79,7 @@ MSSQL = register(Dialect(
 
 ORACLE = register(Dialect(
     name="oracle", display_name="Oracle", sqlglot="oracle", adapter="sqlrl.db.dialects.oracle",
-    storage=ServerTransaction(),
+    lexer="sqlrl.db.dialects.glot_lex:ORACLE", storage=ServerTransaction(),
     admin_url_env="SQLRL_ORACLE_ADMIN_URL", verified=False,
     reserved_words=frozenset("ACCESS COMMENT DATE FILE LEVEL MODE NUMBER RESOURCE ROWID ROWNUM "
                              "SIZE START UID".split())))

@@ -34,8 +34,9 @@ waits into error 1222. Both are ``ErrorKind.TIMEOUT``; the transaction survives 
 rollback), so the session stays usable.
 
 Sandbox (``denied``): T-SQL runs several statements in one batch without semicolons, so the rules
-look at every token of the batch (``tsql_tokens``, a small lexer that drops strings and comments the
-way the server does), not only the first word. See ``mssql_denial``.
+look at every token of the batch, not only the first word: the tokens sqlglot's T-SQL tokenizer
+gives the statement the call was split into (``glot_lex.TSQL``: strings and nested comments
+dropped, the text after command words such as PRINT read again). See ``mssql_denial``.
 
 Errors are re-raised as ``MSSQLError`` (readable text, pyodbc's ``(sqlstate, message)`` args kept)
 and classified by SQLSTATE and native error number (``classify_mssql``).
@@ -54,9 +55,11 @@ from typing import Any, Callable, Sequence
 import pyodbc
 from sqlalchemy.engine import URL
 
+from ..statements import Statement
 from ..types import ErrorKind, Limits, SessionError
 from ..url import redact
 from .base import close_quietly, error_message, register_dialect, url_flag, url_option
+from .glot_lex import TSQL
 
 SAVEPOINT = "sqlrl_sp"
 MAX_VALUE_BYTES = 64 * 1024 * 1024  # SET TEXTSIZE: the largest (max)/text value returned
@@ -304,85 +307,6 @@ DENIED_PROCEDURES = {
     "SP_PREPEXEC", "SP_RESET_CONNECTION",
 }
 
-_WORD = re.compile(r"[^\W\d][\w@#$]*|[@#][\w@#$]*")
-_NUMBER = re.compile(r"\d[\w.]*")
-
-
-def tsql_tokens(sql: str) -> list[tuple[str, str]]:
-    """T-SQL's lexical structure as the server reads it: (kind, upper-cased text) of every word
-    ("WORD", including ``@var``, ``#temp`` and ``##global``), quoted identifier ("IDENT": ``[x]`` or
-    ``"x"``, without the quotes) and punctuation character ("PUNCT"). String literals (``'..'``,
-    ``N'..'``), numbers and comments (``--``, nested ``/* */``) are dropped. An unterminated string,
-    identifier or comment is read as code from its opening character on, so a broken text yields
-    more words to check, never fewer (and the server rejects it anyway).
-
-    A lexer of our own rather than sqlglot's: sqlglot reads everything after command words such as
-    PRINT, FETCH or EXPLAIN as one string, which would hide ``PRINT 1 COMMIT`` from the rules.
-    """
-    out: list[tuple[str, str]] = []
-    i, n = 0, len(sql)
-    while i < n:
-        c = sql[i]
-        if c.isspace():
-            i += 1
-        elif sql.startswith("--", i):
-            j = sql.find("\n", i)
-            i = n if j < 0 else j + 1
-        elif sql.startswith("/*", i):
-            depth, j = 1, i + 2
-            while j < n and depth:
-                if sql.startswith("/*", j):
-                    depth, j = depth + 1, j + 2
-                elif sql.startswith("*/", j):
-                    depth, j = depth - 1, j + 2
-                else:
-                    j += 1
-            i = j if depth == 0 else i + 2
-        elif c == "'" or (c in "nN" and sql.startswith("'", i + 1)):
-            body = i + 1 if c == "'" else i + 2
-            j = _literal_end(sql, body, "'")
-            if j < 0:
-                out.append(("PUNCT", "'"))
-                i = body
-            else:
-                i = j
-        elif c in '"[':
-            close = '"' if c == '"' else "]"
-            j = _literal_end(sql, i + 1, close)
-            if j < 0:
-                out.append(("PUNCT", c))
-                i += 1
-            else:
-                out.append(("IDENT", sql[i + 1:j - 1].replace(close * 2, close).upper()))
-                i = j
-        else:
-            m = _WORD.match(sql, i)
-            if m is not None:
-                out.append(("WORD", m.group(0).upper()))
-                i = m.end()
-                continue
-            m = _NUMBER.match(sql, i)
-            if m is not None:
-                i = m.end()
-                continue
-            out.append(("PUNCT", c))
-            i += 1
-    return out
-
-
-def _literal_end(sql: str, i: int, quote: str) -> int:
-    """The index just after the closing ``quote`` of a literal whose body starts at ``i`` (a
-    doubled quote is an escaped one), or -1 when it is never closed."""
-    while True:
-        j = sql.find(quote, i)
-        if j < 0:
-            return -1
-        if sql.startswith(quote * 2, j):
-            i = j + 2
-            continue
-        return j + 1
-
-
 def _procedure_at(tokens: list[tuple[str, str]], i: int) -> tuple[str | None, int]:
     """The (last part of the) procedure name starting at ``tokens[i]`` and the index after it."""
     name = None
@@ -400,7 +324,7 @@ def _procedure_at(tokens: list[tuple[str, str]], i: int) -> tuple[str | None, in
     return name, i
 
 
-def mssql_denial(statement: str) -> str | None:
+def mssql_denial(statement: Statement | str) -> str | None:
     """The reason the SQL Server sandbox rejects ``statement``, or None.
 
     Denied: transaction control anywhere in the batch (COMMIT/ROLLBACK/SAVE TRAN/BEGIN TRAN), EXEC
@@ -411,9 +335,9 @@ def mssql_denial(statement: str) -> str | None:
     databases and other server objects (so ALTER SERVER/DATABASE), UPDATE STATISTICS, ``SET``
     options that change the transaction or the sandbox (IMPLICIT_TRANSACTIONS, XACT_ABORT,
     ANSI_DEFAULTS, NOEXEC, TEXTSIZE, ...), global temp tables (``##t``, visible to other sessions)
-    and ODBC escapes (``{call ...}``).
+    and ODBC escapes (``{call ...}``). Read on the tokens the call was split by (``glot_lex.TSQL``).
     """
-    tokens = tsql_tokens(statement)
+    tokens = list(TSQL.tokens_of(statement))
     # unquoted words and punctuation; "" for quoted identifiers (never keywords)
     words = [text if kind != "IDENT" else "" for kind, text in tokens]
     # 1. the first word: a statement keyword, or else a stored procedure call
@@ -473,8 +397,8 @@ def mssql_denial(statement: str) -> str | None:
 
 def _marks_dirty(statement: str) -> bool:
     """Statements whose effects outlive ROLLBACK on the connection (SET options, cursors)."""
-    head = statement.lstrip("( \t\r\n").upper()
-    return head.startswith("SET") or re.search(r"\bCURSOR\b", statement, re.I) is not None
+    words = [text for kind, text in TSQL.tokens(statement) if kind == "WORD"]
+    return words[:1] == ["SET"] or "CURSOR" in words
 
 
 # --- results -------------------------------------------------------------------------------------
@@ -632,7 +556,11 @@ class MSSQLDialect:
     def classify(self, exc: BaseException) -> ErrorKind:
         return classify_mssql(exc)
 
-    def denied(self, statement: str) -> str | None:
+    def lex(self, conn: Any, sql: str) -> list[Statement]:
+        """``sql``'s statements by sqlglot's T-SQL tokenizer (``glot_lex.TSQL``)."""
+        return TSQL.split(sql)
+
+    def denied(self, statement: Statement | str) -> str | None:
         return mssql_denial(statement)
 
     def close(self, conn: Any) -> None:

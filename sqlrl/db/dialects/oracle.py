@@ -38,9 +38,11 @@ from typing import Any
 import oracledb
 from sqlalchemy.engine import URL
 
+from ..statements import Statement
 from ..types import ErrorKind, Limits, SessionError
 from ..url import redact
 from .base import close_quietly, error_message, register_dialect, url_flag, url_option
+from .glot_lex import ORACLE
 
 SAVEPOINT = "sqlrl_sp"
 DEFAULT_CONNECT_TIMEOUT_S = 10.0
@@ -235,86 +237,7 @@ DENIED_NAMES = {"HTTPURITYPE", "DBURITYPE", "XDBURITYPE", "URIFACTORY", "BFILENA
 _DDL_REASON = ("Oracle commits the transaction implicitly on DDL, which would make the session's "
                "changes permanent; only queries, DML and private temporary tables (CREATE PRIVATE "
                "TEMPORARY TABLE ora$ptt_name ..., DROP TABLE ora$ptt_name) are allowed")
-_WORD = re.compile(r"[^\W\d][\w$#@]*")
-_NUMBER = re.compile(r"\d[\w.]*")
-_Q_CLOSE = {"(": ")", "[": "]", "{": "}", "<": ">"}
-
-
-def oracle_tokens(sql: str) -> list[tuple[str, str]]:
-    """Oracle SQL's lexical structure as the server reads it: (kind, upper-cased text) of every
-    word ("WORD"; ``$``, ``#`` and the ``@`` of database links stay inside words), quoted
-    identifier ("IDENT", without the quotes) and punctuation character ("PUNCT"). String literals
-    (``'..'``, ``N'..'``, ``q'[..]'``), numbers and comments are dropped. An unterminated literal
-    or comment is read as code from its opening character on: more words to check, never fewer.
-
-    A lexer of our own rather than sqlglot's: sqlglot reads everything after command words such
-    as EXPLAIN or CALL as one string, which would hide the rest of the statement from the rules.
-    """
-    out: list[tuple[str, str]] = []
-    i, n = 0, len(sql)
-    while i < n:
-        c = sql[i]
-        if c.isspace():
-            i += 1
-        elif sql.startswith("--", i):
-            j = sql.find("\n", i)
-            i = n if j < 0 else j + 1
-        elif sql.startswith("/*", i):
-            j = sql.find("*/", i + 2)
-            i = i + 2 if j < 0 else j + 2
-        elif (m := re.match(r"[nN]?[qQ]'(.)", sql[i:i + 4], re.S)) is not None:
-            close = _Q_CLOSE.get(m.group(1), m.group(1)) + "'"
-            j = sql.find(close, i + m.end())
-            if j < 0:
-                out.append(("PUNCT", "'"))
-                i += m.end() - 1
-            else:
-                i = j + 2
-        elif c == "'" or (c in "nN" and sql.startswith("'", i + 1)):
-            body = i + 1 if c == "'" else i + 2
-            j = _literal_end(sql, body, "'", doubled=True)
-            if j < 0:
-                out.append(("PUNCT", "'"))
-                i = body
-            else:
-                i = j
-        elif c == '"':
-            j = _literal_end(sql, i + 1, '"', doubled=False)
-            if j < 0:
-                out.append(("PUNCT", c))
-                i += 1
-            else:
-                out.append(("IDENT", sql[i + 1:j - 1].upper()))
-                i = j
-        else:
-            m = _WORD.match(sql, i)
-            if m is not None:
-                out.append(("WORD", m.group(0).upper()))
-                i = m.end()
-                continue
-            m = _NUMBER.match(sql, i)
-            if m is not None:
-                i = m.end()
-                continue
-            out.append(("PUNCT", c))
-            i += 1
-    return out
-
-
-def _literal_end(sql: str, i: int, quote: str, doubled: bool) -> int:
-    """The index just after the closing ``quote`` of a literal whose body starts at ``i`` (with
-    ``doubled``, two quotes are an escaped one), or -1 when it is never closed."""
-    while True:
-        j = sql.find(quote, i)
-        if j < 0:
-            return -1
-        if doubled and sql.startswith(quote * 2, j):
-            i = j + 2
-            continue
-        return j + 1
-
-
-def oracle_denial(statement: str) -> str | None:
+def oracle_denial(statement: Statement | str) -> str | None:
     """The reason the Oracle sandbox rejects ``statement``, or None.
 
     Of Oracle's SQL statements only these are allowed: SELECT/WITH, INSERT, UPDATE, DELETE, MERGE,
@@ -324,9 +247,10 @@ def oracle_denial(statement: str) -> str | None:
     refused. A first word that starts no Oracle statement is left to the server (ORA-00900).
     Denied everywhere in a statement: inline PL/SQL (WITH FUNCTION/PROCEDURE, PRAGMA), EXECUTE IMMEDIATE,
     UTL_* and DBMS_* packages (except DBMS_RANDOM, DBMS_LOB), URI types and BFILENAME (network
-    and file access), and database links (``table@link``).
+    and file access), and database links (``table@link``). Read on the tokens the call was split
+    by (``glot_lex.ORACLE``).
     """
-    tokens = oracle_tokens(statement)
+    tokens = list(ORACLE.tokens_of(statement))
     words = [text if kind != "IDENT" else "" for kind, text in tokens]  # never keywords if quoted
     names = [text for _, text in tokens]
     if not tokens:
@@ -490,7 +414,11 @@ class OracleDialect:
     def classify(self, exc: BaseException) -> ErrorKind:
         return classify_oracle(exc)
 
-    def denied(self, statement: str) -> str | None:
+    def lex(self, conn: Any, sql: str) -> list[Statement]:
+        """``sql``'s statements by sqlglot's Oracle tokenizer (``glot_lex.ORACLE``)."""
+        return ORACLE.split(sql)
+
+    def denied(self, statement: Statement | str) -> str | None:
         return oracle_denial(statement)
 
     def close(self, conn: Any) -> None:
