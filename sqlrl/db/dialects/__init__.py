@@ -4,8 +4,9 @@ module per engine, and the descriptor of each engine (``descriptor.Dialect``, th
 
 from .base import available_dialects, get_dialect, register_dialect
 from .contract import AdapterContractError, DialectAdapter, contract_of
-from .descriptor import Dialect, FileCopy, LoadTypes, ServerClone, ServerTransaction, dialect_of, find, register
+from .descriptor import (Dialect, FileCopy, LoadTypes, ServerClone, ServerTransaction, dialect_of,
+                         find, register)
 
-__all__ = ["AdapterContractError", "Dialect", "DialectAdapter", "FileCopy", "LoadTypes", "ServerClone",
-           "ServerTransaction", "available_dialects", "contract_of", "dialect_of", "find",
+__all__ = ["AdapterContractError", "Dialect", "DialectAdapter", "FileCopy", "LoadTypes",
+           "ServerClone", "ServerTransaction", "available_dialects", "contract_of", "dialect_of", "find",
            "get_dialect", "register", "register_dialect"]

@@ -18,6 +18,11 @@ Guarantees:
   unique across the registry (``register`` refuses a clash). ``names()`` keeps registration order
   (the built-ins first).
 - A ``Dialect`` is immutable; what is derived from it (``keywords``) is computed once.
+- A ``Dialect`` declares its storage layout (``storage``: ``FileCopy``, ``ServerClone``,
+  ``ServerTransaction``) and is refused at construction when the layout lacks its parts (a
+  server clone without an admin class); ``file_based`` means ``storage`` is a ``FileCopy`` and
+  nothing else. What the adapter and the admin must implement for the layout is checked by
+  ``contract.check_engine`` before the engine's first session (``base.get_dialect``).
 """
 
 from __future__ import annotations
@@ -125,14 +130,15 @@ _STORAGES = (FileCopy, ServerClone, ServerTransaction)
 @dataclass(frozen=True, eq=False)
 class Dialect:
     """One engine. Only ``name``, ``display_name``, ``sqlglot``, ``adapter`` and ``storage`` are
-    required; the optional parts switch features on (no ``admin``: no provisioning; no ``columns_sql``: no
-    introspection through a session; no ``plan_cost``: no BIRD-CRITIC plan comparison)."""
+    required; the optional parts switch features on (no ``admin``: no provisioning; no
+    ``columns_sql``: no introspection through a session; no ``plan_cost``: no BIRD-CRITIC plan
+    comparison)."""
 
     name: str  # the registry key, as task records, URLs and catalogs spell it
     display_name: str  # how prompts name the engine
     sqlglot: str  # sqlglot's name for the engine (parsing, transpiling, tokenizing)
     adapter: str  # the module whose import registers the session adapter (``@register_dialect``)
-    storage: Storage  # where a database lives and how a session gets its own (FileCopy, ServerClone, ...)
+    storage: Storage  # where a database lives, how a session gets its own (FileCopy, ServerClone, ..)
     aliases: tuple[str, ...] = ()  # other spellings accepted anywhere a dialect is named
     quotes: tuple[str, str] = ('"', '"')  # identifier quote characters (open, close)
     reserved_words: frozenset[str] = frozenset()  # quoted as names, beyond COMMON_RESERVED
