@@ -95,7 +95,7 @@ def get_dialect(name: str) -> DialectAdapter:
 def forget_adapter(name: str) -> None:
     """Drop the cached adapter instance of ``name`` (``descriptor.unregister`` calls it; the
     class stays registered, as its module stays imported)."""
-    for key in [k for k, a in _INSTANCES.items() if k == name or getattr(a, "name", None) == name]:
+    for key in [k for k, a in _INSTANCES.items() if k == name or a.name == name]:
         del _INSTANCES[key]
 
 
