@@ -46,6 +46,8 @@ from .watchdog import WATCHDOG
 FIRST_BATCH_ROWS = 16  # rows of a result's first batch (its width is not known yet)
 MAX_BATCH_ROWS = 65_536
 _DEADLINE_MESSAGE = "the call ran past its time limit ({:g} s for all its statements and fetches)"
+_LATE_MESSAGE = "; it was stopped then, and the server took until {:.1f} s after the deadline to end it"
+_LATE_S = 0.5  # a call that ended this long after its deadline says so
 _FILTER = [True]  # the text filter (sandbox rules); off only in the filter-off containment test
 
 
@@ -133,7 +135,9 @@ def run_call(adapter: DialectAdapter, conn: Any, state: Any, sql: str, limits: L
     finally:
         if WATCHDOG.disarm(armed):  # stopped from outside: a timeout whatever the driver said
             if error is None or error[0] is not ErrorKind.SESSION_LOST:
-                error = (ErrorKind.TIMEOUT, _DEADLINE_MESSAGE.format(limits.timeout_s))
+                late = time.monotonic() - deadline  # honest when the server took long to stop
+                error = (ErrorKind.TIMEOUT, _DEADLINE_MESSAGE.format(limits.timeout_s) + (
+                    _LATE_MESSAGE.format(late) if late >= _LATE_S else ""))
             timed_out = getattr(adapter, "timed_out", None)
             if timed_out is not None:
                 timed_out(conn, state)

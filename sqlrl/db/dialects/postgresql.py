@@ -161,8 +161,18 @@ class _StreamedCursor:
         self._cur.close()
 
 
+# A streamed query's rows pass a size check on the server before they are sent: a row wider than
+# the call's byte cap stops the query with an error (rewritten by ``_execute``) instead of reaching
+# the client, whose driver would hold the whole row, decoded, before sqlrl could cap it. OFFSET 0
+# keeps the query a subquery planned on its own, so the check sees exactly the rows it returns.
+_ROWS_OF = "SELECT * FROM (SELECT * FROM ("
+_ROW_CAP = (") sqlrl_q OFFSET 0) sqlrl_r WHERE pg_column_size(sqlrl_r.*) <= {cap} "
+            "OR ('sqlrl_row_bytes=' || pg_column_size(sqlrl_r.*))::bool")
+_WIDE_ROW = re.compile(r'invalid input syntax for type boolean: "sqlrl_row_bytes=(\d+)"')
 _LINE_RE = re.compile(r"\bLINE (\d+):")
-_OWN_TEXT = re.compile(rf"BEGIN; DECLARE {_CURSOR} NO SCROLL CURSOR FOR|\s*;FETCH FORWARD \d+ FROM {_CURSOR}"
+_OWN_TEXT = re.compile(rf"BEGIN; DECLARE {_CURSOR} NO SCROLL CURSOR FOR( {re.escape(_ROWS_OF)})?"
+                       rf"|\s*\) sqlrl_q OFFSET 0\) sqlrl_r WHERE .*?::bool"
+                       rf"|\s*;FETCH FORWARD \d+ FROM {_CURSOR}"
                        rf"|SET statement_timeout = \d+; (FETCH FORWARD \d+ FROM {_CURSOR})?")
 
 
@@ -216,7 +226,7 @@ class PostgreSQLDialect:
                 cur.execute(
                     "SELECT (SELECT rolcreaterole FROM pg_roles WHERE rolname = current_user), "
                     "ARRAY(SELECT rolname::text FROM pg_roles WHERE rolname = ANY(%s) "
-                    "AND pg_has_role(oid, 'MEMBER'))", (list(_ESCALATING_ROLES),))
+                    "AND pg_has_role(oid, 'MEMBER'))", ([*_ESCALATING_ROLES, OWNER_ROLE],))
                 createrole, members = cur.fetchone()
             if createrole:
                 why = "has CREATEROLE"
@@ -225,8 +235,8 @@ class PostgreSQLDialect:
         if why:
             raise SessionError(
                 f"refusing to run agent SQL as PostgreSQL role {conn.info.user!r}, which {why} "
-                f"(is the role {OWNER_ROLE!r} granted a privileged role? "
-                "sqlrl.db.provision.prepare_server(admin_url) revokes that)")
+                f"(was it made by an older sqlrl, or is the role {OWNER_ROLE!r} granted a "
+                "privileged role? sqlrl.db.provision.prepare_server(admin_url) revokes that)")
 
     def ping(self, conn: Any) -> bool:
         if conn.closed:
@@ -276,7 +286,8 @@ class PostgreSQLDialect:
                 prefix += f"SET statement_timeout = {left_ms}; SET lock_timeout = {left_ms};"
                 state.limits_set = True
             if streamable(statement):
-                text = (f"{prefix}BEGIN; DECLARE {_CURSOR} NO SCROLL CURSOR FOR\n{statement}\n"
+                text = (f"{prefix}BEGIN; DECLARE {_CURSOR} NO SCROLL CURSOR FOR {_ROWS_OF}\n"
+                        f"{statement}\n{_ROW_CAP.format(cap=conn.limits.max_bytes)}"
                         f";FETCH FORWARD {conn.batch_rows} FROM {_CURSOR}")
                 self._execute(conn, cur, text, 1)
                 return _StreamedCursor(self, conn, state, cur, deadline)
@@ -315,10 +326,19 @@ class PostgreSQLDialect:
         """Send ``text``; wrap driver errors (messages without sqlrl's prefix lines)."""
         try:
             cur.execute(text)
+        except UnicodeEncodeError as exc:  # nothing was sent: the connection is as it was
+            raise StatementError(f"the SQL text is not valid Unicode ({exc.reason} at character "
+                                 f"{exc.start}): nothing was run", "42601") from exc
         except psycopg2.Error as exc:
             if conn.closed:
                 raise StatementError(error_message(exc) or "the connection was closed",
                                      getattr(exc, "pgcode", None), ErrorKind.SESSION_LOST) from exc
+            wide = _WIDE_ROW.search(str(exc))
+            if wide is not None and int(wide.group(1)) > conn.limits.max_bytes:
+                raise StatementError(
+                    f"a row of this result is {int(wide.group(1)):,} bytes, more than the call's "
+                    f"byte limit ({conn.limits.max_bytes:,} bytes), so it was not sent: select "
+                    "fewer or narrower columns (e.g. left(col, 1000))", "54000") from exc
             message = _OWN_TEXT.sub("", str(exc))
             if shift:
                 message = _LINE_RE.sub(lambda m: f"LINE {max(1, int(m.group(1)) - shift)}:", message)
@@ -346,8 +366,13 @@ class PostgreSQLDialect:
         return ErrorKind.RUNTIME
 
     def lex(self, conn: Any, sql: str) -> list[Statement]:
-        """``sql``'s statements as PostgreSQL reads them (``postgresql_lex``: pglast)."""
-        return split(sql)
+        """``sql``'s statements as PostgreSQL reads them (``postgresql_lex``: pglast). Text that
+        is not valid Unicode (a lone surrogate such as ``'\\ud800'``) cannot be sent at all: it
+        is one statement, which ``run`` reports as a syntax error without contacting the server."""
+        try:
+            return split(sql)
+        except UnicodeError:
+            return [Statement(text=sql)]
 
     def denied(self, statement: Statement | str) -> str | None:
         return denial(statement)
