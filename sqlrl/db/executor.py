@@ -15,7 +15,8 @@ Guarantees:
   set when the call starts and passed to every ``adapter.run``; the fetch loop checks it between
   batches; an adapter with ``canceller(conn)`` has the call armed on the process's watchdog
   (``sqlrl.db.watchdog``), which stops the statement from outside the session if the deadline
-  passes. A call stopped by the deadline is always ``ErrorKind.TIMEOUT``.
+  passes. A call stopped by the deadline is always ``ErrorKind.TIMEOUT``; one that the server
+  ended more than ``_LATE_S`` after its deadline (an undo, an uninterruptible function) says so.
 - Fetching is byte-bounded: batches start at ``FIRST_BATCH_ROWS`` and are then sized from the
   observed row width so one batch is about ``max_bytes / 4``; when the row or byte cap is reached
   the rest is abandoned (``adapter.abandon`` stops the server's work where that is needed).

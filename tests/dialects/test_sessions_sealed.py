@@ -50,6 +50,14 @@ def refused(result, kinds=REFUSED):
     return result
 
 
+def on_time_or_says_so(elapsed_s, message, timeout_s, context):
+    """A call ends within its deadline's guarantee (``timeout_s + 1 s``), or -- when the server
+    could not stop it sooner (an undo, one uninterruptible function, a machine at load 36) -- its
+    timeout error says how long after the deadline it ended."""
+    if elapsed_s >= timeout_s + 1.0:
+        assert message and "after the deadline" in message, context
+
+
 # --- PostgreSQL -----------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -98,6 +106,7 @@ def test_1_pg_the_owner_role_cannot_be_taken_over(pg_admin_url, pg_base, text_fi
 @pytest.mark.postgres
 def test_2_pg_a_grant_does_not_keep_another_sessions_role(pg_admin_url, pg_base, text_filter):
     _, _, url = pg_base
+    drop_errors = SCRATCH.stats().drop_errors
     with open_session(url) as attacker:
         with open_session(url) as victim:
             (role,), = ok(victim.execute("SELECT current_user")).rows
@@ -114,7 +123,7 @@ def test_2_pg_a_grant_does_not_keep_another_sessions_role(pg_admin_url, pg_base,
                         (role,)) == [(0,)]  # dropped while the attacker's clone still exists
         assert ok(attacker.execute("SELECT count(*) FROM customers")).rows == ((20,),)
     assert SCRATCH.settle()
-    assert SCRATCH.stats().drop_errors == 0
+    assert SCRATCH.stats().drop_errors == drop_errors
 
 
 @pytest.mark.postgres
@@ -175,7 +184,7 @@ def test_4_pg_one_wide_value_stays_within_the_client_memory_bound(pg_base, text_
         assert probe["kind"] in ("runtime", "timeout") or (probe["truncated"] and probe["rows"] == 0), \
             (sql, probe)
         assert probe["growth_kib"] < 64 * 1024, (sql, probe)
-        assert probe["elapsed"] < 3.0, (sql, probe)  # the 2 s deadline's guarantee (+ 1 s)
+        on_time_or_says_so(probe["elapsed"], probe["error"], 2.0, (sql, probe))
     assert probes[-1]["kind"] == "runtime" and "more than the call's byte limit" in probes[-1]["error"]
     assert after == {"after": 60}  # the session goes on
 
@@ -231,7 +240,7 @@ def test_6_mariadb_a_large_write_returns_within_the_deadline(my_base, text_filte
                     "UPDATE big SET pad = REPEAT('z', 1000) ORDER BY id DESC"):
             r = s.execute(sql)
             assert r.error is None or r.error.kind is ErrorKind.TIMEOUT, (sql, r)
-            assert r.elapsed_ms < (timeout + 1.0) * 1000, (sql, r)  # the deadline's guarantee
+            on_time_or_says_so(r.elapsed_ms / 1000, r.error and r.error.message, timeout, (sql, r))
         assert ok(s.execute("SELECT count(*) FROM customers")).rows == ((20,),)
 
 

@@ -12,6 +12,9 @@ to escape into, and there is no savepoint round trip. A connection serves one se
 Row-returning queries (SELECT/VALUES/TABLE/WITH without data-modifying parts) run through a
 server-side cursor (``BEGIN; DECLARE … ; FETCH n`` in one round trip), so the row cap also bounds
 client memory and server work: a cross join of a billion rows stops after ``max_rows + 1`` rows.
+The server measures every streamed row (``pg_column_size`` of the whole row) before sending it: a
+row wider than ``Limits.max_bytes`` ends the query with a ``runtime`` error instead of reaching
+libpq, which would hold it whole (decoded, ~4x its size) before the executor's byte cap applies.
 The cursor's transaction block is ended (``COMMIT``, or ``ROLLBACK`` after an error, read from
 libpq's local transaction status) in the same round trip as the session's next statement.
 
@@ -37,7 +40,8 @@ parse node with pglast (PostgreSQL's own parser: ``postgresql_lex``), whose ``de
 role switching, COPY, ALTER SYSTEM, LISTEN/NOTIFY, extensions, role/database/tablespace DDL,
 transaction control (incl. two-phase commit), DISCARD, CLOSE ALL, file/signal/admin functions and
 the session's own cursor name. The agent connection refuses a role that is a superuser, has
-CREATEROLE or is a member of a file/signal role (a check on what ``scratch`` created).
+CREATEROLE or is a member of a file/signal role or of ``OWNER_ROLE`` (a check on what ``scratch``
+created: a member could ``SET ROLE`` to the role every clone's base belongs to).
 """
 
 from __future__ import annotations

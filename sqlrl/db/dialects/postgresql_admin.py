@@ -147,7 +147,9 @@ class PostgresAdmin:
                 try:
                     cur.execute(sql.SQL("CREATE ROLE {} NOLOGIN " + _ROLE_ATTRS).format(owner))
                 except (errors.DuplicateObject, errors.UniqueViolation):
-                    cur.execute(sql.SQL("ALTER ROLE {} NOLOGIN " + _ROLE_ATTRS
+                    # only a superuser may name the SUPERUSER/REPLICATION/BYPASSRLS attributes
+                    attrs = _ROLE_ATTRS if superuser else "NOCREATEDB NOCREATEROLE"
+                    cur.execute(sql.SQL("ALTER ROLE {} NOLOGIN " + attrs
                                         + " PASSWORD NULL").format(owner))
                     cur.execute(sql.SQL("ALTER ROLE {} RESET ALL").format(owner))
                 cur.execute("SELECT d.datname FROM pg_db_role_setting s JOIN pg_database d "
