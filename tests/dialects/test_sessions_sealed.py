@@ -104,6 +104,27 @@ def test_1_pg_the_owner_role_cannot_be_taken_over(pg_admin_url, pg_base, text_fi
 
 
 @pytest.mark.postgres
+def test_1_pg_prepare_server_takes_older_session_roles_out_of_the_owner_role(pg_admin_url, pg_base):
+    import psycopg2
+    legacy = f"sqlrl_s_legacy{PID}"  # as an older sqlrl made them: a member of the owner role
+    conn = psycopg2.connect(pg_admin_url)
+    conn.autocommit = True
+    try:
+        with conn.cursor() as cur:
+            cur.execute(f'CREATE ROLE "{legacy}" LOGIN IN ROLE sqlrl_owner')
+            cur.execute("ALTER ROLE sqlrl_owner SET work_mem = '64kB'")
+        provision.prepare_server(pg_admin_url)
+        assert pg_query(pg_admin_url, "SELECT count(*) FROM pg_auth_members WHERE roleid = "
+                        "'sqlrl_owner'::regrole AND member = %s::regrole", (legacy,)) == [(0,)]
+        assert pg_query(pg_admin_url, "SELECT count(*) FROM pg_db_role_setting WHERE setrole = "
+                        "'sqlrl_owner'::regrole") == [(0,)]
+    finally:
+        with conn.cursor() as cur:
+            cur.execute(f'DROP ROLE IF EXISTS "{legacy}"')
+        conn.close()
+
+
+@pytest.mark.postgres
 def test_2_pg_a_grant_does_not_keep_another_sessions_role(pg_admin_url, pg_base, text_filter):
     _, _, url = pg_base
     drop_errors = SCRATCH.stats().drop_errors

@@ -45,6 +45,7 @@ import psycopg2
 from psycopg2 import errors, sql
 from sqlalchemy.engine import URL
 
+from ..provision import SCRATCH_PREFIX
 from ..types import SessionError
 
 OWNER_ROLE = "sqlrl_owner"
@@ -158,12 +159,13 @@ class PostgresAdmin:
                 for (database,) in cur.fetchall():
                     cur.execute(sql.SQL("ALTER ROLE {} IN DATABASE {} RESET ALL").format(
                         owner, sql.Identifier(database)))
-                # what OWNER_ROLE was granted, and every member it has (older sqlrl made
-                # session roles members; no role may SET ROLE to it now)
+                # what OWNER_ROLE was granted, and the session roles that are its members (older
+                # sqlrl made them members; no session may SET ROLE to it now). Other members
+                # (a CREATEROLE admin, below) are the admins' business.
                 cur.execute("SELECT g.rolname, m.rolname FROM pg_auth_members a "
                             "JOIN pg_roles g ON g.oid = a.roleid JOIN pg_roles m ON m.oid = a.member "
-                            "WHERE %s IN (g.rolname, m.rolname) AND m.rolname <> current_user",
-                            (OWNER_ROLE,))
+                            "WHERE m.rolname = %s OR (g.rolname = %s AND m.rolname LIKE %s)",
+                            (OWNER_ROLE, OWNER_ROLE, SCRATCH_PREFIX.replace("_", "\\_") + "%"))
                 for granted, member in cur.fetchall():
                     cur.execute(sql.SQL("REVOKE {} FROM {}").format(
                         sql.Identifier(granted), sql.Identifier(member)))
