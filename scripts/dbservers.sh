@@ -10,6 +10,10 @@ DIR=${SQLRL_DB_DIR:-/tmp/sqlrl-dbs}
 PG_PORT=${SQLRL_PG_PORT:-55432}
 MY_PORT=${SQLRL_MYSQL_PORT:-53306}
 MY_ADMIN_PASSWORD=sqlrl-admin
+# Settings sqlrl's prepare_server requires (docs/sessions.md, "Server settings"); a running server
+# without them is restarted (its throwaway data directory is made anew).
+PG_LOCKS=256                                          # max_locks_per_transaction
+MY_TMP_PATH=ibtmp1:12M:autoextend:max:256M            # innodb_temp_data_file_path: bounded
 
 pg_bin() { ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1; }
 
@@ -30,14 +34,19 @@ start_pg() {
   local data=$DIR/pg
   # pg_ctl refuses to run as root: every call goes through runuser.
   if [ -f "$data/PG_VERSION" ] && runuser -u postgres -- "$bin/pg_ctl" -D "$data" status >/dev/null 2>&1; then
-    return
+    local locks
+    locks=$(runuser -u postgres -- "$bin/psql" -h "$data" -p "$PG_PORT" -U postgres -Atc \
+      "SHOW max_locks_per_transaction" postgres 2>/dev/null || true)
+    [ "$locks" = "$PG_LOCKS" ] && return
+    echo "dbservers: PostgreSQL runs without max_locks_per_transaction=$PG_LOCKS: restarting it"
   fi
   stop_pg
   rm -rf "$data"; mkdir -p "$data"; chown postgres:postgres "$data"
   runuser -u postgres -- "$bin/initdb" -D "$data" -U postgres --auth=trust >/dev/null
   runuser -u postgres -- "$bin/pg_ctl" -D "$data" -w -l "$data/server.log" -o \
     "-c listen_addresses=127.0.0.1 -p $PG_PORT -k $data -c fsync=off -c synchronous_commit=off \
-     -c full_page_writes=off -c max_connections=300" start >/dev/null
+     -c full_page_writes=off -c max_connections=300 -c max_locks_per_transaction=$PG_LOCKS" \
+     start >/dev/null
 }
 
 restart_pg() {  # used by the pool-recovery test: every server connection dies
@@ -55,7 +64,12 @@ stop_pg() {
 
 start_mysql() {
   local data=$DIR/mysql
-  if [ -S "$data/s.sock" ] && mariadb-admin --socket="$data/s.sock" ping >/dev/null 2>&1; then return; fi
+  if [ -S "$data/s.sock" ] && mariadb-admin --socket="$data/s.sock" ping >/dev/null 2>&1; then
+    local tmp
+    tmp=$(mariadb --socket="$data/s.sock" -uroot -Nse "SELECT @@innodb_temp_data_file_path" 2>/dev/null || true)
+    [ "$tmp" = "$MY_TMP_PATH" ] && return
+    echo "dbservers: MariaDB runs without innodb_temp_data_file_path=$MY_TMP_PATH: restarting it"
+  fi
   stop_mysql
   rm -rf "$data"; mkdir -p "$data"; chown mysql:mysql "$data" 2>/dev/null || chown -R mysql "$data"
   mariadb-install-db --no-defaults --user=mysql --datadir="$data" \
@@ -65,6 +79,7 @@ start_mysql() {
     --bind-address=127.0.0.1 --pid-file="$data/mariadb.pid" --log-error="$data/error.log" \
     --lower-case-table-names=1 --innodb-buffer-pool-size=128M --innodb-flush-log-at-trx-commit=0 \
     --innodb-doublewrite=0 --max-connections=500 --skip-name-resolve --symbolic-links=0 \
+    --innodb-temp-data-file-path="$MY_TMP_PATH" \
     >/dev/null 2>&1 &
   for _ in $(seq 1 60); do
     mariadb-admin --socket="$data/s.sock" ping >/dev/null 2>&1 && break; sleep 0.5

@@ -18,7 +18,8 @@ Guarantees:
   set when the call starts and passed to every ``adapter.run``; the fetch loop checks it between
   batches; an adapter with ``Cancellable`` (``canceller(conn)``) has the call armed on the process's watchdog
   (``sqlrl.db.watchdog``), which stops the statement from outside the session if the deadline
-  passes. A call stopped by the deadline is always ``ErrorKind.TIMEOUT``.
+  passes. A call stopped by the deadline is always ``ErrorKind.TIMEOUT``; one that the server
+  ended more than ``_LATE_S`` after its deadline (an undo, an uninterruptible function) says so.
 - Fetching is byte-bounded: batches start at ``FIRST_BATCH_ROWS`` and are then sized from the
   observed row width so one batch is about ``max_bytes / 4``; when the row or byte cap is reached
   the rest is abandoned (an ``Abandoning`` adapter's ``abandon`` stops the server's work).
@@ -51,6 +52,8 @@ from .watchdog import WATCHDOG
 FIRST_BATCH_ROWS = 16  # rows of a result's first batch (its width is not known yet)
 MAX_BATCH_ROWS = 65_536
 _DEADLINE_MESSAGE = "the call ran past its time limit ({:g} s for all its statements and fetches)"
+_LATE_MESSAGE = "; it was stopped then, and the server took until {:.1f} s after the deadline to end it"
+_LATE_S = 0.5  # a call that ended this long after its deadline says so
 _FILTER = [True]  # the text filter (sandbox rules); off only in the filter-off containment test
 
 
@@ -139,7 +142,9 @@ def run_call(adapter: DialectAdapter, conn: Any, state: Any, sql: str, limits: L
     finally:
         if WATCHDOG.disarm(armed):  # stopped from outside: a timeout whatever the driver said
             if error is None or error[0] is not ErrorKind.SESSION_LOST:
-                error = (ErrorKind.TIMEOUT, _DEADLINE_MESSAGE.format(limits.timeout_s))
+                late = time.monotonic() - deadline  # honest when the server took long to stop
+                error = (ErrorKind.TIMEOUT, _DEADLINE_MESSAGE.format(limits.timeout_s) + (
+                    _LATE_MESSAGE.format(late) if late >= _LATE_S else ""))
     if error is not None:
         return failed(error[0], error[1], index, n)
     return QueryResult(columns=columns, rows=tuple(rows), row_count=len(rows), truncated=truncated,

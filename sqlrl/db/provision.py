@@ -54,8 +54,10 @@ def admin_ops(dialect: str) -> Any:
 
 def prepare_server(admin_url: str) -> None:
     """Check the admin account and the server's settings and create what every base needs
-    (PostgreSQL: the NOLOGIN owner role of the bases' tables; MariaDB: PUBLIC's default grants
-    on ``test`` revoked, symbolic links must be off)."""
+    (PostgreSQL: the NOLOGIN owner role of the bases' tables, reset and with no member;
+    ``max_locks_per_transaction`` >= 256. MariaDB: PUBLIC's default grants on ``test`` revoked,
+    symbolic links off, a bounded InnoDB temporary tablespace). Raises ``SessionError`` for a
+    server without the required settings (docs/sessions.md)."""
     url, ops = _resolve(admin_url)
     ops.prepare_server(url)
 
@@ -72,7 +74,8 @@ def create_database(admin_url: str, name: str, *, replace: bool = False) -> str:
 
 def seal_database(admin_url: str, name: str) -> None:
     """Make database ``name`` a base sessions clone (run after loading it): no agent account can
-    reach it; PostgreSQL also hands its tables to the owner role sessions are members of."""
+    reach it; PostgreSQL also hands its tables to the NOLOGIN owner role, whose objects every
+    clone then hands to its session's role."""
     url, ops = _resolve(admin_url)
     ops.seal(url, _check_db_name(name))
 

@@ -82,8 +82,13 @@ def test_pg_bases_are_sealed_and_sessions_run_as_their_own_role(pg_admin_url, pg
                             "rolreplication, rolbypassrls, rolconnlimit FROM pg_roles "
                             "WHERE rolname = %s", (role,))
         assert attrs == (True, False, False, False, False, False, 2)
+        # a member of no role (it could SET ROLE to it); the clone's tables are its own instead
         assert pg_query(pg_admin_url, "SELECT r.rolname FROM pg_auth_members m JOIN pg_roles r "
-                        "ON r.oid = m.roleid WHERE m.member = %s::regrole", (role,)) == [(OWNER_ROLE,)]
+                        "ON r.oid = m.roleid WHERE m.member = %s::regrole", (role,)) == []
+        assert pg_query(url.rsplit("/", 1)[0] + "/" + database,
+                        "SELECT DISTINCT pg_get_userbyid(c.relowner) FROM pg_class c JOIN pg_namespace n "
+                        "ON n.oid = c.relnamespace WHERE n.nspname IN ('public', 'extra')") == [(role,)]
+        assert s.execute("CREATE TABLE extra.mine (x int); DROP TABLE extra.e").error is None
         (privs,) = pg_query(url, "SELECT has_database_privilege(%s, %s, 'CONNECT'), "
                             "has_database_privilege(%s, %s, 'CONNECT'), "
                             "has_database_privilege(%s, %s, 'TEMP'), "

@@ -5,6 +5,11 @@ the agent's SQL never runs on these connections.
 
 What the server enforces (docs/sessions.md, "Isolation"):
 
+- **The server**: ``prepare_server`` refuses one whose InnoDB temporary tablespace can grow
+  without bound (``innodb_temp_data_file_path`` without ``:max:``; ``temp_space_bound``): sessions'
+  ``CREATE TEMPORARY TABLE … ENGINE=InnoDB`` share that file, which never shrinks while the server
+  runs, so its ``max`` is the bound on all sessions' temporary tables together (MariaDB 10.11 has
+  no per-session bound; ``scripts/dbservers.sh`` starts it with ``…:max:256M``).
 - **Bases** are loaded by the admin and granted to nobody: no agent account has any privilege on
   them. ``prepare_server`` revokes MariaDB's default grants to PUBLIC on ``test``/``test\\_%`` and
   refuses a server with symbolic links enabled (``have_symlink``: then ``CREATE TABLE … DATA
@@ -39,6 +44,25 @@ _GENERATED_COLUMN_CODES = {1906, 3105}
 _MISSING_TABLE = 1146
 _DEFINER = re.compile(r"DEFINER=(`[^`]*`|'[^']*'|\S+)@(`[^`]*`|'[^']*'|\S+)\s*")
 _SECURITY = re.compile(r"SQL SECURITY (DEFINER|INVOKER)\s*")
+_SIZE = re.compile(r"^(\d+)([KMG]?)$", re.I)
+_UNITS = {"K": 2**10, "M": 2**20, "G": 2**30, "": 2**20}  # no unit: megabytes
+
+
+def temp_space_bound(path: str) -> int | None:
+    """The most bytes an ``innodb_temp_data_file_path`` value lets the temporary tablespace take
+    (``file:size[:autoextend[:max:size]]``, ``;``-separated), or None when it is unbounded."""
+    total = 0
+    for spec in str(path).split(";"):
+        fields = spec.strip().split(":")
+        sizes = [f for f in fields[1:] if _SIZE.match(f)]
+        if not sizes:
+            return None
+        autoextend = "autoextend" in (f.lower() for f in fields)
+        if autoextend and not any(f.lower() == "max" for f in fields):
+            return None
+        size = _SIZE.match(sizes[-1])
+        total += int(size.group(1)) * _UNITS[size.group(2).upper()]
+    return total
 
 
 def q(name: str) -> str:
@@ -79,13 +103,21 @@ class MySQLAdmin:
         conn = self.connect(url)
         try:
             with conn.cursor() as cur:
-                cur.execute("SELECT @@version, @@have_symlink")
-                version, symlink = cur.fetchone()
+                cur.execute("SELECT @@version, @@have_symlink, @@innodb_temp_data_file_path")
+                version, symlink, temp_path = cur.fetchone()
                 if "mariadb" in str(version).lower() and str(symlink).upper() == "YES":
                     raise SessionError(
                         "this MariaDB server has symbolic links enabled (have_symlink=YES): an "
                         "agent's CREATE TABLE … DATA DIRECTORY could write files outside the data "
                         "directory. Start it with --symbolic-links=0 (scripts/dbservers.sh does)")
+                if temp_space_bound(temp_path) is None:
+                    raise SessionError(
+                        f"this MariaDB/MySQL server's InnoDB temporary tablespace is unbounded "
+                        f"(innodb_temp_data_file_path = {temp_path!r}): one session's temporary "
+                        "tables could fill the disk, and the file never shrinks while the server "
+                        "runs. Start it with a max, e.g. "
+                        "--innodb-temp-data-file-path=ibtmp1:12M:autoextend:max:256M "
+                        "(scripts/dbservers.sh does; docs/sessions.md)")
                 cur.execute("SHOW GRANTS")
                 grants = " ".join(row[0] for row in cur.fetchall()).upper()
                 if "ALL PRIVILEGES ON *.*" not in grants and not (

@@ -12,6 +12,9 @@ to escape into, and there is no savepoint round trip. A connection serves one se
 Row-returning queries (SELECT/VALUES/TABLE/WITH without data-modifying parts) run through a
 server-side cursor (``BEGIN; DECLARE … ; FETCH n`` in one round trip), so the row cap also bounds
 client memory and server work: a cross join of a billion rows stops after ``max_rows + 1`` rows.
+The server measures every streamed row (``pg_column_size`` of the whole row) before sending it: a
+row wider than ``Limits.max_bytes`` ends the query with a ``runtime`` error instead of reaching
+libpq, which would hold it whole (decoded, ~4x its size) before the executor's byte cap applies.
 The cursor's transaction block is ended (``COMMIT``, or ``ROLLBACK`` after an error, read from
 libpq's local transaction status) in the same round trip as the session's next statement.
 
@@ -37,7 +40,8 @@ parse node with pglast (PostgreSQL's own parser: ``postgresql_lex``), whose ``de
 role switching, COPY, ALTER SYSTEM, LISTEN/NOTIFY, extensions, role/database/tablespace DDL,
 transaction control (incl. two-phase commit), DISCARD, CLOSE ALL, file/signal/admin functions and
 the session's own cursor name. The agent connection refuses a role that is a superuser, has
-CREATEROLE or is a member of a file/signal role (a check on what ``scratch`` created).
+CREATEROLE or is a member of a file/signal role or of ``OWNER_ROLE`` (a check on what ``scratch``
+created: a member could ``SET ROLE`` to the role every clone's base belongs to).
 """
 
 from __future__ import annotations
@@ -161,8 +165,18 @@ class _StreamedCursor:
         self._cur.close()
 
 
+# A streamed query's rows pass a size check on the server before they are sent: a row wider than
+# the call's byte cap stops the query with an error (rewritten by ``_execute``) instead of reaching
+# the client, whose driver would hold the whole row, decoded, before sqlrl could cap it. OFFSET 0
+# keeps the query a subquery planned on its own, so the check sees exactly the rows it returns.
+_ROWS_OF = "SELECT * FROM (SELECT * FROM ("
+_ROW_CAP = (") sqlrl_q OFFSET 0) sqlrl_r WHERE pg_column_size(sqlrl_r.*) <= {cap} "
+            "OR ('sqlrl_row_bytes=' || pg_column_size(sqlrl_r.*))::bool")
+_WIDE_ROW = re.compile(r'invalid input syntax for type boolean: "sqlrl_row_bytes=(\d+)"')
 _LINE_RE = re.compile(r"\bLINE (\d+):")
-_OWN_TEXT = re.compile(rf"BEGIN; DECLARE {_CURSOR} NO SCROLL CURSOR FOR|\s*;FETCH FORWARD \d+ FROM {_CURSOR}"
+_OWN_TEXT = re.compile(rf"BEGIN; DECLARE {_CURSOR} NO SCROLL CURSOR FOR( {re.escape(_ROWS_OF)})?"
+                       rf"|\s*\) sqlrl_q OFFSET 0\) sqlrl_r WHERE .*?::bool"
+                       rf"|\s*;FETCH FORWARD \d+ FROM {_CURSOR}"
                        rf"|SET statement_timeout = \d+; (FETCH FORWARD \d+ FROM {_CURSOR})?")
 
 
@@ -216,7 +230,7 @@ class PostgreSQLDialect:
                 cur.execute(
                     "SELECT (SELECT rolcreaterole FROM pg_roles WHERE rolname = current_user), "
                     "ARRAY(SELECT rolname::text FROM pg_roles WHERE rolname = ANY(%s) "
-                    "AND pg_has_role(oid, 'MEMBER'))", (list(_ESCALATING_ROLES),))
+                    "AND pg_has_role(oid, 'MEMBER'))", ([*_ESCALATING_ROLES, OWNER_ROLE],))
                 createrole, members = cur.fetchone()
             if createrole:
                 why = "has CREATEROLE"
@@ -225,8 +239,8 @@ class PostgreSQLDialect:
         if why:
             raise SessionError(
                 f"refusing to run agent SQL as PostgreSQL role {conn.info.user!r}, which {why} "
-                f"(is the role {OWNER_ROLE!r} granted a privileged role? "
-                "sqlrl.db.provision.prepare_server(admin_url) revokes that)")
+                f"(was it made by an older sqlrl, or is the role {OWNER_ROLE!r} granted a "
+                "privileged role? sqlrl.db.provision.prepare_server(admin_url) revokes that)")
 
     def ping(self, conn: Any) -> bool:
         if conn.closed:
@@ -276,7 +290,8 @@ class PostgreSQLDialect:
                 prefix += f"SET statement_timeout = {left_ms}; SET lock_timeout = {left_ms};"
                 state.limits_set = True
             if streamable(statement):
-                text = (f"{prefix}BEGIN; DECLARE {_CURSOR} NO SCROLL CURSOR FOR\n{statement}\n"
+                text = (f"{prefix}BEGIN; DECLARE {_CURSOR} NO SCROLL CURSOR FOR {_ROWS_OF}\n"
+                        f"{statement}\n{_ROW_CAP.format(cap=conn.limits.max_bytes)}"
                         f";FETCH FORWARD {conn.batch_rows} FROM {_CURSOR}")
                 self._execute(conn, cur, text, 1)
                 return _StreamedCursor(self, conn, state, cur, deadline)
@@ -318,10 +333,19 @@ class PostgreSQLDialect:
         """Send ``text``; wrap driver errors (messages without sqlrl's prefix lines)."""
         try:
             cur.execute(text)
+        except UnicodeEncodeError as exc:  # nothing was sent: the connection is as it was
+            raise StatementError(f"the SQL text is not valid Unicode ({exc.reason} at character "
+                                 f"{exc.start}): nothing was run", "42601") from exc
         except psycopg2.Error as exc:
             if conn.closed:
                 raise StatementError(error_message(exc) or "the connection was closed",
                                      getattr(exc, "pgcode", None), ErrorKind.SESSION_LOST) from exc
+            wide = _WIDE_ROW.search(str(exc))
+            if wide is not None and int(wide.group(1)) > conn.limits.max_bytes:
+                raise StatementError(
+                    f"a row of this result is {int(wide.group(1)):,} bytes, more than the call's "
+                    f"byte limit ({conn.limits.max_bytes:,} bytes), so it was not sent: select "
+                    "fewer or narrower columns (e.g. left(col, 1000))", "54000") from exc
             message = _OWN_TEXT.sub("", str(exc))
             if shift:
                 message = _LINE_RE.sub(lambda m: f"LINE {max(1, int(m.group(1)) - shift)}:", message)
@@ -349,8 +373,13 @@ class PostgreSQLDialect:
         return ErrorKind.RUNTIME
 
     def lex(self, conn: Any, sql: str) -> list[Statement]:
-        """``sql``'s statements as PostgreSQL reads them (``postgresql_lex``: pglast)."""
-        return split(sql)
+        """``sql``'s statements as PostgreSQL reads them (``postgresql_lex``: pglast). Text that
+        is not valid Unicode (a lone surrogate such as ``'\\ud800'``) cannot be sent at all: it
+        is one statement, which ``run`` reports as a syntax error without contacting the server."""
+        try:
+            return split(sql)
+        except UnicodeError:
+            return [Statement(text=sql)]
 
     def denied(self, statement: Statement | str) -> str | None:
         return denial(statement)

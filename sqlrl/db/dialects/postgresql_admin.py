@@ -5,19 +5,32 @@ the agent's SQL never runs on these connections.
 
 What the server enforces (docs/sessions.md, "Isolation"):
 
+- **The server** (``prepare_server``): ``OWNER_ROLE`` is NOLOGIN, has no password, no settings
+  (``ALTER ROLE … RESET ALL``, in every database too), no member and no escalating built-in role;
+  ``max_locks_per_transaction`` must be at least ``MIN_LOCKS_PER_TRANSACTION`` (the shared lock
+  table holds that many locks per connection slot), or the server is refused.
 - **Bases** are loaded by the admin, then sealed (``seal``): PUBLIC loses CONNECT and TEMPORARY
   on the base, so no agent role can reach it; its schemas' USAGE/CREATE and the ownership of its
   tables, views and sequences go to ``OWNER_ROLE`` (NOLOGIN), and EXECUTE on file, signal and
-  admin functions (``REVOKED_FUNCTIONS``) is revoked from PUBLIC in the base (so in every clone).
+  admin functions (``REVOKED_FUNCTIONS``) and on the advisory-lock functions
+  (``ADVISORY_FUNCTIONS``: a session could fill the server's shared lock table with session-level
+  advisory locks) is revoked from PUBLIC in the base (so in every clone).
 - **A scratch database per session** is ``CREATE DATABASE <name> TEMPLATE <base>`` (the base's
   catalog, data, sequences and revocations come along), with ``WAL_LOG`` for bases up to
   ``FILE_COPY_ABOVE_BYTES`` and ``FILE_COPY`` above. PUBLIC has no rights on it; its own role
-  ``<name>`` (LOGIN, NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS, a member of
-  ``OWNER_ROLE`` so it may ALTER/DROP the cloned tables, at most ``CONNECTION_LIMIT``
-  connections) gets CONNECT and TEMPORARY on that database only. A role sees other roles'
-  query texts in ``pg_stat_activity`` and may cancel or terminate their backends only if it has
-  their privileges: one role per session, so no session reaches another.
+  ``<name>`` (LOGIN, NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS, at most
+  ``CONNECTION_LIMIT`` connections, a member of no role) gets CONNECT and TEMPORARY on that
+  database only. In the clone, the admin then hands everything ``OWNER_ROLE`` owns to ``<name>``
+  (``REASSIGN OWNED``), grants it ``OWNER_ROLE``'s schema privileges and revokes from PUBLIC any
+  function of the lists above the base still allowed (a base sealed by an older sqlrl). So the
+  session may ALTER/DROP its cloned tables without being a member of a shared role it could
+  ``SET ROLE`` to (PostgreSQL 15 has no membership without SET). A role sees other roles' query
+  texts in ``pg_stat_activity`` and may cancel or terminate their backends only if it has their
+  privileges: one role per session, so no session reaches another.
 - **Drop**: ``DROP DATABASE … WITH (FORCE)`` (ends any backend still on it), then ``DROP ROLE``.
+  A role another session granted something to (``GRANT … TO <role>`` in that session's clone,
+  which its owner may do) cannot be dropped while the grant exists: ``DROP OWNED BY <role>`` is
+  run in every database ``pg_shdepend`` names for it, then ``DROP ROLE`` again.
 - **Liveness**: the process that creates a scratch database holds a session-level advisory lock
   named after it on its admin connection for the scratch database's life; ``orphans`` lists the
   scratch databases and roles whose lock is free (their process died) — they are dropped by the
@@ -32,6 +45,7 @@ import psycopg2
 from psycopg2 import errors, sql
 from sqlalchemy.engine import URL
 
+from ..provision import SCRATCH_PREFIX
 from ..types import SessionError
 
 OWNER_ROLE = "sqlrl_owner"
@@ -46,7 +60,45 @@ REVOKED_FUNCTIONS = (
     "pg_backup_start", "pg_backup_stop", "pg_start_backup", "pg_stop_backup",
     "pg_log_backend_memory_contexts", "set_config",
 )
+ADVISORY_FUNCTIONS = (
+    "pg_advisory_lock", "pg_advisory_lock_shared", "pg_advisory_unlock", "pg_advisory_unlock_shared",
+    "pg_advisory_unlock_all", "pg_advisory_xact_lock", "pg_advisory_xact_lock_shared",
+    "pg_try_advisory_lock", "pg_try_advisory_lock_shared", "pg_try_advisory_xact_lock",
+    "pg_try_advisory_xact_lock_shared",
+)
+MIN_LOCKS_PER_TRANSACTION = 256
+# EXECUTE on the listed pg_catalog functions revoked from PUBLIC where PUBLIC still has it (one
+# round trip; nothing to do, and no catalog write, in a clone of a base sealed by this version).
+_REVOKE_FROM_PUBLIC = (
+    "DO $sqlrl$ DECLARE f text; BEGIN FOR f IN SELECT p.oid::regprocedure::text FROM pg_proc p "
+    "WHERE p.pronamespace = 'pg_catalog'::regnamespace AND p.proname = ANY(ARRAY[{names}]) "
+    "AND has_function_privilege('public', p.oid, 'EXECUTE') "
+    "LOOP EXECUTE 'REVOKE EXECUTE ON FUNCTION ' || f || ' FROM PUBLIC'; END LOOP; END $sqlrl$"
+).format(names=", ".join(f"'{n}'" for n in REVOKED_FUNCTIONS + ADVISORY_FUNCTIONS))
+# In a new clone: what OWNER_ROLE owns and may do there goes to the session's role.
+_HAND_OVER_CLONE = (
+    "REASSIGN OWNED BY " + OWNER_ROLE + " TO {role}; "
+    "DO $sqlrl$ DECLARE s text; BEGIN FOR s IN SELECT quote_ident(nspname) FROM pg_namespace "
+    "WHERE has_schema_privilege('" + OWNER_ROLE + "', oid, 'CREATE') AND nspname NOT LIKE 'pg\\_%' "
+    "AND nspname <> 'information_schema' "
+    "LOOP EXECUTE 'GRANT USAGE, CREATE ON SCHEMA ' || s || ' TO ' || quote_ident({role_literal}); "
+    "END LOOP; "
+    "END $sqlrl$; " + _REVOKE_FROM_PUBLIC)
+_ROLE_DEPENDENCY_DBS = (
+    "SELECT DISTINCT d.datname FROM pg_shdepend s JOIN pg_database d ON d.oid = s.dbid "
+    "WHERE s.refclassid = 'pg_authid'::regclass "
+    "AND s.refobjid = (SELECT oid FROM pg_roles WHERE rolname = %s)")
+DROP_ROLE_ATTEMPTS = 3
 _ROLE_ATTRS = "NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS"
+
+
+def _connect_like(conn: Any, database: str) -> Any:
+    """An autocommit connection to ``database`` with the admin connection ``conn``'s parameters."""
+    kw = {k: v for k, v in conn.get_dsn_parameters().items() if v}
+    kw.update(dbname=database, password=conn.info.password)
+    other = psycopg2.connect(**{k: v for k, v in kw.items() if v is not None})
+    other.autocommit = True
+    return other
 
 
 def lock_key(name: str) -> int:
@@ -71,29 +123,54 @@ class PostgresAdmin:
     # -- bases -------------------------------------------------------------------------------------
 
     def prepare_server(self, url: URL) -> None:
-        """Create ``OWNER_ROLE`` (or reset its attributes) and take every escalating built-in
-        role from it; check that the admin may create roles and databases."""
+        """Check the admin and the server's settings; create ``OWNER_ROLE`` or reset it (module
+        doc: attributes, password, settings, members, escalating built-in roles)."""
         conn = self.connect(url)
         try:
             with conn.cursor() as cur:
-                cur.execute("SELECT rolsuper, rolcreaterole, rolcreatedb FROM pg_roles "
+                cur.execute("SELECT rolsuper, rolcreaterole, rolcreatedb, "
+                            "current_setting('max_locks_per_transaction')::int FROM pg_roles "
                             "WHERE rolname = current_user")
-                superuser, createrole, createdb = cur.fetchone()
+                superuser, createrole, createdb, locks = cur.fetchone()
                 if not (superuser or (createrole and createdb)):
                     raise SessionError(
                         f"the PostgreSQL account {conn.info.user!r} cannot create roles and "
                         "databases: sqlrl needs an admin URL (a superuser, or CREATEROLE and "
                         "CREATEDB) to give every session its own database and role")
+                if locks < MIN_LOCKS_PER_TRANSACTION:
+                    raise SessionError(
+                        f"this PostgreSQL server has max_locks_per_transaction = {locks}; sqlrl "
+                        f"needs at least {MIN_LOCKS_PER_TRANSACTION} so that one session's locks "
+                        "cannot fill the shared lock table every session needs. Start it with "
+                        f"-c max_locks_per_transaction={MIN_LOCKS_PER_TRANSACTION} "
+                        "(scripts/dbservers.sh does; docs/sessions.md)")
                 owner = sql.Identifier(OWNER_ROLE)
                 try:
                     cur.execute(sql.SQL("CREATE ROLE {} NOLOGIN " + _ROLE_ATTRS).format(owner))
                 except (errors.DuplicateObject, errors.UniqueViolation):
-                    cur.execute(sql.SQL("ALTER ROLE {} NOLOGIN " + _ROLE_ATTRS).format(owner))
-                cur.execute("SELECT r.rolname FROM pg_auth_members m JOIN pg_roles r "
-                            "ON r.oid = m.roleid WHERE m.member = (SELECT oid FROM pg_roles "
-                            "WHERE rolname = %s)", (OWNER_ROLE,))
-                for (granted,) in cur.fetchall():
-                    cur.execute(sql.SQL("REVOKE {} FROM {}").format(sql.Identifier(granted), owner))
+                    # only a superuser may name the SUPERUSER/REPLICATION/BYPASSRLS attributes
+                    attrs = _ROLE_ATTRS if superuser else "NOCREATEDB NOCREATEROLE"
+                    cur.execute(sql.SQL("ALTER ROLE {} NOLOGIN " + attrs
+                                        + " PASSWORD NULL").format(owner))
+                    cur.execute(sql.SQL("ALTER ROLE {} RESET ALL").format(owner))
+                cur.execute("SELECT d.datname FROM pg_db_role_setting s JOIN pg_database d "
+                            "ON d.oid = s.setdatabase WHERE s.setrole = "
+                            "(SELECT oid FROM pg_roles WHERE rolname = %s)", (OWNER_ROLE,))
+                for (database,) in cur.fetchall():
+                    cur.execute(sql.SQL("ALTER ROLE {} IN DATABASE {} RESET ALL").format(
+                        owner, sql.Identifier(database)))
+                # what OWNER_ROLE was granted, and the session roles that are its members (older
+                # sqlrl made them members; no session may SET ROLE to it now). Other members
+                # (a CREATEROLE admin, below) are the admins' business.
+                cur.execute("SELECT g.rolname, m.rolname FROM pg_auth_members a "
+                            "JOIN pg_roles g ON g.oid = a.roleid JOIN pg_roles m ON m.oid = a.member "
+                            "WHERE m.rolname = %s OR (g.rolname = %s AND m.rolname LIKE %s)",
+                            (OWNER_ROLE, OWNER_ROLE, SCRATCH_PREFIX.replace("_", "\\_") + "%"))
+                for granted, member in cur.fetchall():
+                    cur.execute(sql.SQL("REVOKE {} FROM {}").format(
+                        sql.Identifier(granted), sql.Identifier(member)))
+                if not superuser:  # to hand tables to it (seal) and over to sessions (REASSIGN)
+                    cur.execute(sql.SQL("GRANT {} TO CURRENT_USER").format(owner))
         finally:
             conn.close()
 
@@ -126,12 +203,7 @@ class PostgresAdmin:
                     cur.execute(sql.SQL("GRANT USAGE, CREATE ON SCHEMA {} TO {}").format(
                         sql.Identifier(schema), owner))
                 self._hand_over_relations(cur)
-                cur.execute("SELECT p.oid::regprocedure::text FROM pg_proc p "
-                            "JOIN pg_namespace n ON n.oid = p.pronamespace "
-                            "WHERE n.nspname = 'pg_catalog' AND p.proname = ANY(%s)",
-                            (list(REVOKED_FUNCTIONS),))
-                for (signature,) in cur.fetchall():
-                    cur.execute(f"REVOKE EXECUTE ON FUNCTION {signature} FROM PUBLIC")
+                cur.execute(_REVOKE_FROM_PUBLIC)
         finally:
             conn.close()
 
@@ -200,9 +272,11 @@ class PostgresAdmin:
         ident = sql.Identifier(name)
         strategy = "FILE_COPY" if base_bytes > FILE_COPY_ABOVE_BYTES else "WAL_LOG"
         with conn.cursor() as cur:
+            # a non-superuser admin (CREATEROLE) must be a member to REASSIGN and DROP OWNED
+            admin = "" if conn.get_parameter_status("is_superuser") == "on" else " ROLE CURRENT_USER"
             cur.execute(sql.SQL("CREATE ROLE {} LOGIN " + _ROLE_ATTRS + " CONNECTION LIMIT "
-                                + str(CONNECTION_LIMIT) + " PASSWORD {} IN ROLE {}").format(
-                ident, sql.Literal(password), sql.Identifier(OWNER_ROLE)))
+                                + str(CONNECTION_LIMIT) + " PASSWORD {}" + admin).format(
+                ident, sql.Literal(password)))
             try:
                 cur.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {} STRATEGY " + strategy).format(
                     ident, sql.Identifier(base)))
@@ -213,12 +287,37 @@ class PostgresAdmin:
                     "allows only while nobody is connected to it: close them") from exc
             cur.execute(sql.SQL("REVOKE ALL ON DATABASE {} FROM PUBLIC").format(ident))
             cur.execute(sql.SQL("GRANT CONNECT, TEMPORARY ON DATABASE {} TO {}").format(ident, ident))
+        clone = _connect_like(conn, name)
+        try:
+            with clone.cursor() as cur:
+                cur.execute(sql.SQL(_HAND_OVER_CLONE).format(
+                    role=ident, role_literal=sql.Literal(name)))
+        finally:
+            clone.close()
 
     def drop_scratch(self, conn: Any, name: str) -> None:
         ident = sql.Identifier(name)
         with conn.cursor() as cur:
             cur.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(ident))
-            cur.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(ident))
+            for attempt in range(DROP_ROLE_ATTEMPTS):
+                try:
+                    cur.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(ident))
+                    return
+                except errors.DependentObjectsStillExist:
+                    if attempt == DROP_ROLE_ATTEMPTS - 1:
+                        raise
+                # another session granted this role something in its clone: revoke it there
+                cur.execute(_ROLE_DEPENDENCY_DBS, (name,))
+                for (database,) in cur.fetchall():
+                    try:
+                        other = _connect_like(conn, database)
+                    except psycopg2.OperationalError:
+                        continue  # dropped meanwhile: its grants are gone with it
+                    try:
+                        with other.cursor() as ocur:
+                            ocur.execute(sql.SQL("DROP OWNED BY {}").format(ident))
+                    finally:
+                        other.close()
 
     def scratch_names(self, conn: Any, prefix: str) -> list[str]:
         pattern = prefix.replace("_", "\\_") + "%"
