@@ -339,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
         if spider is None:
             return {}
         with runtime.Runtime(first, spider) as rt:
-            return {"spider": held_out.evaluate(rt, model, spider.eval, "single")}
+            return {"spider": held_out.evaluate(rt, model, spider.eval, "single").to_dict()}
 
     rows: list[dict[str, Any]] = []
     with Phases(1 + len(stages) * len(variants)) as phases:
@@ -352,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
         base = read_base_eval(run_dir, base_key) if a.resume else None
         if base is None:
             with runtime.Runtime(first, data) as rt:
-                base = {m: held_out.evaluate(rt, a.model, data.eval, m) for m in modes if m != "spider"}
+                base = {m: held_out.evaluate(rt, a.model, data.eval, m).to_dict() for m in modes if m != "spider"}
             base.update(spider_eval(a.model))
             run_dir.mkdir(parents=True, exist_ok=True)
             (run_dir / "base_eval.json").write_text(json.dumps({**base_key, "eval": base}, default=str))

@@ -150,9 +150,9 @@ def finish_stage(rt: Any, learner: Any, history: list[dict], logger: Any,
     record_schema_style(final, cfg.model.schema_style)  # inference and serving prompt it the same way
     rt.release(learner)
     curves = logger.close()
-    evals = []
+    evals: list[dict[str, Any]] = []
     if cfg.eval.enabled and rt.data.eval:
-        evals = held_out.evaluations(rt, str(final), rt.data.eval, cfg.eval.modes or (cfg.mode,))
+        evals = [e.to_dict() for e in held_out.evaluations(rt, str(final), rt.data.eval, cfg.eval.modes or (cfg.mode,))]
     summary = {"stage": cfg.stage, "title": cfg.spec.title, "checkpoint": str(final),
                "steps": len(history), "data": rt.data.counts(), "source": rt.data.source,
                "last": history[-1] if history else {}, "training": TRAINERS[cfg.spec.trainer].signal(history),

@@ -100,15 +100,14 @@ def test_rl_seed_is_the_sampling_seed_and_defaults_to_data_seed():
 
 
 def _probe(results, tasks_per_step=2, samples=2):
-    """jobs.train.probe_tasks with a rollout that records its calls and a scorer that passes the
+    """sqlrl.rl.grpo.probe with a rollout that records its calls and a scorer that passes the
     rows ``results`` marks (per task id: one result per sample; None = excluded row)."""
-    from curriculum.config import RLSettings, RolloutSettings
-    from jobs.train import probe_tasks
+    from sqlrl.rl.grpo import GRPOFns, GRPOPlan, probe
 
     seen = {k: iter(v) for k, v in results.items()}
     calls = []
 
-    def score(trajs, tasks, reward):  # a result r scores r; a pair (r, s) scores s (a shaped reward)
+    def score(trajs, tasks):  # a result r scores r; a pair (r, s) scores s (a shaped reward)
         out = []
         for t in tasks:
             r = next(seen[t.task_id])
@@ -116,13 +115,12 @@ def _probe(results, tasks_per_step=2, samples=2):
             out.append(NS(excluded=r is None, parts={"result": float(result or 0)}, score=float(value or 0)))
         return out
 
-    cfg = NS(rl=RLSettings(probe_samples=samples, tasks_per_step=tasks_per_step),
-             rollout=RolloutSettings(batch=3), stage="stage3", reward="hybrid_single")
-    rt = NS(cfg=cfg, score=score)
-    rollout = NS(rollout=lambda batch: calls.append([t.task_id for t in batch]) or [NS()] * len(batch))
+    plan = GRPOPlan(steps=1, tasks_per_step=tasks_per_step, group_size=2, probe_samples=samples, batch=3)
+    fns = GRPOFns(rollout=lambda batch: calls.append([t.task_id for t in batch]) or [NS()] * len(batch),
+                  score=score, update=None, sync=None)
     tasks = [NS(task_id=k) for k in results]
-    chosen, info = probe_tasks(rt, rollout, tasks, NS(update=lambda *a, **k: None))
-    return [t.task_id for t in chosen], info, calls
+    chosen = probe(plan, tasks, fns)
+    return [t.task_id for t in chosen.tasks], chosen.metrics(), calls
 
 
 def test_the_probe_keeps_the_tasks_the_model_sometimes_solves_in_order():

@@ -24,9 +24,16 @@ HISTORY = {"sft": [{"loss": 2.5}, {"loss": 0.75}],
                     {"pass_rate": 0.5, "groups_drawn": 2, "groups_trained": 0, "groups_signal": 0}]}
 
 
+class FakeEvaluation(dict):
+    """An evaluation as ``jobs.held_out.evaluate`` returns it: ``to_dict()`` is its summary entry."""
+
+    def to_dict(self) -> dict:
+        return dict(self)
+
+
 def _eval(mode: str) -> dict:
-    return {"mode": mode, "n": 4, "scored": 4, "success": 0.5, "format_ok": 1.0,
-            "success_critic": 0.0, "success_text2sql": 1.0}
+    return FakeEvaluation(mode=mode, n=4, scored=4, success=0.5, format_ok=1.0, success_critic=0.0,
+                          success_text2sql=1.0)
 
 
 @pytest.fixture
@@ -200,7 +207,8 @@ def _compare_fake(monkeypatch):
     """Evaluations with per-task outcomes, so the paired changes can be checked."""
     def evaluate(rt, model, tasks, mode):
         ok = 1 if "stage" in str(model) or model == "ckpt" else 0
-        return {**_eval(mode), "success": float(ok), "per_task": {f"t{i}": {"success": ok} for i in range(4)}}
+        return FakeEvaluation({**_eval(mode), "success": float(ok),
+                               "per_task": {f"t{i}": {"success": ok} for i in range(4)}})
     monkeypatch.setattr(held_out, "evaluate", evaluate)
 
 
