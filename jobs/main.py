@@ -41,6 +41,7 @@ table as plain markdown, full width.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -63,12 +64,6 @@ from sqlrl.db.dialects.descriptor import find
 from sqlrl import memory
 
 console = make_console()
-
-
-def stage_args(stage: str, args: list[str]) -> list[str]:
-    """``args`` after the stage's shipped config (``--config``), when it has one."""
-    path = STAGES[stage].config_path()
-    return ["--config", str(path), *args] if path else list(args)
 
 
 def table_title(source: str, sampled: bool = False) -> str:
@@ -295,17 +290,17 @@ def main(argv: list[str] | None = None) -> int:
         vdir = run_dir / variant if variant else run_dir
         return [*preset.overrides(stage, variant), f"run_dir={vdir}", *common, f"model.init={init}"]
 
-    def config(stage: str, variant: str, init: str = "previous") -> Any:
-        return load_stage_config(STAGES[stage].config_path(), [f"stage={stage}", *args_for(stage, variant, init)])
-
-    try:
-        first = config(stages[0], variants[0], a.model)
+    try:  # each stage's config, parsed once: the first of a chain from the base model, the others from the previous
+        configs = {(v, s): load_stage_config(STAGES[s].config_path(),
+                                             [f"stage={s}", *args_for(s, v, a.model if i == 0 else "previous")])
+                   for v in variants for i, s in enumerate(stages)}
+        first = configs[variants[0], stages[0]]
         overwrite = a.overwrite or first.overwrite  # --overwrite, or overwrite=true given as an override
         if overwrite:
-            common.append("overwrite=true")
-        finished = {(v, s): bool(config(s, v).existing_result()) for v in variants for s in stages}
+            configs = {k: dataclasses.replace(c, overwrite=True) for k, c in configs.items()}
+        finished = {k: bool(c.existing_result()) for k, c in configs.items()}
         sampled: list[str] = []  # the stages' sampled evaluations (eval.samples): columns of their own
-        for c in (config(s, v) for v in variants for s in stages):
+        for c in configs.values():
             sampled += [f"{m}@{c.eval.samples}" for m in c.eval.sampled_modes(c.eval.modes or (c.mode,))
                         if f"{m}@{c.eval.samples}" not in sampled]
         done = [f"{v + '/' if v else ''}{s}" for (v, s), f in finished.items() if f]
@@ -372,11 +367,10 @@ def main(argv: list[str] | None = None) -> int:
                 phases.start(f"{label}: {title}")
                 t0 = time.perf_counter()
                 memory.reset_peak()  # this phase's own peak (run_stage resets it again at its start)
-                init = a.model if i == 0 else "previous"
-                argv = stage_args(stage, args_for(stage, variant, init))
+                cfg = configs[variant, stage]
                 kept = a.resume and finished[variant, stage]
-                summary = (read_summary(config(stage, variant, init), [t.task_id for t in data.eval]) if kept
-                           else stage_job.run_stage(stage, argv))
+                summary = (read_summary(cfg, [t.task_id for t in data.eval]) if kept
+                           else stage_job.run_stage(cfg, config_path=STAGES[stage].config_path()))
                 evals = {e["mode"]: e for e in summary["eval"]}
                 if spider is not None:
                     evals.update(spider_eval(summary["checkpoint"]))

@@ -1,10 +1,11 @@
 """The stage job: one recipe for every curriculum stage, read top to bottom.
 
-    run_stage("stage3", ["--config", "jobs/configs/stage3.yaml", "rl.steps=2"])
+    stage_main("stage3", ["--config", "jobs/configs/stage3.yaml", "rl.steps=2"])   # python -m jobs.stage3_*
+    run_stage(load_stage_config(path, ["stage=stage3", ...]), config_path=path)   # jobs.main: a typed config
 
-Setup: the config (``--config FILE`` + ``key=value`` overrides into ``StageConfig``), checked
-before any work; the data (``jobs.stage_data``); the actors (``jobs.runtime``). Run: the stage's
-data builder (``StageSpec.build``: verified training items) and its trainer
+Setup: the config (a ``StageConfig``, parsed once by the caller: ``load_stage_args`` reads
+``--config FILE`` + ``key=value`` overrides), checked before any work (``check_stage``); the data
+(``jobs.stage_data``); the actors (``jobs.runtime``). Run: the stage's data builder (``StageSpec.build``: verified training items) and its trainer
 (``jobs.train.TRAINERS[spec.trainer]``). Cleanup: the checkpoint in ``<run_dir>/<stage>/final``,
 its held-out evaluation (``jobs.held_out``: success with its 95% interval, per-task outcomes -- greedy,
 plus a sampled ``<mode>@k`` one when ``eval.samples`` is set -- and ``eval_change``, the paired difference against the latest earlier stage evaluated in the same mode),
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import jobs.held_out as held_out
@@ -41,11 +43,12 @@ from sqlrl import memory
 from sqlrl.agent.prompts import record_schema_style
 
 
-def run_stage(stage: str, argv: Sequence[str] | None = None) -> dict[str, Any]:
-    """Run ``stage`` with command-line ``argv``; returns its summary (also in ``summary.json``)."""
+def run_stage(cfg: StageConfig, *, config_path: str | Path | None = None) -> dict[str, Any]:
+    """Run the stage ``cfg`` (parsed once by the caller: ``load_stage_args``, or ``jobs.main``)
+    read from ``config_path`` (for the plan's line only); returns its summary (also in ``summary.json``)."""
     # -- setup
-    spec = stage_spec(stage)
-    cfg = parse_stage_args(stage, argv)
+    check_stage(cfg, config_path)
+    spec = cfg.spec
     peak_scope = "stage" if memory.reset_peak() else "process"  # see finish_stage
     save_config(cfg)
     data = stage_data.prepare_data(cfg)
@@ -54,9 +57,9 @@ def run_stage(stage: str, argv: Sequence[str] | None = None) -> dict[str, Any]:
         with build_phase(cfg, spec.build_note, len(data.train)):
             items, report = spec.build(BuildInputs(cfg, data.train, data.catalog, data.schemas,
                                                    rt.session_opener(), progress=console.is_terminal))
-        console.print(f"[bold]{stage}[/bold] data: {report.summary()}")
+        console.print(f"[bold]{cfg.stage}[/bold] data: {report.summary()}")
         if not items:
-            raise SystemExit(f"{stage}: {spec.build_note} kept nothing ({report.summary()}); "
+            raise SystemExit(f"{cfg.stage}: {spec.build_note} kept nothing ({report.summary()}); "
                              f"see the report in {cfg.stage_dir}")
         logger = stage_logger(cfg)
         learner, history = TRAINERS[spec.trainer].train(rt, cfg.init_model(), items, logger)
@@ -64,9 +67,15 @@ def run_stage(stage: str, argv: Sequence[str] | None = None) -> dict[str, Any]:
         return finish_stage(rt, learner, history, logger, {"data_build": report.to_dict()}, peak_scope=peak_scope)
 
 
-def parse_stage_args(stage: str, argv: Sequence[str] | None) -> StageConfig:
-    """The stage's config, checked before any work: no finished result in ``<run_dir>/<stage>``
-    is replaced without ``overwrite=true``, the start checkpoint exists; then the plan is printed."""
+def stage_main(stage: str, argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """A ``python -m jobs.stageN_*`` entry point: ``argv`` parsed once, then ``run_stage``."""
+    cfg, path = load_stage_args(stage, argv)
+    return run_stage(cfg, config_path=path)
+
+
+def load_stage_args(stage: str, argv: Sequence[str] | None) -> tuple[StageConfig, str | None]:
+    """The stage's config from command-line ``argv`` (``--config FILE`` + ``key=value``
+    overrides) and the file it was read from; a bad key or value is a one-line ``SystemExit``."""
     from sqlrl.config import ConfigError
 
     spec = stage_spec(stage)
@@ -78,14 +87,32 @@ def parse_stage_args(stage: str, argv: Sequence[str] | None) -> StageConfig:
     a = ap.parse_args(argv)
     quiet_third_party_bars()
     try:
-        cfg = load_stage_config(a.config, [f"stage={stage}", *a.overrides])
+        return load_stage_config(a.config, [f"stage={stage}", *a.overrides]), a.config
+    except (ConfigError, FileNotFoundError, ValueError) as exc:
+        raise SystemExit(f"{stage}: {exc}") from None
+
+
+def parse_stage_args(stage: str, argv: Sequence[str] | None) -> StageConfig:
+    """``load_stage_args`` then ``check_stage``: the config, checked, its plan printed."""
+    cfg, path = load_stage_args(stage, argv)
+    check_stage(cfg, path)
+    return cfg
+
+
+def check_stage(cfg: StageConfig, config_path: str | Path | None = None) -> None:
+    """Before any work: no finished result in ``<run_dir>/<stage>`` is replaced without
+    ``overwrite=true``, the start checkpoint exists and was trained with this schema rendering
+    (each a one-line ``SystemExit`` naming the stage); then the plan is printed."""
+    from sqlrl.config import ConfigError
+
+    try:
         check_overwrite(cfg)
         start = cfg.init_model()  # fail now, not after data preparation, when the start checkpoint is missing
         cfg.check_init_style()  # ... or was trained with another schema rendering
     except (ConfigError, FileNotFoundError, ValueError) as exc:
-        raise SystemExit(f"{stage}: {exc}") from None
-    console.print(describe_stage(cfg, start, a.config), markup=False, highlight=False)
-    return cfg
+        raise SystemExit(f"{cfg.stage}: {exc}") from None
+    console.print(describe_stage(cfg, start, None if config_path is None else str(config_path)),
+                  markup=False, highlight=False)
 
 
 def check_overwrite(cfg: StageConfig) -> None:
