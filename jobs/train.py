@@ -160,11 +160,26 @@ def signal_grpo(history: Sequence[dict]) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
+class Curves:
+    """The report's figure of a trainer's stages (``jobs.report``): one panel per stage, these
+    metrics per step."""
+
+    file: str  # e.g. "rl_curves.png", in <run_dir>/curves
+    title: str
+    metrics: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Trainer:
     train: Callable[[Any, str, Sequence[Any], Any], tuple[Any, list[dict]]]  # (rt, model, items, logger)
     plan: Callable[[StageConfig], str]  # the "steps:" line of the job's plan
     signal: Callable[[Sequence[dict]], dict[str, Any]]  # what the steps measured, with a "text" line
+    curves: Curves  # how jobs.report draws its stages' metrics
 
 
-TRAINERS: dict[str, Trainer] = {"sft": Trainer(train_sft, plan_sft, signal_sft),
-                                "grpo": Trainer(train_grpo, plan_grpo, signal_grpo)}
+# In the report's figure order (jobs.report draws one figure per trainer, in this order).
+TRAINERS: dict[str, Trainer] = {
+    "grpo": Trainer(train_grpo, plan_grpo, signal_grpo,
+                    Curves("rl_curves.png", "RL stages", ("reward_mean", "pass_rate", "reward_format", "reward_result"))),
+    "sft": Trainer(train_sft, plan_sft, signal_sft, Curves("sft_loss.png", "SFT loss", ("loss",))),
+}
