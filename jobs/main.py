@@ -30,7 +30,8 @@ refused before anything runs, unless ``--overwrite`` (passed on to every stage a
 ``overwrite=true``) or another ``--run-dir``, or ``--resume``: a variant's finished stages (they
 must come first in its chain, made with the very config this run gives them, else the run stops
 naming the keys that differ) are not run again -- their rows are read back from their
-``summary.json`` (the Spider subset, when asked for, is scored again) -- and the base model's
+``summary.json`` (the Spider subset, when asked for, is scored again), the first unfinished one goes
+on from its newest mid-stage checkpoint (``resume=true``; ``checkpoint.every_steps``) -- and the base model's
 scores are read back from ``<run_dir>/base_eval.json`` when it holds the same model, schema style,
 modes and held-out tasks (every run writes it); the rest runs as usual, from the last finished checkpoint.
 In a terminal the progress is a rich display and the table a rich table; otherwise (CI,
@@ -156,7 +157,8 @@ def read_summary(cfg: Any, eval_ids: list[str]) -> dict[str, Any]:
         raise SystemExit(f"main: --resume: cannot read the finished stage's {path} ({exc}); "
                          "pass --overwrite to run it again") from None
     saved = summary.get("config")
-    changes = (config_changes(saved, cfg, ignore=("overwrite", "run_dir")) if isinstance(saved, dict)
+    changes = (config_changes(saved, cfg, ignore=("overwrite", "run_dir", "resume", "checkpoint.every_steps",
+                                                  "checkpoint.keep")) if isinstance(saved, dict)
                else ["it records no config"])
     changes += [f"its {e.get('mode')} evaluation was on other held-out tasks" for e in summary["eval"]
                 if sorted(e.get("per_task") or ()) != sorted(eval_ids)]
@@ -308,6 +310,11 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"main: {exc}") from None
     if a.resume and overwrite:
         raise SystemExit("main: --resume keeps finished stages and --overwrite replaces them: pass one")
+    if a.resume:  # each variant's first unfinished stage goes on from its newest mid-stage checkpoint, if any
+        for v in variants:
+            first_open = next((s for s in stages if not finished[v, s]), None)
+            if first_open is not None:
+                configs[v, first_open] = dataclasses.replace(configs[v, first_open], resume=True)
     if a.resume:
         for v in variants:
             flags = [finished[v, s] for s in stages]

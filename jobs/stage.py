@@ -22,12 +22,17 @@ Guarantees:
 - The checkpoint records its schema rendering (``model.schema_style``, in
   ``final/sqlrl_prompt.json``); a stage refuses to start from a checkpoint that records another.
 - A data build that keeps nothing stops the job (``SystemExit`` naming the report) before training.
+- With ``checkpoint.every_steps: N`` the trainer saves its full state every N steps in
+  ``<stage_dir>/checkpoints`` (``jobs.train.StageCheckpoints``); ``--resume`` / ``resume=true``
+  continues a stopped run from the newest one and ends with the same weights as a run never
+  stopped (same config and seeds; in-process learner). They are deleted once ``final/`` is saved.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -83,11 +88,14 @@ def load_stage_args(stage: str, argv: Sequence[str] | None) -> tuple[StageConfig
                                  description=f"{stage} ({spec.title}), a stage of curriculum.stages.STAGES")
     ap.add_argument("--config", default=None, help="a YAML file mirroring curriculum.config.StageConfig "
                                                    f"(shipped: jobs/configs/{spec.config}; none: built-in defaults)")
+    ap.add_argument("--resume", action="store_true", help="continue a stopped run of the stage from its newest "
+                                                          "checkpoint (resume=true; checkpoint.every_steps)")
     ap.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. rl.steps=2 overwrite=true")
     a = ap.parse_args(argv)
     quiet_third_party_bars()
     try:
-        return load_stage_config(a.config, [f"stage={stage}", *a.overrides]), a.config
+        return load_stage_config(a.config, [f"stage={stage}", *a.overrides, *(["resume=true"] if a.resume else [])]), \
+            a.config
     except (ConfigError, FileNotFoundError, ValueError) as exc:
         raise SystemExit(f"{stage}: {exc}") from None
 
@@ -174,6 +182,7 @@ def finish_stage(rt: Any, learner: Any, history: list[dict], logger: Any,
     final = cfg.stage_dir / "final"
     with Heartbeat(f"{cfg.stage}: saving the checkpoint", note=str(final)):
         learner.save(final, overwrite=True)
+    shutil.rmtree(cfg.stage_dir / "checkpoints", ignore_errors=True)  # mid-stage ones: final/ supersedes them
     record_schema_style(final, cfg.model.schema_style)  # inference and serving prompt it the same way
     rt.release(learner)
     curves = logger.close()

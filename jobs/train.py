@@ -49,13 +49,18 @@ def train_sft(rt: Any, model: str, examples: Sequence[Any], logger: Any) -> tupl
     tokenizer, pad_id = load_tokenizer(model)
     chat = HFChatFormat(tokenizer)
     rng = random.Random(rt.cfg.data.seed)
-    history = []
+    checkpoints = StageCheckpoints(rt.cfg)
+    state = checkpoints.restore(learner) or {"step": 0, "history": []}
+    history = list(state["history"])
     step = 0
     with Heartbeat(f"{stage} SFT", total=optim.total_steps, unit="steps done") as beat:
         for epoch in range(s.epochs):
             order = list(examples)
-            rng.shuffle(order)
+            rng.shuffle(order)  # every epoch's, also those a resumed run skips: the same order as unresumed
             for start in range(0, len(order), s.batch_size):
+                if step < state["step"]:  # done before the checkpoint this run resumed from
+                    step += 1
+                    continue
                 beat.update(step, note=f"epoch {epoch + 1}/{s.epochs}, step {step + 1} running")
                 t0 = time.perf_counter()
                 batch = sft_batch(order[start:start + s.batch_size], chat, max_length=s.max_length, pad_id=pad_id)
@@ -65,6 +70,7 @@ def train_sft(rt: Any, model: str, examples: Sequence[Any], logger: Any) -> tupl
                 history.append(m)
                 step += 1
                 console.print(f"  {stage} step {step}/{optim.total_steps}: loss {m.get('loss', float('nan')):.4f}")
+                checkpoints.after(learner, step, optim.total_steps, {"history": history})
     return learner, history
 
 
@@ -72,7 +78,7 @@ def train_grpo(rt: Any, model: str, tasks: Sequence[Any], logger: Any) -> tuple[
     """``rl.steps`` GRPO steps (``sqlrl.rl.grpo``) on this job's learner, rollout workers and scorers."""
     from sqlrl.learn.batch import rl_batch
     from sqlrl.policy.load import load_tokenizer
-    from sqlrl.rl.grpo import GRPOFns, grpo_steps
+    from sqlrl.rl.grpo import GRPOFns, LoopState, grpo_steps
 
     r, stage = rt.cfg.rl, rt.cfg.stage
     optim = dataclasses.replace(r.optim, total_steps=max(1, r.steps * r.updates_per_batch))
@@ -86,18 +92,27 @@ def train_grpo(rt: Any, model: str, tasks: Sequence[Any], logger: Any) -> tuple[
             m = dict(learner.step(batch, "grpo", r.loss))
         return m
 
-    history = []
+    checkpoints = StageCheckpoints(rt.cfg)
+    state = checkpoints.restore(learner)
+    history: list[dict] = []
     with Heartbeat(f"{stage} GRPO", total=r.steps, unit="steps done") as beat:
         fns = GRPOFns(rollout=rollout.rollout, score=lambda trajs, drawn: rt.score(trajs, drawn, rt.cfg.reward),
                       update=update, sync=lambda: learner.sync_to(rollout),
                       progress=lambda step, note: beat.update(step, note=note))
-        chosen = None
-        if r.probe_samples:
+        chosen, start = None, LoopState()
+        if state is not None:  # resumed: the probe's choice, the data position and the metrics so far
+            by_id = {t.task_id: t for t in tasks}
+            tasks, start, history = [by_id[i] for i in state["tasks"]], LoopState(state["step"], state["cursor"]), \
+                list(state["history"])
+            fns.sync()  # the rollout workers sample with the restored weights
+        elif r.probe_samples:
             tasks, chosen = probe_tasks(rt, fns, tasks)
-        for result in grpo_steps(grpo_plan(rt.cfg), tasks, fns, probe=chosen):
+        for result in grpo_steps(grpo_plan(rt.cfg), tasks, fns, probe=chosen, start=start):
             metrics = result.row()
             logger.log(result.step, metrics)
             history.append(metrics)
+            checkpoints.after(learner, result.step + 1, r.steps,
+                              {"cursor": result.cursor, "tasks": [t.task_id for t in tasks], "history": history})
             beat.update(result.step + 1, note="")
             console.print(f"  {stage} step {result.step + 1}/{r.steps}: reward {metrics['reward_mean']:.3f}, "
                           f"pass {metrics['pass_rate']:.2f}, groups trained {result.groups_trained}/"
@@ -134,6 +149,50 @@ def probe_tasks(rt: Any, fns: Any, tasks: Sequence[Any]) -> tuple[list[Any], Any
                   + (f"those {p.informative}" if p.used else f"all {p.probed} (fewer than {r.tasks_per_step} qualify)")
                   + f" ({p.seconds:.0f}s)")
     return list(p.tasks), p
+
+
+class StageCheckpoints:
+    """A stage's mid-stage checkpoints in ``<stage_dir>/checkpoints`` (``sqlrl.learn.resume``):
+    ``after(learner, steps_done, total, state)`` saves the learner and the loop's ``state`` every
+    ``checkpoint.every_steps`` steps (not after the last: ``final/`` follows); ``restore(learner)``
+    with ``resume=true`` loads the newest into ``learner`` and returns its state -- refusing (one
+    line) one made with another config -- and otherwise (a fresh run) clears stale ones."""
+
+    SAME_ANY_WAY = ("resume", "overwrite", "checkpoint.every_steps", "checkpoint.keep")  # may change on resume
+
+    def __init__(self, cfg: StageConfig) -> None:
+        self.cfg, self.root = cfg, cfg.stage_dir / "checkpoints"
+
+    def restore(self, learner: Any) -> dict[str, Any] | None:
+        import shutil
+
+        from sqlrl.config import config_changes
+        from sqlrl.learn import resume
+
+        if not self.cfg.resume:
+            shutil.rmtree(self.root, ignore_errors=True)  # a fresh run: never resumed from later
+            return None
+        found = resume.latest(self.root)
+        if found is None:
+            console.print(f"  {self.cfg.stage}: resume=true, but {self.root} holds no checkpoint: from step 0")
+            return None
+        path, state = found
+        changes = config_changes(state.get("config") or {}, self.cfg, ignore=self.SAME_ANY_WAY)
+        if changes:
+            raise SystemExit(f"{self.cfg.stage}: resume=true: {path} was made with another config "
+                             f"({'; '.join(changes[:8])}); pass overwrite=true without resume to start over")
+        resume.restore(learner, self.root)
+        console.print(f"  {self.cfg.stage}: resuming after step {state['step']} from {path}")
+        return state
+
+    def after(self, learner: Any, steps_done: int, total: int, state: dict[str, Any]) -> None:
+        from sqlrl.config import to_dict
+        from sqlrl.learn import resume
+
+        every = self.cfg.checkpoint.every_steps
+        if every and steps_done % every == 0 and steps_done < total:
+            resume.save(learner, self.root, steps_done, {**state, "config": to_dict(self.cfg)},
+                        keep=self.cfg.checkpoint.keep)
 
 
 def plan_sft(cfg: StageConfig) -> str:

@@ -149,7 +149,7 @@ def test_too_few_informative_tasks_train_on_all():
 
 
 
-def test_the_grpo_loop_counts_the_groups_whose_rewards_differ(monkeypatch):
+def test_the_grpo_loop_counts_the_groups_whose_rewards_differ(monkeypatch, tmp_path):
     """jobs.train.train_grpo with everything around the loop faked. One draw a step
     (rl.sampling_rounds=1): every group enters the update, and ``groups_signal`` counts the ones
     whose rewards differ (a flat step's update has zero advantages). Dynamic sampling
@@ -157,7 +157,7 @@ def test_the_grpo_loop_counts_the_groups_whose_rewards_differ(monkeypatch):
     update."""
     import sqlrl.learn.batch as batch_mod
     import sqlrl.policy.load as load_mod
-    from curriculum.config import RLSettings, RolloutSettings
+    from curriculum.config import CheckpointSettings, RLSettings, RolloutSettings
     from jobs.train import TRAINERS, train_grpo
 
     def run(sampling_rounds, scores):
@@ -180,7 +180,7 @@ def test_the_grpo_loop_counts_the_groups_whose_rewards_differ(monkeypatch):
 
         cfg = NS(rl=RLSettings(steps=2, tasks_per_step=2, group_size=2, sampling_rounds=sampling_rounds),
                  rollout=RolloutSettings(batch=8), stage="stage3", mode="single", reward="hybrid_single",
-                 data=NS(seed=0))
+                 data=NS(seed=0), resume=False, checkpoint=CheckpointSettings(), stage_dir=tmp_path)
         rt = NS(cfg=cfg, learner=lambda model, optim, reference=False: Learner(), score=score,
                 rollout_group=lambda *a, **k: NS(rollout=lambda tasks: [traj(t) for t in tasks]),
                 release=lambda x: None)
