@@ -18,7 +18,11 @@ exactly the steps the loop makes; the GRPO loop's rollout workers are released b
 ``Trainer.plan`` is the line the job prints about the steps before any work; ``Trainer.signal``
 sums up what the steps measured (``{"text": …, …}``: SFT's loss first -> last; GRPO's samples'
 pass rate first -> last and how many of the groups drawn had unequal rewards -- the groups with a
-gradient -- saying so when none had), for ``summary.json`` and the main job's table.
+gradient -- saying so when none had), for ``summary.json`` and the main job's table;
+``Trainer.curves`` is the report's figure of its stages (``jobs.report``). Both loops save their
+full state every ``checkpoint.every_steps`` steps and, with ``resume=true``, go on after the
+newest such checkpoint (``StageCheckpoints``): the same batches, draws and updates as a run never
+stopped, so the same final weights.
 """
 
 from __future__ import annotations
