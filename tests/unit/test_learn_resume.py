@@ -27,6 +27,7 @@ class Learner:
 
     def load(self, directory):
         self.loaded.append(Path(directory).name)
+        self.updates = json.loads((Path(directory) / MANIFEST).read_text())["step"]
 
 
 def test_the_newest_complete_checkpoint_is_resumed_and_older_ones_pruned(tmp_path):
@@ -71,3 +72,76 @@ def test_bad_checkpoint_settings_are_refused():
     for bad in ("checkpoint.every_steps=-1", "checkpoint.keep=0", "checkpoint.every_steps=1.5"):
         with pytest.raises(ValueError, match="checkpoint"):
             load_stage_config(None, [bad])
+
+
+def test_a_resumed_grpo_recipe_keeps_the_probe_choice_the_cursor_and_the_rows(monkeypatch, tmp_path):
+    """jobs.train.train_grpo with its actors faked, checkpointing every step: stopped after step 1
+    and resumed, it skips the probe (its choice is in the checkpoint), draws from where the draws
+    stopped, syncs the restored weights to the rollout workers first, and returns every step's row."""
+    from types import SimpleNamespace as NS
+
+    import sqlrl.learn.batch as batch_mod
+    import sqlrl.policy.load as load_mod
+    from curriculum.config import CheckpointSettings, RLSettings, RolloutSettings
+    from jobs.train import train_grpo
+
+    monkeypatch.setattr(load_mod, "load_tokenizer", lambda model: (None, 0))
+    monkeypatch.setattr(batch_mod, "rl_batch", lambda trajs, rewards, gids, *a, **k: [t.task_id for t in trajs])
+    rewards = {"a": 0.0, "b": 1.0, "c": 0.0}  # b: always solved; a and c: alternate below
+
+    class GRPOLearner(Learner):
+        def __init__(self, log):
+            super().__init__()
+            self.log = log
+
+        def step(self, batch, kind, loss):
+            self.updates += 1
+            self.log.append(("update", tuple(batch)))
+            return {"loss": 0.5, "step": self.updates}
+
+        def sync_to(self, rollout):
+            self.log.append(("sync", self.updates))
+            return self.updates, 0.0
+
+    def run(resume_, stop_after=None):
+        log, counter = [], {"n": 0}
+
+        def score(trajs, tasks, reward):
+            out = []
+            for t in tasks:
+                counter["n"] += 1
+                s = rewards[t.task_id] if t.task_id == "b" else float(counter["n"] % 2)
+                out.append(NS(excluded=False, score=s, parts={"result": s}))
+            return out
+
+        def rollout(tasks):
+            log.append(("rollout", tuple(t.task_id for t in tasks)))
+            if stop_after is not None and sum(1 for e in log if e[0] == "update") >= stop_after:
+                raise KeyboardInterrupt  # stands in for the kill (the e2e test kills for real)
+            return [NS(task_id=t.task_id, stop_reason="submitted", n_generated=3, turns=(NS(tool_ms=0.0),),
+                       n_tool_calls=0, n_tool_errors=0, n_malformed=0) for t in tasks]
+
+        cfg = NS(rl=RLSettings(steps=3, tasks_per_step=1, group_size=2, probe_samples=2),
+                 rollout=RolloutSettings(batch=8), stage="stage3", mode="single", reward="hybrid_single",
+                 data=NS(seed=0), resume=resume_, checkpoint=CheckpointSettings(every_steps=1), stage_dir=tmp_path,
+                 run_dir=str(tmp_path))
+        learner = GRPOLearner(log)
+        rt = NS(cfg=cfg, learner=lambda model, optim, reference=False: learner, score=score,
+                rollout_group=lambda *a, **k: NS(rollout=rollout), release=lambda x: None)
+        try:
+            _, history = train_grpo(rt, "m", [NS(task_id=k) for k in "abc"], NS(log=lambda step, m: None))
+        except KeyboardInterrupt:
+            history = None
+        return log, history, learner
+
+    monkeypatch.setattr("sqlrl.config.to_dict", lambda cfg: {"stage": cfg.stage})  # the fake config's record
+    whole_log, whole, _ = run(False)
+    assert run(False, stop_after=1)[1] is None  # stopped during step 2
+    assert json.loads((tmp_path / "checkpoints" / "step-00000001" / "loop_state.json").read_text())["tasks"] \
+        == ["a", "c"]  # the probe's choice: b is always solved
+    log, history, learner = run(True)
+    assert learner.loaded == ["step-00000001"] and log[0] == ("sync", 1)  # restored weights to the workers first
+    assert [e for e in log if e[0] == "rollout"] == [e for e in whole_log if e[0] == "rollout"][-2:]  # no probe
+    assert [h["groups_drawn"] for h in history] == [h["groups_drawn"] for h in whole] and len(history) == 3
+    untimed = [[{k: v for k, v in h.items() if not k.endswith("_s")} for h in rows] for rows in (history, whole)]
+    assert untimed[0] == untimed[1] and "probe_informative" in history[0]  # step 1's row, probe counts and all
