@@ -368,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
 
         # -- run: each variant's stages, each from the previous one's checkpoint
         for variant in variants:
-            for i, stage in enumerate(stages):
+            for stage in stages:
                 title = STAGES[stage].title
                 label = f"{variant} {stage}" if variant else stage
                 phases.start(f"{label}: {title}")
