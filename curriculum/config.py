@@ -261,10 +261,29 @@ class RLSettings:
 
 
 @dataclass(frozen=True)
+class CheckpointSettings:
+    # Every this many steps the stage saves its full trainer state (weights, optimizer, scheduler,
+    # RNG; the loop's position, dynamic-sampling state and metrics so far) to
+    # <stage_dir>/checkpoints/step-<N>; resume=true continues from the newest. 0 = final/ only.
+    every_steps: int = 0
+    keep: int = 1  # how many of the newest such checkpoints stay (older ones go once a newer one is complete)
+
+    def __post_init__(self) -> None:
+        for name, low in (("every_steps", 0), ("keep", 1)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < low:
+                raise ValueError(f"checkpoint.{name} must be an integer >= {low}, got {v!r}")
+
+
+@dataclass(frozen=True)
 class StageConfig:
     stage: str = "stage1"  # a name in curriculum.stages.STAGES
     run_dir: str = "runs/main"
     overwrite: bool = False  # replace an existing result in run_dir/<stage> (else the job refuses)
+    # continue a stage that was stopped from its newest checkpoint (checkpoint.every_steps), made
+    # with this same config; none there: start at step 0
+    resume: bool = False
+    checkpoint: CheckpointSettings = field(default_factory=CheckpointSettings)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)

@@ -3,8 +3,11 @@
 Guarantees:
 - ``evaluate(rt, model, tasks, mode)`` rolls every task out once in ``mode`` at
   ``eval.temperature`` (0: greedy) in batches of ``rollout.batch``, on the job's rollout workers,
-  and scores them with ``hybrid_<mode>`` on the job's reward scorers.
-- Success = the reward's ``result`` part is 1; reported overall and per task kind
+  and scores them with ``hybrid_<mode>`` on the job's reward scorers. It returns an
+  ``Evaluation`` (frozen; ``to_dict()`` is its ``summary.json`` entry, the keys named below) with
+  one ``TaskResult`` per task.
+- Success = ``sqlrl.rl.outcome.solved`` (the reward's ``result`` part is 1: the one definition the
+  GRPO loop's pass rate uses too); reported overall and per task kind
   (``success_<kind>``), over the tasks that were scored (an excluded task -- a broken reference or
   a failed rollout -- counts in ``n`` but not in ``scored``). ``format_ok`` is the mean format part.
 - The summary also holds ``successes``, ``success_ci95`` (the 95% Wilson interval of ``success``,
@@ -20,7 +23,7 @@ Guarantees:
   ``success_ci95`` its bootstrap interval over tasks, ``pass_at_k`` the share of tasks solved at
   least once, and ``per_task`` holds the rates. Samples of a task that were not scored are left
   out of its rate; a task with none scored is excluded (None).
-- ``compare(before, after)`` is the paired bootstrap difference of two such summaries (matched by
+- ``compare(before, after)`` (``Evaluation``s or their dicts, e.g. read back from a summary) is the paired bootstrap difference of two such summaries (matched by
   task id; tasks on one side only are reported in it; per-task rates when either is sampled), or
   None when either has no ``per_task``; with ``answers_changed`` (of ``answers_compared``) when both
   carry answer fingerprints.
@@ -36,11 +39,13 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from jobs.console import Heartbeat
 from jobs.output import console
+from sqlrl.rl.outcome import mean, outcome
 
 
 def _roll_out(rt: Any, model: str, tasks: Sequence[Any], mode: str, label: str, *, temperature: float,
@@ -61,37 +66,89 @@ def _roll_out(rt: Any, model: str, tasks: Sequence[Any], mode: str, label: str, 
         return trajs, rt.score(trajs, tasks, f"hybrid_{mode}")
 
 
-def evaluate(rt: Any, model: str, tasks: Sequence[Any], mode: str) -> dict[str, Any]:
-    """Greedy rollouts of ``model`` on ``tasks`` in ``mode``; success = the reward's result part is 1."""
+@dataclass(frozen=True)
+class TaskResult:
+    """One held-out task's outcome: ``success`` is 1 / 0 (greedy), the solve rate of its samples
+    (sampled), or None (excluded: not scored)."""
+
+    success: float | None
+    kind: str
+    difficulty: str | None
+    domain: str
+    answer: str | None = None  # greedy: ``fingerprint`` of what the model generated
+    samples: int | None = None  # sampled: how many of its samples were scored
+
+    def to_dict(self) -> dict[str, Any]:
+        head = {"success": self.success, **({} if self.samples is None else {"samples": self.samples})}
+        return {**head, "kind": self.kind, "difficulty": self.difficulty, "domain": self.domain,
+                **({} if self.answer is None else {"answer": self.answer})}
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """One evaluation of a checkpoint in one mode (the module doc says what each number is);
+    ``to_dict()`` is its entry in ``summary.json`` / ``results.json``."""
+
+    model: str
+    mode: str  # "single", "agentic", or "<mode>@<k>" for a sampled one
+    n: int
+    scored: int
+    success: float
+    successes: int
+    success_ci95: tuple[float, float]
+    by_kind: Mapping[str, float]  # success per task kind (``success_<kind>``)
+    format_ok: float
+    mean_turns: float
+    stop_reasons: Mapping[str, int]
+    seconds: float
+    per_task: Mapping[str, TaskResult]
+    sampling: Mapping[str, Any] | None = None  # sampled: rollout_mode, samples, temperature, pass_at_k, rollouts
+
+    def to_dict(self) -> dict[str, Any]:
+        kinds = {f"success_{k}": v for k, v in sorted(self.by_kind.items())}
+        tail = {**kinds, "format_ok": self.format_ok, "mean_turns": self.mean_turns,
+                "stop_reasons": dict(self.stop_reasons), "seconds": self.seconds,
+                "per_task": {t: r.to_dict() for t, r in self.per_task.items()}}
+        head = {"model": self.model, "mode": self.mode}
+        if self.sampling is None:
+            return {**head, "n": self.n, "scored": self.scored, "success": self.success,
+                    "successes": self.successes, "success_ci95": list(self.success_ci95), **tail}
+        s = self.sampling
+        return {**head, "rollout_mode": s["rollout_mode"], "samples": s["samples"], "temperature": s["temperature"],
+                "n": self.n, "scored": self.scored, "success": self.success,
+                "success_ci95": list(self.success_ci95), "pass_at_k": s["pass_at_k"], "successes": self.successes,
+                "rollouts": s["rollouts"], **tail}
+
+
+def evaluate(rt: Any, model: str, tasks: Sequence[Any], mode: str) -> Evaluation:
+    """Greedy rollouts of ``model`` on ``tasks`` in ``mode``; success = ``sqlrl.rl.outcome.solved``."""
     t0 = time.perf_counter()
     trajs, breakdowns = _roll_out(rt, model, tasks, mode, mode, temperature=rt.cfg.eval.temperature)
     from sqlrl.eval.stats import wilson_interval
 
     by_kind: dict[str, list[float]] = {}
-    per_task: dict[str, dict[str, Any]] = {}
+    per_task: dict[str, TaskResult] = {}
     for task, traj, b in zip(tasks, trajs, breakdowns):
-        ok_one = None if b.excluded else int(b.parts.get("result", 0.0) >= 1.0)
-        per_task[task.task_id] = {"success": ok_one, "kind": task.kind,
-                                  "difficulty": getattr(task, "difficulty", None), "domain": task.db_id,
-                                  "answer": fingerprint(traj)}
+        ok_one = outcome(b)
+        per_task[task.task_id] = TaskResult(ok_one, task.kind, getattr(task, "difficulty", None), task.db_id,
+                                            answer=fingerprint(traj))
         if ok_one is not None:
             by_kind.setdefault(task.kind, []).append(float(ok_one))
     ok = [x for v in by_kind.values() for x in v]
-    out = {"model": model, "mode": mode, "n": len(tasks), "scored": len(ok),
-           "success": sum(ok) / len(ok) if ok else 0.0,
-           "successes": int(sum(ok)), "success_ci95": list(wilson_interval(int(sum(ok)), len(ok))),
-           **{f"success_{k}": sum(v) / len(v) for k, v in sorted(by_kind.items())},
-           "format_ok": mean(b.parts.get("format", 0.0) for b in breakdowns if not b.excluded),
-           "mean_turns": mean(len(t.turns) for t in trajs),
-           "stop_reasons": dict(Counter(t.stop_reason for t in trajs)),
-           "seconds": round(time.perf_counter() - t0, 1), "per_task": per_task}
+    out = Evaluation(model=model, mode=mode, n=len(tasks), scored=len(ok), success=sum(ok) / len(ok) if ok else 0.0,
+                     successes=int(sum(ok)), success_ci95=wilson_interval(int(sum(ok)), len(ok)),
+                     by_kind={k: sum(v) / len(v) for k, v in by_kind.items()},
+                     format_ok=mean(b.parts.get("format", 0.0) for b in breakdowns if not b.excluded),
+                     mean_turns=mean(len(t.turns) for t in trajs),
+                     stop_reasons=dict(Counter(t.stop_reason for t in trajs)),
+                     seconds=round(time.perf_counter() - t0, 1), per_task=per_task)
     console.print(f"  eval ({mode}) {Path(model).name}: success {success_text(out)}, format "
-                  f"{out['format_ok']:.2f} on {out['scored']} tasks in {out['seconds']:.0f} s")
+                  f"{out.format_ok:.2f} on {out.scored} tasks in {out.seconds:.0f} s")
     return out
 
 
 def evaluate_sampled(rt: Any, model: str, tasks: Sequence[Any], mode: str, k: int,
-                     temperature: float) -> dict[str, Any]:
+                     temperature: float) -> Evaluation:
     """``k`` sampled rollouts of ``model`` per task at ``temperature``: avg@k and pass@k (module doc)."""
     from sqlrl.eval.stats import mean_interval
 
@@ -103,35 +160,35 @@ def evaluate_sampled(rt: Any, model: str, tasks: Sequence[Any], mode: str, k: in
     trajs, breakdowns = _roll_out(rt, model, drawn, mode, label, temperature=temperature, seed=rt.cfg.data.seed)
     solved: dict[str, list[int]] = {t.task_id: [] for t in tasks}
     for task, b in zip(drawn, breakdowns):
-        if not b.excluded:
-            solved[task.task_id].append(int(b.parts.get("result", 0.0) >= 1.0))
-    per_task: dict[str, dict[str, Any]] = {}
+        if (one := outcome(b)) is not None:
+            solved[task.task_id].append(one)
+    per_task: dict[str, TaskResult] = {}
     by_kind: dict[str, list[float]] = {}
     for task in tasks:
         xs = solved[task.task_id]
         rate = sum(xs) / len(xs) if xs else None
-        per_task[task.task_id] = {"success": rate, "samples": len(xs), "kind": task.kind,
-                                  "difficulty": getattr(task, "difficulty", None), "domain": task.db_id}
+        per_task[task.task_id] = TaskResult(rate, task.kind, getattr(task, "difficulty", None), task.db_id,
+                                            samples=len(xs))
         if rate is not None:
             by_kind.setdefault(task.kind, []).append(rate)
     rates = [x for v in by_kind.values() for x in v]
-    out = {"model": model, "mode": label, "rollout_mode": mode, "samples": k, "temperature": temperature,
-           "n": len(tasks), "scored": len(rates), "success": mean(rates),
-           "success_ci95": list(mean_interval(rates)),  # (0, 1) when no task was scored
-           "pass_at_k": mean(float(r > 0) for r in rates), "successes": sum(sum(v) for v in solved.values()),
-           "rollouts": len(drawn),
-           **{f"success_{kind}": mean(v) for kind, v in sorted(by_kind.items())},
-           "format_ok": mean(b.parts.get("format", 0.0) for b in breakdowns if not b.excluded),
-           "mean_turns": mean(len(t.turns) for t in trajs),
-           "stop_reasons": dict(Counter(t.stop_reason for t in trajs)),
-           "seconds": round(time.perf_counter() - t0, 1), "per_task": per_task}
+    out = Evaluation(model=model, mode=label, n=len(tasks), scored=len(rates), success=mean(rates),
+                     successes=sum(sum(v) for v in solved.values()),
+                     success_ci95=mean_interval(rates),  # (0, 1) when no task was scored
+                     by_kind={kind: mean(v) for kind, v in by_kind.items()},
+                     format_ok=mean(b.parts.get("format", 0.0) for b in breakdowns if not b.excluded),
+                     mean_turns=mean(len(t.turns) for t in trajs),
+                     stop_reasons=dict(Counter(t.stop_reason for t in trajs)),
+                     seconds=round(time.perf_counter() - t0, 1), per_task=per_task,
+                     sampling={"rollout_mode": mode, "samples": k, "temperature": temperature,
+                               "pass_at_k": mean(float(r > 0) for r in rates), "rollouts": len(drawn)})
     console.print(f"  eval ({label}) {Path(model).name}: success (avg@{k}, T {temperature}) {success_text(out)}, "
-                  f"pass@{k} {out['pass_at_k']:.2f}, format {out['format_ok']:.2f} on {out['scored']} tasks "
-                  f"in {out['seconds']:.0f} s")
+                  f"pass@{k} {out.sampling['pass_at_k']:.2f}, format {out.format_ok:.2f} on {out.scored} tasks "  # type: ignore[index]
+                  f"in {out.seconds:.0f} s")
     return out
 
 
-def evaluations(rt: Any, model: str, tasks: Sequence[Any], modes: Sequence[str]) -> list[dict[str, Any]]:
+def evaluations(rt: Any, model: str, tasks: Sequence[Any], modes: Sequence[str]) -> list[Evaluation]:
     """A checkpoint's evaluations as a stage makes them (``eval.*``): greedy in each of ``modes``,
     then sampled in ``eval.sampled_modes(modes)``."""
     e = rt.cfg.eval
@@ -140,18 +197,25 @@ def evaluations(rt: Any, model: str, tasks: Sequence[Any], modes: Sequence[str])
                   for m in e.sampled_modes(modes)]
 
 
-def outcomes(summary: Mapping[str, Any]) -> dict[str, Any] | None:
+def as_dict(e: "Evaluation | Mapping[str, Any]") -> Mapping[str, Any]:
+    """An evaluation as its ``summary.json`` entry (a summary read back from a file already is one)."""
+    return e.to_dict() if isinstance(e, Evaluation) else e
+
+
+def outcomes(summary: "Evaluation | Mapping[str, Any]") -> dict[str, Any] | None:
     """Task id -> 1 / 0 / None of an evaluation summary, or None when it has no ``per_task``."""
+    summary = as_dict(summary)
     per_task = summary.get("per_task")
     return None if per_task is None else {t: v.get("success") for t, v in per_task.items()}
 
 
-def compare(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, Any] | None:
+def compare(before: "Evaluation | Mapping[str, Any]", after: "Evaluation | Mapping[str, Any]") -> dict[str, Any] | None:
     """``after - before`` on the tasks both evaluations scored (paired bootstrap, 95%), as a dict
     (``sqlrl.eval.stats.PairedDiff.to_dict``); None when either lacks ``per_task`` or they share
     no scored task."""
     from sqlrl.eval.stats import paired_difference
 
+    before, after = as_dict(before), as_dict(after)
     b, a = outcomes(before), outcomes(after)
     if b is None or a is None:
         return None
@@ -176,7 +240,8 @@ def fingerprint(traj: Any) -> str:
     return hashlib.sha256(",".join(map(str, ids)).encode()).hexdigest()[:16]
 
 
-def changes_since_earlier(run_dir: str | Path, stage: str, evals: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def changes_since_earlier(run_dir: str | Path, stage: str,
+                          evals: "Sequence[Evaluation | Mapping[str, Any]]") -> dict[str, Any]:
     """See the module doc: each mode's change since the latest earlier stage evaluated in it."""
     import json
 
@@ -192,7 +257,7 @@ def changes_since_earlier(run_dir: str | Path, stage: str, evals: Sequence[Mappi
             pass
         before = previous_stage(before)
     out: dict[str, Any] = {}
-    for e in evals:
+    for e in map(as_dict, evals):
         for name, summary in earlier:
             prev = next((x for x in summary.get("eval", ()) if isinstance(x, dict) and x.get("mode") == e["mode"]), None)
             if prev is not None:
@@ -203,9 +268,10 @@ def changes_since_earlier(run_dir: str | Path, stage: str, evals: Sequence[Mappi
     return out
 
 
-def success_text(e: Mapping[str, Any]) -> str:
+def success_text(e: "Evaluation | Mapping[str, Any]") -> str:
     """``0.25 [0.15, 0.37]``: the success rate and its 95% interval (the rate alone when the
     summary has no interval)."""
+    e = as_dict(e)
     ci = e.get("success_ci95")
     return f"{e['success']:.2f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
 
@@ -219,8 +285,3 @@ def change_text(d: Mapping[str, Any]) -> str:
     mismatch = "" if not (d["only_before"] or d["only_after"] or d["unscored"]) else ", unmatched tasks!"
     answers = f", {d['answers_changed']} answers changed" if "answers_changed" in d else ""
     return f"{d['diff']:+.2f} [{lo:+.2f}, {hi:+.2f}] (n={d['n']}, +{d['gained']}/-{d['lost']}{answers}{mismatch})"
-
-
-def mean(xs: Iterable[float]) -> float:
-    xs = list(xs)
-    return sum(xs) / len(xs) if xs else 0.0

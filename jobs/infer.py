@@ -16,6 +16,8 @@ earlier sample; ``sqlrl.eval.vote``). Writes to ``--out``:
   (BIRD format), so ``python -m jobs.evaluate spider --gold OUT/gold.sql --pred OUT/pred.sql --db DB``
   scores them;
 - debugging: ``pred_critic.jsonl`` (BIRD-CRITIC ``pred_sqls``) and ``tasks_critic.jsonl``;
+- every task, of any kind (a kind with no evaluator format above too): ``answers.jsonl``
+  (``task_id``, ``kind``, ``sql``; ``write_predictions``);
 - ``trajectories.jsonl`` (every rollout) and ``summary.json``; the evaluate commands are printed.
 Settings: ``InferConfig`` (typed, strict: ``sqlrl.config``) from ``--config FILE.yaml``, then the
 flags above, then ``key=value`` overrides (``tasks.source=bird tasks.path=…``: any task source of
@@ -88,6 +90,56 @@ class InferConfig:
     def __post_init__(self) -> None:
         if self.k < 1:
             raise ValueError("k (--k) must be >= 1")
+
+
+Answers = list[tuple[Any, "str | None"]]  # (task, its chosen SQL or None), in task order
+
+
+def write_text2sql(out: Path, pairs: Answers, cfg: InferConfig) -> str:
+    """Spider (``pred.sql``, ``gold.sql``) and BIRD (``predict.json``, ``gold_bird.sql``) files."""
+    from sqlrl.eval.writers import write_bird, write_spider
+
+    write_spider(out / "pred.sql", [s for _, s in pairs])
+    (out / "gold.sql").write_text("".join(f"{' '.join(t.gold_sql.split())}\t{t.db_id}\n" for t, _ in pairs))
+    write_bird(out / "predict.json", [s for _, s in pairs], [t.db_id for t, _ in pairs])
+    (out / "gold_bird.sql").write_text((out / "gold.sql").read_text())
+    spider = cfg.tasks.source == "spider"
+    db = cfg.tasks.db_root or (Path(cfg.tasks.path) / "database" if spider else "DB")  # type: ignore[arg-type]
+    return f"python -m jobs.evaluate spider --gold {out}/gold.sql --pred {out}/pred.sql --db {db}"
+
+
+def write_critic_answers(out: Path, pairs: Answers, cfg: InferConfig) -> str:
+    """BIRD-CRITIC's ``pred_critic.jsonl`` (``pred_sqls``) and the tasks, ``tasks_critic.jsonl``."""
+    from sqlrl.eval.writers import write_critic
+    from sqlrl.tasks.io import write_tasks
+
+    write_critic(out / "pred_critic.jsonl", [(t.instance_id, [s] if s else []) for t, s in pairs])
+    write_tasks(out / "tasks_critic.jsonl", [t for t, _ in pairs])
+    return (f"python -m jobs.evaluate critic --tasks {out}/tasks_critic.jsonl "
+            f"--pred {out}/pred_critic.jsonl --db-root {cfg.tasks.db_root}")
+
+
+def _evaluator_formats() -> dict[str, Any]:
+    """Task kind (``sqlrl.tasks.kinds``) -> the writer of its evaluator's prediction files (returns
+    the command that scores them)."""
+    from sqlrl.tasks.kinds import CRITIC, TEXT2SQL
+
+    return {TEXT2SQL.name: write_text2sql, CRITIC.name: write_critic_answers}
+
+
+def write_predictions(out: Path, tasks: list[Any], answers: list["str | None"], cfg: InferConfig) -> list[str]:
+    """Every task's answer in ``answers.jsonl`` (task id, kind, SQL: whatever its kind), then, for
+    each kind ``_evaluator_formats`` has a writer for (in its order), that evaluator's files;
+    returns the evaluate commands. A kind without one loses nothing: its answers are in
+    ``answers.jsonl``."""
+    with open(out / "answers.jsonl", "w", encoding="utf-8") as f:
+        for t, sql in zip(tasks, answers):
+            f.write(json.dumps({"task_id": t.task_id, "kind": t.kind, "sql": sql}, ensure_ascii=False) + "\n")
+    by_kind: dict[str, Answers] = {}
+    for t, sql in zip(tasks, answers):
+        by_kind.setdefault(t.kind, []).append((t, sql))
+    formats = _evaluator_formats()
+    return [write(out, by_kind[kind], cfg) for kind, write in formats.items() if kind in by_kind]
 
 
 # flag -> config key (flags override --config; key=value overrides override flags)
@@ -183,8 +235,6 @@ def main(argv: list[str] | None = None) -> int:
     from jobs.runtime import connect_ray, loop_config, rollout_group, session_pool
     from sqlrl.db import open_session
     from sqlrl.eval.vote import vote
-    from sqlrl.eval.writers import write_bird, write_critic, write_spider
-    from sqlrl.tasks.io import write_tasks
 
     try:
         taskset = cfg.tasks.load()
@@ -248,22 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     with open(out / "trajectories.jsonl", "w", encoding="utf-8") as f:
         for t in trajectories:
             f.write(json.dumps(t.to_dict(), ensure_ascii=False) + "\n")
-    t2s = [(t, s) for t, s in zip(tasks, answers) if t.kind == "text2sql"]
-    critic = [(t, s) for t, s in zip(tasks, answers) if t.kind == "critic"]
-    commands = []
-    if t2s:
-        write_spider(out / "pred.sql", [s for _, s in t2s])
-        (out / "gold.sql").write_text("".join(f"{' '.join(t.gold_sql.split())}\t{t.db_id}\n" for t, _ in t2s))
-        write_bird(out / "predict.json", [s for _, s in t2s], [t.db_id for t, _ in t2s])
-        (out / "gold_bird.sql").write_text((out / "gold.sql").read_text())
-        spider = cfg.tasks.source == "spider"
-        db = cfg.tasks.db_root or (Path(cfg.tasks.path) / "database" if spider else "DB")  # type: ignore[arg-type]
-        commands.append(f"python -m jobs.evaluate spider --gold {out}/gold.sql --pred {out}/pred.sql --db {db}")
-    if critic:
-        write_critic(out / "pred_critic.jsonl", [(t.instance_id, [s] if s else []) for t, s in critic])
-        write_tasks(out / "tasks_critic.jsonl", [t for t, _ in critic])
-        commands.append(f"python -m jobs.evaluate critic --tasks {out}/tasks_critic.jsonl "
-                        f"--pred {out}/pred_critic.jsonl --db-root {cfg.tasks.db_root}")
+    commands = write_predictions(out, tasks, answers, cfg)
     stops: dict[str, int] = {}
     for t in trajectories:
         stops[t.stop_reason] = stops.get(t.stop_reason, 0) + 1

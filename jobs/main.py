@@ -30,7 +30,8 @@ refused before anything runs, unless ``--overwrite`` (passed on to every stage a
 ``overwrite=true``) or another ``--run-dir``, or ``--resume``: a variant's finished stages (they
 must come first in its chain, made with the very config this run gives them, else the run stops
 naming the keys that differ) are not run again -- their rows are read back from their
-``summary.json`` (the Spider subset, when asked for, is scored again) -- and the base model's
+``summary.json`` (the Spider subset, when asked for, is scored again), the first unfinished one goes
+on from its newest mid-stage checkpoint (``resume=true``; ``checkpoint.every_steps``) -- and the base model's
 scores are read back from ``<run_dir>/base_eval.json`` when it holds the same model, schema style,
 modes and held-out tasks (every run writes it); the rest runs as usual, from the last finished checkpoint.
 In a terminal the progress is a rich display and the table a rich table; otherwise (CI,
@@ -41,6 +42,7 @@ table as plain markdown, full width.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -63,12 +65,6 @@ from sqlrl.db.dialects.descriptor import find
 from sqlrl import memory
 
 console = make_console()
-
-
-def stage_args(stage: str, args: list[str]) -> list[str]:
-    """``args`` after the stage's shipped config (``--config``), when it has one."""
-    path = STAGES[stage].config_path()
-    return ["--config", str(path), *args] if path else list(args)
 
 
 def table_title(source: str, sampled: bool = False) -> str:
@@ -161,7 +157,8 @@ def read_summary(cfg: Any, eval_ids: list[str]) -> dict[str, Any]:
         raise SystemExit(f"main: --resume: cannot read the finished stage's {path} ({exc}); "
                          "pass --overwrite to run it again") from None
     saved = summary.get("config")
-    changes = (config_changes(saved, cfg, ignore=("overwrite", "run_dir")) if isinstance(saved, dict)
+    changes = (config_changes(saved, cfg, ignore=("overwrite", "run_dir", "resume", "checkpoint.every_steps",
+                                                  "checkpoint.keep")) if isinstance(saved, dict)
                else ["it records no config"])
     changes += [f"its {e.get('mode')} evaluation was on other held-out tasks" for e in summary["eval"]
                 if sorted(e.get("per_task") or ()) != sorted(eval_ids)]
@@ -295,17 +292,17 @@ def main(argv: list[str] | None = None) -> int:
         vdir = run_dir / variant if variant else run_dir
         return [*preset.overrides(stage, variant), f"run_dir={vdir}", *common, f"model.init={init}"]
 
-    def config(stage: str, variant: str, init: str = "previous") -> Any:
-        return load_stage_config(STAGES[stage].config_path(), [f"stage={stage}", *args_for(stage, variant, init)])
-
-    try:
-        first = config(stages[0], variants[0], a.model)
+    try:  # each stage's config, parsed once: the first of a chain from the base model, the others from the previous
+        configs = {(v, s): load_stage_config(STAGES[s].config_path(),
+                                             [f"stage={s}", *args_for(s, v, a.model if i == 0 else "previous")])
+                   for v in variants for i, s in enumerate(stages)}
+        first = configs[variants[0], stages[0]]
         overwrite = a.overwrite or first.overwrite  # --overwrite, or overwrite=true given as an override
         if overwrite:
-            common.append("overwrite=true")
-        finished = {(v, s): bool(config(s, v).existing_result()) for v in variants for s in stages}
+            configs = {k: dataclasses.replace(c, overwrite=True) for k, c in configs.items()}
+        finished = {k: bool(c.existing_result()) for k, c in configs.items()}
         sampled: list[str] = []  # the stages' sampled evaluations (eval.samples): columns of their own
-        for c in (config(s, v) for v in variants for s in stages):
+        for c in configs.values():
             sampled += [f"{m}@{c.eval.samples}" for m in c.eval.sampled_modes(c.eval.modes or (c.mode,))
                         if f"{m}@{c.eval.samples}" not in sampled]
         done = [f"{v + '/' if v else ''}{s}" for (v, s), f in finished.items() if f]
@@ -313,6 +310,11 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"main: {exc}") from None
     if a.resume and overwrite:
         raise SystemExit("main: --resume keeps finished stages and --overwrite replaces them: pass one")
+    if a.resume:  # each variant's first unfinished stage goes on from its newest mid-stage checkpoint, if any
+        for v in variants:
+            first_open = next((s for s in stages if not finished[v, s]), None)
+            if first_open is not None:
+                configs[v, first_open] = dataclasses.replace(configs[v, first_open], resume=True)
     if a.resume:
         for v in variants:
             flags = [finished[v, s] for s in stages]
@@ -339,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
         if spider is None:
             return {}
         with runtime.Runtime(first, spider) as rt:
-            return {"spider": held_out.evaluate(rt, model, spider.eval, "single")}
+            return {"spider": held_out.evaluate(rt, model, spider.eval, "single").to_dict()}
 
     rows: list[dict[str, Any]] = []
     with Phases(1 + len(stages) * len(variants)) as phases:
@@ -352,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
         base = read_base_eval(run_dir, base_key) if a.resume else None
         if base is None:
             with runtime.Runtime(first, data) as rt:
-                base = {m: held_out.evaluate(rt, a.model, data.eval, m) for m in modes if m != "spider"}
+                base = {m: held_out.evaluate(rt, a.model, data.eval, m).to_dict() for m in modes if m != "spider"}
             base.update(spider_eval(a.model))
             run_dir.mkdir(parents=True, exist_ok=True)
             (run_dir / "base_eval.json").write_text(json.dumps({**base_key, "eval": base}, default=str))
@@ -366,17 +368,16 @@ def main(argv: list[str] | None = None) -> int:
 
         # -- run: each variant's stages, each from the previous one's checkpoint
         for variant in variants:
-            for i, stage in enumerate(stages):
+            for stage in stages:
                 title = STAGES[stage].title
                 label = f"{variant} {stage}" if variant else stage
                 phases.start(f"{label}: {title}")
                 t0 = time.perf_counter()
                 memory.reset_peak()  # this phase's own peak (run_stage resets it again at its start)
-                init = a.model if i == 0 else "previous"
-                argv = stage_args(stage, args_for(stage, variant, init))
+                cfg = configs[variant, stage]
                 kept = a.resume and finished[variant, stage]
-                summary = (read_summary(config(stage, variant, init), [t.task_id for t in data.eval]) if kept
-                           else stage_job.run_stage(stage, argv))
+                summary = (read_summary(cfg, [t.task_id for t in data.eval]) if kept
+                           else stage_job.run_stage(cfg, config_path=STAGES[stage].config_path()))
                 evals = {e["mode"]: e for e in summary["eval"]}
                 if spider is not None:
                     evals.update(spider_eval(summary["checkpoint"]))

@@ -10,10 +10,12 @@ when the run has variants), and writes into ``out_dir`` (default ``RUN_DIR/curve
   order, then any other mode), success per row with its 95% interval as error bars (none when a
   summary has no ``success_ci95``); x = the row labels (``label``, else ``name``) in order of first appearance, the rows of
   each variant drawn side by side (offset markers, one fixed colour per variant in every panel, legend).
-- ``rl_curves.png``: one panel per RL stage present (stage3, stage4): ``reward_mean``,
-  ``pass_rate``, ``reward_format``, ``reward_result`` per step (colour = metric, line style =
-  source when there are several ``metrics.jsonl``, labelled by their folder name).
-- ``sft_loss.png``: one panel per SFT stage present (stage1, stage2): ``loss`` per step.
+- one figure per trainer of ``jobs.train.TRAINERS`` (its ``Curves``), one panel per stage of
+  ``curriculum.stages.STAGES`` with that trainer that has any of its metrics -- so a new stage's
+  curves show up with no edit here: ``rl_curves.png`` (GRPO stages: ``reward_mean``,
+  ``pass_rate``, ``reward_format``, ``reward_result`` per step; colour = metric, line style =
+  source when there are several ``metrics.jsonl``, labelled by their folder name) and
+  ``sft_loss.png`` (SFT stages: ``loss`` per step).
 
 Guarantees: a figure with no data to draw is not written (never an empty plot); a metrics line
 that is not a JSON object with a ``stage`` and a numeric ``step`` is skipped, as are values that
@@ -34,9 +36,6 @@ from typing import Any
 from sqlrl.metrics import read_metrics
 
 MODE_ORDER = ("single", "agentic", "spider")
-RL_STAGES = ("stage3", "stage4")
-RL_METRICS = ("reward_mean", "pass_rate", "reward_format", "reward_result")
-SFT_STAGES = ("stage1", "stage2")
 LINE_STYLES = ("-", "--", ":", "-.")
 
 # source label -> stage -> metric -> {step: value}
@@ -191,12 +190,20 @@ def write_figures(run_dir: str | Path, out_dir: str | Path | None = None) -> lis
     results = load_results(run_dir)
     out = Path(out_dir) if out_dir is not None else run_dir / "curves"
     series = load_series(run_dir)
-    written = [
-        plot_eval(results, out / "eval_success.png"),
-        plot_stages(series, RL_STAGES, RL_METRICS, out / "rl_curves.png", "RL stages"),
-        plot_stages(series, SFT_STAGES, ("loss",), out / "sft_loss.png", "SFT loss"),
-    ]
+    from jobs.train import TRAINERS  # the registries, on first use (importing curriculum takes seconds)
+
+    written = [plot_eval(results, out / "eval_success.png")]
+    for name, trainer in TRAINERS.items():
+        c = trainer.curves
+        written.append(plot_stages(series, stages_of(name), c.metrics, out / c.file, c.title))
     return [p for p in written if p is not None]
+
+
+def stages_of(trainer: str) -> tuple[str, ...]:
+    """The registered stages (``curriculum.stages.STAGES``, in curriculum order) that ``trainer`` trains."""
+    from curriculum.stages import STAGES
+
+    return tuple(name for name, spec in STAGES.items() if spec.trainer == trainer)
 
 
 def main(argv: list[str] | None = None) -> int:

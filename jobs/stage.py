@@ -1,10 +1,11 @@
 """The stage job: one recipe for every curriculum stage, read top to bottom.
 
-    run_stage("stage3", ["--config", "jobs/configs/stage3.yaml", "rl.steps=2"])
+    stage_main("stage3", ["--config", "jobs/configs/stage3.yaml", "rl.steps=2"])   # python -m jobs.stage3_*
+    run_stage(load_stage_config(path, ["stage=stage3", ...]), config_path=path)   # jobs.main: a typed config
 
-Setup: the config (``--config FILE`` + ``key=value`` overrides into ``StageConfig``), checked
-before any work; the data (``jobs.stage_data``); the actors (``jobs.runtime``). Run: the stage's
-data builder (``StageSpec.build``: verified training items) and its trainer
+Setup: the config (a ``StageConfig``, parsed once by the caller: ``load_stage_args`` reads
+``--config FILE`` + ``key=value`` overrides), checked before any work (``check_stage``); the data
+(``jobs.stage_data``); the actors (``jobs.runtime``). Run: the stage's data builder (``StageSpec.build``: verified training items) and its trainer
 (``jobs.train.TRAINERS[spec.trainer]``). Cleanup: the checkpoint in ``<run_dir>/<stage>/final``,
 its held-out evaluation (``jobs.held_out``: success with its 95% interval, per-task outcomes -- greedy,
 plus a sampled ``<mode>@k`` one when ``eval.samples`` is set -- and ``eval_change``, the paired difference against the latest earlier stage evaluated in the same mode),
@@ -21,12 +22,18 @@ Guarantees:
 - The checkpoint records its schema rendering (``model.schema_style``, in
   ``final/sqlrl_prompt.json``); a stage refuses to start from a checkpoint that records another.
 - A data build that keeps nothing stops the job (``SystemExit`` naming the report) before training.
+- With ``checkpoint.every_steps: N`` the trainer saves its full state every N steps in
+  ``<stage_dir>/checkpoints`` (``jobs.train.StageCheckpoints``); ``--resume`` / ``resume=true``
+  continues a stopped run from the newest one and ends with the same weights as a run never
+  stopped (same config and seeds; in-process learner). They are deleted once ``final/`` is saved.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
+from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import jobs.held_out as held_out
@@ -41,11 +48,12 @@ from sqlrl import memory
 from sqlrl.agent.prompts import record_schema_style
 
 
-def run_stage(stage: str, argv: Sequence[str] | None = None) -> dict[str, Any]:
-    """Run ``stage`` with command-line ``argv``; returns its summary (also in ``summary.json``)."""
+def run_stage(cfg: StageConfig, *, config_path: str | Path | None = None) -> dict[str, Any]:
+    """Run the stage ``cfg`` (parsed once by the caller: ``load_stage_args``, or ``jobs.main``)
+    read from ``config_path`` (for the plan's line only); returns its summary (also in ``summary.json``)."""
     # -- setup
-    spec = stage_spec(stage)
-    cfg = parse_stage_args(stage, argv)
+    check_stage(cfg, config_path)
+    spec = cfg.spec
     peak_scope = "stage" if memory.reset_peak() else "process"  # see finish_stage
     save_config(cfg)
     data = stage_data.prepare_data(cfg)
@@ -54,9 +62,9 @@ def run_stage(stage: str, argv: Sequence[str] | None = None) -> dict[str, Any]:
         with build_phase(cfg, spec.build_note, len(data.train)):
             items, report = spec.build(BuildInputs(cfg, data.train, data.catalog, data.schemas,
                                                    rt.session_opener(), progress=console.is_terminal))
-        console.print(f"[bold]{stage}[/bold] data: {report.summary()}")
+        console.print(f"[bold]{cfg.stage}[/bold] data: {report.summary()}")
         if not items:
-            raise SystemExit(f"{stage}: {spec.build_note} kept nothing ({report.summary()}); "
+            raise SystemExit(f"{cfg.stage}: {spec.build_note} kept nothing ({report.summary()}); "
                              f"see the report in {cfg.stage_dir}")
         logger = stage_logger(cfg)
         learner, history = TRAINERS[spec.trainer].train(rt, cfg.init_model(), items, logger)
@@ -64,9 +72,15 @@ def run_stage(stage: str, argv: Sequence[str] | None = None) -> dict[str, Any]:
         return finish_stage(rt, learner, history, logger, {"data_build": report.to_dict()}, peak_scope=peak_scope)
 
 
-def parse_stage_args(stage: str, argv: Sequence[str] | None) -> StageConfig:
-    """The stage's config, checked before any work: no finished result in ``<run_dir>/<stage>``
-    is replaced without ``overwrite=true``, the start checkpoint exists; then the plan is printed."""
+def stage_main(stage: str, argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """A ``python -m jobs.stageN_*`` entry point: ``argv`` parsed once, then ``run_stage``."""
+    cfg, path = load_stage_args(stage, argv)
+    return run_stage(cfg, config_path=path)
+
+
+def load_stage_args(stage: str, argv: Sequence[str] | None) -> tuple[StageConfig, str | None]:
+    """The stage's config from command-line ``argv`` (``--config FILE`` + ``key=value``
+    overrides) and the file it was read from; a bad key or value is a one-line ``SystemExit``."""
     from sqlrl.config import ConfigError
 
     spec = stage_spec(stage)
@@ -74,18 +88,39 @@ def parse_stage_args(stage: str, argv: Sequence[str] | None) -> StageConfig:
                                  description=f"{stage} ({spec.title}), a stage of curriculum.stages.STAGES")
     ap.add_argument("--config", default=None, help="a YAML file mirroring curriculum.config.StageConfig "
                                                    f"(shipped: jobs/configs/{spec.config}; none: built-in defaults)")
+    ap.add_argument("--resume", action="store_true", help="continue a stopped run of the stage from its newest "
+                                                          "checkpoint (resume=true; checkpoint.every_steps)")
     ap.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. rl.steps=2 overwrite=true")
     a = ap.parse_args(argv)
     quiet_third_party_bars()
     try:
-        cfg = load_stage_config(a.config, [f"stage={stage}", *a.overrides])
+        return load_stage_config(a.config, [f"stage={stage}", *a.overrides, *(["resume=true"] if a.resume else [])]), \
+            a.config
+    except (ConfigError, FileNotFoundError, ValueError) as exc:
+        raise SystemExit(f"{stage}: {exc}") from None
+
+
+def parse_stage_args(stage: str, argv: Sequence[str] | None) -> StageConfig:
+    """``load_stage_args`` then ``check_stage``: the config, checked, its plan printed."""
+    cfg, path = load_stage_args(stage, argv)
+    check_stage(cfg, path)
+    return cfg
+
+
+def check_stage(cfg: StageConfig, config_path: str | Path | None = None) -> None:
+    """Before any work: no finished result in ``<run_dir>/<stage>`` is replaced without
+    ``overwrite=true``, the start checkpoint exists and was trained with this schema rendering
+    (each a one-line ``SystemExit`` naming the stage); then the plan is printed."""
+    from sqlrl.config import ConfigError
+
+    try:
         check_overwrite(cfg)
         start = cfg.init_model()  # fail now, not after data preparation, when the start checkpoint is missing
         cfg.check_init_style()  # ... or was trained with another schema rendering
     except (ConfigError, FileNotFoundError, ValueError) as exc:
-        raise SystemExit(f"{stage}: {exc}") from None
-    console.print(describe_stage(cfg, start, a.config), markup=False, highlight=False)
-    return cfg
+        raise SystemExit(f"{cfg.stage}: {exc}") from None
+    console.print(describe_stage(cfg, start, None if config_path is None else str(config_path)),
+                  markup=False, highlight=False)
 
 
 def check_overwrite(cfg: StageConfig) -> None:
@@ -147,12 +182,13 @@ def finish_stage(rt: Any, learner: Any, history: list[dict], logger: Any,
     final = cfg.stage_dir / "final"
     with Heartbeat(f"{cfg.stage}: saving the checkpoint", note=str(final)):
         learner.save(final, overwrite=True)
+    shutil.rmtree(cfg.stage_dir / "checkpoints", ignore_errors=True)  # mid-stage ones: final/ supersedes them
     record_schema_style(final, cfg.model.schema_style)  # inference and serving prompt it the same way
     rt.release(learner)
     curves = logger.close()
-    evals = []
+    evals: list[dict[str, Any]] = []
     if cfg.eval.enabled and rt.data.eval:
-        evals = held_out.evaluations(rt, str(final), rt.data.eval, cfg.eval.modes or (cfg.mode,))
+        evals = [e.to_dict() for e in held_out.evaluations(rt, str(final), rt.data.eval, cfg.eval.modes or (cfg.mode,))]
     summary = {"stage": cfg.stage, "title": cfg.spec.title, "checkpoint": str(final),
                "steps": len(history), "data": rt.data.counts(), "source": rt.data.source,
                "last": history[-1] if history else {}, "training": TRAINERS[cfg.spec.trainer].signal(history),

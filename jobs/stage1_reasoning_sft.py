@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import sys
 
-from jobs.stage import run_stage
+from jobs.stage import stage_main
 
 
 def main(argv: list[str] | None = None) -> dict:
-    return run_stage("stage1", argv)
+    return stage_main("stage1", argv)
 
 
 if __name__ == "__main__":

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import sys
 
-from jobs.stage import run_stage
+from jobs.stage import stage_main
 
 
 def main(argv: list[str] | None = None) -> dict:
-    return run_stage("stage2", argv)
+    return stage_main("stage2", argv)
 
 
 if __name__ == "__main__":

@@ -6,18 +6,18 @@
 Writes the RL data (verl parquet + task JSONL; tasks whose reference fails are dropped), then
 ``rl.steps`` GRPO steps of ``tasks_per_step`` tasks × ``group_size`` samples, scored by the hybrid
 single-turn reward (``jobs.train.train_grpo``). Defined by ``curriculum.stages.STAGES["stage3"]``,
-run by ``jobs.stage.run_stage``.
+run by ``jobs.stage.stage_main``.
 """
 
 from __future__ import annotations
 
 import sys
 
-from jobs.stage import run_stage
+from jobs.stage import stage_main
 
 
 def main(argv: list[str] | None = None) -> dict:
-    return run_stage("stage3", argv)
+    return stage_main("stage3", argv)
 
 
 if __name__ == "__main__":

@@ -1,20 +1,14 @@
 """The update loops of the stage jobs, in a registry: ``TRAINERS[spec.trainer]``.
 
 - ``sft``: ``sft.epochs`` passes over the stage's ``SFTExample``s in batches of ``sft.batch_size``.
-- ``grpo``: ``rl.steps`` GRPO steps over the stage's tasks -- roll out ``tasks_per_step`` tasks x
-  ``group_size`` samples with the current policy, score them (``StageConfig.reward``), keep the
-  rows that carry a group signal (``sqlrl.learn.groups.trainable_rows``), build the batch with verl's
-  GRPO advantages, update ``rl.updates_per_batch`` times, sync the new weights to the rollout
-  workers. With ``rl.sampling_rounds > 1`` (DAPO's dynamic sampling) a step draws further batches
-  of ``tasks_per_step`` tasks (the next ones, cycling) until ``tasks_per_step`` groups have unequal
-  rewards or the rounds are spent, and trains only on those groups (``informative_rows``); every
-  step logs ``sampling_draws``, ``groups_drawn``, ``groups_trained`` (groups in the update),
-  ``groups_signal`` (those of them whose rewards differ: with one draw a flat group still enters
-  the update, with zero advantage) and the reward parts.
-  With ``rl.probe_samples >= 2`` (difficulty-aware selection) the loop first rolls out every task
-  that many times with the starting policy and trains only on the tasks whose samples' rewards
-  differ -- for a pass/fail reward, pass rate strictly between 0 and 1 (``probe_tasks``; all of
-  them when fewer than ``tasks_per_step`` qualify); step 1
+- ``grpo``: ``rl.steps`` GRPO steps over the stage's tasks: the loop itself -- roll out
+  ``tasks_per_step`` tasks x ``group_size`` samples, score them (``StageConfig.reward``), keep the
+  groups with a signal (dynamic sampling with ``rl.sampling_rounds > 1``), update, sync -- is
+  ``sqlrl.rl.grpo.grpo_steps`` (Ray-free, its own tests); this recipe wires it to the job's
+  rollout workers (``rollout``), reward scorers (``score``), learner (``update``: verl's GRPO
+  advantages in ``rl_batch``, ``rl.updates_per_batch`` updates) and weight sync (``sync``), and
+  logs each ``StepResult.row()``. With ``rl.probe_samples >= 2`` it first runs
+  ``sqlrl.rl.grpo.probe`` (difficulty-aware selection) and trains on the tasks it picks; step 1
   logs the probe's counts (``probe_*``). The rollouts sample with ``rl_seed``: ``rl.seed``, else
   ``data.seed`` (the tasks always follow ``data.seed``).
 
@@ -24,7 +18,11 @@ exactly the steps the loop makes; the GRPO loop's rollout workers are released b
 ``Trainer.plan`` is the line the job prints about the steps before any work; ``Trainer.signal``
 sums up what the steps measured (``{"text": …, …}``: SFT's loss first -> last; GRPO's samples'
 pass rate first -> last and how many of the groups drawn had unequal rewards -- the groups with a
-gradient -- saying so when none had), for ``summary.json`` and the main job's table.
+gradient -- saying so when none had), for ``summary.json`` and the main job's table;
+``Trainer.curves`` is the report's figure of its stages (``jobs.report``). Both loops save their
+full state every ``checkpoint.every_steps`` steps and, with ``resume=true``, go on after the
+newest such checkpoint (``StageCheckpoints``): the same batches, draws and updates as a run never
+stopped, so the same final weights.
 """
 
 from __future__ import annotations
@@ -38,8 +36,8 @@ from typing import Any, Callable, Sequence
 
 from curriculum.config import StageConfig
 from jobs.console import Heartbeat
-from jobs.held_out import mean
 from jobs.output import console
+from sqlrl.rl.outcome import grpo_signal, rollout_metrics, sft_signal  # noqa: F401 (rollout_metrics: re-exported)
 
 
 def train_sft(rt: Any, model: str, examples: Sequence[Any], logger: Any) -> tuple[Any, list[dict]]:
@@ -55,13 +53,18 @@ def train_sft(rt: Any, model: str, examples: Sequence[Any], logger: Any) -> tupl
     tokenizer, pad_id = load_tokenizer(model)
     chat = HFChatFormat(tokenizer)
     rng = random.Random(rt.cfg.data.seed)
-    history = []
+    checkpoints = StageCheckpoints(rt.cfg)
+    state = checkpoints.restore(learner) or {"step": 0, "history": []}
+    history = list(state["history"])
     step = 0
     with Heartbeat(f"{stage} SFT", total=optim.total_steps, unit="steps done") as beat:
         for epoch in range(s.epochs):
             order = list(examples)
-            rng.shuffle(order)
+            rng.shuffle(order)  # every epoch's, also those a resumed run skips: the same order as unresumed
             for start in range(0, len(order), s.batch_size):
+                if step < state["step"]:  # done before the checkpoint this run resumed from
+                    step += 1
+                    continue
                 beat.update(step, note=f"epoch {epoch + 1}/{s.epochs}, step {step + 1} running")
                 t0 = time.perf_counter()
                 batch = sft_batch(order[start:start + s.batch_size], chat, max_length=s.max_length, pad_id=pad_id)
@@ -71,86 +74,65 @@ def train_sft(rt: Any, model: str, examples: Sequence[Any], logger: Any) -> tupl
                 history.append(m)
                 step += 1
                 console.print(f"  {stage} step {step}/{optim.total_steps}: loss {m.get('loss', float('nan')):.4f}")
+                checkpoints.after(learner, step, optim.total_steps, {"history": history})
     return learner, history
 
 
 def train_grpo(rt: Any, model: str, tasks: Sequence[Any], logger: Any) -> tuple[Any, list[dict]]:
-    """``rl.steps`` GRPO steps: roll out, score, filter the groups, update, sync the weights."""
+    """``rl.steps`` GRPO steps (``sqlrl.rl.grpo``) on this job's learner, rollout workers and scorers."""
     from sqlrl.learn.batch import rl_batch
-    from sqlrl.learn.groups import informative_rows, trainable_rows
     from sqlrl.policy.load import load_tokenizer
+    from sqlrl.rl.grpo import GRPOFns, LoopState, grpo_steps
 
-    r, stage, batch_size = rt.cfg.rl, rt.cfg.stage, rt.cfg.rollout.batch
+    r, stage = rt.cfg.rl, rt.cfg.stage
     optim = dataclasses.replace(r.optim, total_steps=max(1, r.steps * r.updates_per_batch))
     learner = rt.learner(model, optim, reference=r.loss.kl_coef > 0)
     rollout = rt.rollout_group(model, rt.cfg.mode, temperature=r.temperature, top_p=r.top_p, seed=rl_seed(rt.cfg))
     _, pad_id = load_tokenizer(model)
-    history = []
-    cursor = 0  # next task to draw (tasks cycle)
+
+    def update(trajs: list[Any], scores: list[float], gids: list[str]) -> dict[str, Any]:
+        batch = rl_batch(trajs, scores, gids, r.loss, pad_id=pad_id, max_length=rt.cfg.rollout.max_total_tokens)
+        for _ in range(r.updates_per_batch):
+            m = dict(learner.step(batch, "grpo", r.loss))
+        return m
+
+    checkpoints = StageCheckpoints(rt.cfg)
+    state = checkpoints.restore(learner)
+    history: list[dict] = []
     with Heartbeat(f"{stage} GRPO", total=r.steps, unit="steps done") as beat:
-        probe: dict[str, Any] = {}
-        if r.probe_samples:
-            tasks, probe = probe_tasks(rt, rollout, tasks, beat)
-        for step in range(r.steps):
-            t0 = time.perf_counter()
-            group_tasks: list[Any] = []
-            trajs: list[Any] = []
-            breakdowns: list[Any] = []
-            gids: list[str] = []  # a group = one task in one draw
-            roll_s = reward_s = 0.0
-            keep: list[int] = []
-            for draw in range(r.sampling_rounds):  # 1 = no dynamic sampling
-                drawn = [tasks[(cursor + i) % len(tasks)] for i in range(r.tasks_per_step) for _ in range(r.group_size)]
-                cursor += r.tasks_per_step
-                ta = time.perf_counter()
-                new: list[Any] = []
-                for first in range(0, len(drawn), batch_size):
-                    beat.update(step, note=f"step {step + 1}: rollout (draw {draw + 1}), "
-                                f"{len(new)}/{len(drawn)} trajectories")
-                    new += rollout.rollout(drawn[first:first + batch_size])
-                tb = time.perf_counter()
-                beat.update(step, note=f"step {step + 1}: reward")
-                group_tasks += drawn
-                gids += [f"{step}/{draw}/{t.task_id}" for t in drawn]
-                trajs += new
-                breakdowns += rt.score(new, drawn, rt.cfg.reward)
-                roll_s, reward_s = roll_s + tb - ta, reward_s + time.perf_counter() - tb
-                keep = trainable_rows(trajs, breakdowns, gids)
-                if r.sampling_rounds > 1:
-                    keep = informative_rows(keep, [b.score for b in breakdowns], gids)
-                    if len({gids[i] for i in keep}) >= r.tasks_per_step:
-                        break
-            t2 = time.perf_counter()
-            metrics: dict[str, Any] = rollout_metrics(trajs, breakdowns, keep)
-            if step == 0:
-                metrics.update(probe)
-            signal = informative_rows(keep, [b.score for b in breakdowns], gids)  # == keep when sampling
-            metrics.update(sampling_draws=draw + 1, groups_drawn=len(set(gids)),
-                           groups_trained=len({gids[i] for i in keep}), groups_signal=len({gids[i] for i in signal}))
-            if keep:
-                beat.update(step, note=f"step {step + 1}: update")
-                batch = rl_batch([trajs[i] for i in keep], [breakdowns[i].score for i in keep],
-                                 [gids[i] for i in keep], r.loss,
-                                 pad_id=pad_id, max_length=rt.cfg.rollout.max_total_tokens)
-                for _ in range(r.updates_per_batch):
-                    m = dict(learner.step(batch, "grpo", r.loss))
-                    m["learner_step"] = m.pop("step", None)  # the row's step is the GRPO step
-                    metrics.update(m)
-            t3 = time.perf_counter()
-            beat.update(step, note=f"step {step + 1}: weight sync")
-            version, sync_s = learner.sync_to(rollout)
-            metrics.update({"policy_version": version, "time_rollout_s": roll_s, "time_reward_s": reward_s,
-                            "time_update_s": t3 - t2, "time_sync_s": sync_s,
-                            "time_tool_s": sum(t.tool_ms for tr in trajs for t in tr.turns) / 1000.0})
-            logger.log(step, metrics)
+        fns = GRPOFns(rollout=rollout.rollout, score=lambda trajs, drawn: rt.score(trajs, drawn, rt.cfg.reward),
+                      update=update, sync=lambda: learner.sync_to(rollout),
+                      progress=lambda step, note: beat.update(step, note=note))
+        chosen, start = None, LoopState()
+        if state is not None:  # resumed: the probe's choice, the data position and the metrics so far
+            by_id = {t.task_id: t for t in tasks}
+            tasks, start, history = [by_id[i] for i in state["tasks"]], LoopState(state["step"], state["cursor"]), \
+                list(state["history"])
+            fns.sync()  # the rollout workers sample with the restored weights
+        elif r.probe_samples:
+            tasks, chosen = probe_tasks(rt, fns, tasks)
+        for result in grpo_steps(grpo_plan(rt.cfg), tasks, fns, probe=chosen, start=start):
+            metrics = result.row()
+            logger.log(result.step, metrics)
             history.append(metrics)
-            beat.update(step + 1, note="")
-            console.print(f"  {stage} step {step + 1}/{r.steps}: reward {metrics['reward_mean']:.3f}, "
-                          f"pass {metrics['pass_rate']:.2f}, groups trained {metrics['groups_trained']}/"
-                          f"{metrics['groups_drawn']} ({metrics['groups_signal']} with unequal rewards), "
-                          f"rollout {roll_s:.0f}s, update {t3 - t2:.0f}s")
+            checkpoints.after(learner, result.step + 1, r.steps,
+                              {"cursor": result.cursor, "tasks": [t.task_id for t in tasks], "history": history})
+            beat.update(result.step + 1, note="")
+            console.print(f"  {stage} step {result.step + 1}/{r.steps}: reward {metrics['reward_mean']:.3f}, "
+                          f"pass {metrics['pass_rate']:.2f}, groups trained {result.groups_trained}/"
+                          f"{result.groups_drawn} ({result.groups_signal} with unequal rewards), "
+                          f"rollout {result.time_rollout_s:.0f}s, update {result.time_update_s:.0f}s")
     rt.release(rollout)
     return learner, history
+
+
+def grpo_plan(cfg: Any) -> Any:
+    """The loop's shape (``sqlrl.rl.grpo.GRPOPlan``) from ``rl.*`` and ``rollout.batch``."""
+    from sqlrl.rl.grpo import GRPOPlan
+
+    r = cfg.rl
+    return GRPOPlan(steps=r.steps, tasks_per_step=r.tasks_per_step, group_size=r.group_size,
+                    sampling_rounds=r.sampling_rounds, probe_samples=r.probe_samples, batch=cfg.rollout.batch)
 
 
 def rl_seed(cfg: Any) -> int:
@@ -158,67 +140,63 @@ def rl_seed(cfg: Any) -> int:
     return cfg.data.seed if cfg.rl.seed is None else cfg.rl.seed
 
 
-def probe_tasks(rt: Any, rollout: Any, tasks: Sequence[Any], beat: Any) -> tuple[list[Any], dict[str, Any]]:
-    """Difficulty-aware selection: ``rl.probe_samples`` rollouts of every task with the starting
-    policy (at ``rl.temperature``), scored with the stage's RL reward; the tasks whose samples'
-    rewards are not all equal -- dynamic sampling's test for a group that carries a gradient; for a
-    pass/fail reward, the tasks it sometimes solves (0 < pass rate < 1) -- in their order, or every
-    task when fewer than ``rl.tasks_per_step`` qualify. Excluded rows (the infrastructure failed)
-    count for nothing; a task with fewer than two scored rows is not selected."""
-    r, batch_size = rt.cfg.rl, rt.cfg.rollout.batch
-    t0 = time.perf_counter()
-    drawn = [t for t in tasks for _ in range(r.probe_samples)]
-    trajs: list[Any] = []
-    for first in range(0, len(drawn), batch_size):
-        beat.update(0, note=f"probe: {len(trajs)}/{len(drawn)} trajectories")
-        trajs += rollout.rollout(drawn[first:first + batch_size])
-    passes: dict[str, list[float]] = {}
-    scores: dict[str, set[float]] = {}
-    for task, b in zip(drawn, rt.score(trajs, drawn, rt.cfg.reward)):
-        if not b.excluded:
-            passes.setdefault(task.task_id, []).append(passed(b))
-            scores.setdefault(task.task_id, set()).add(b.score)
-    rates = {tid: mean(v) for tid, v in passes.items()}
-    mixed = [t for t in tasks if len(scores.get(t.task_id, ())) > 1]
-    used = len(mixed) >= r.tasks_per_step
-    info = {"probe_tasks": len(tasks), "probe_informative": len(mixed),
-            "probe_all_fail": sum(v == 0.0 for v in rates.values()),
-            "probe_all_pass": sum(v == 1.0 for v in rates.values()),
-            "probe_pass_rate": mean(x for v in passes.values() for x in v), "probe_used": int(used),
-            "probe_s": time.perf_counter() - t0}
-    console.print(f"  {rt.cfg.stage} probe: {r.probe_samples} samples x {len(tasks)} tasks, pass rate "
-                  f"{info['probe_pass_rate']:.2f}; {len(mixed)} with unequal rewards; {info['probe_all_fail']} never "
-                  f"solved, {info['probe_all_pass']} always -> training on "
-                  + (f"those {len(mixed)}" if used else f"all {len(tasks)} (fewer than {r.tasks_per_step} qualify)")
-                  + f" ({info['probe_s']:.0f}s)")
-    return (mixed if used else list(tasks)), info
+def probe_tasks(rt: Any, fns: Any, tasks: Sequence[Any]) -> tuple[list[Any], Any]:
+    """Difficulty-aware selection (``sqlrl.rl.grpo.probe``) with the stage's RL reward, at
+    ``rl.temperature``, and its line on the console: the tasks to train on and the ``ProbeResult``."""
+    from sqlrl.rl.grpo import probe
+
+    r = rt.cfg.rl
+    p = probe(grpo_plan(rt.cfg), tasks, fns)
+    console.print(f"  {rt.cfg.stage} probe: {r.probe_samples} samples x {p.probed} tasks, pass rate "
+                  f"{p.pass_rate:.2f}; {p.informative} with unequal rewards; {p.all_fail} never "
+                  f"solved, {p.all_pass} always -> training on "
+                  + (f"those {p.informative}" if p.used else f"all {p.probed} (fewer than {r.tasks_per_step} qualify)")
+                  + f" ({p.seconds:.0f}s)")
+    return list(p.tasks), p
 
 
-def passed(breakdown: Any) -> float:
-    """1.0 when a scored row's result part is full marks (the task solved), else 0.0."""
-    return float(breakdown.parts.get("result", 0.0) >= 1.0)
+class StageCheckpoints:
+    """A stage's mid-stage checkpoints in ``<stage_dir>/checkpoints`` (``sqlrl.learn.resume``):
+    ``after(learner, steps_done, total, state)`` saves the learner and the loop's ``state`` every
+    ``checkpoint.every_steps`` steps (not after the last: ``final/`` follows); ``restore(learner)``
+    with ``resume=true`` loads the newest into ``learner`` and returns its state -- refusing (one
+    line) one made with another config -- and otherwise (a fresh run) clears stale ones."""
 
+    SAME_ANY_WAY = ("resume", "overwrite", "checkpoint.every_steps", "checkpoint.keep")  # may change on resume
 
-def rollout_metrics(trajs: Sequence[Any], breakdowns: Sequence[Any], keep: Sequence[int]) -> dict[str, Any]:
-    """One GRPO step's rollout and reward metrics. Rewards, their parts and the pass rate are over
-    every scored row the step drew (not the excluded ones), so they are the policy's learning curve
-    whichever groups dynamic sampling kept; ``trained_reward_mean`` is over the rows trained on."""
-    scored = [b for b in breakdowns if not b.excluded]
-    parts: dict[str, list[float]] = {}
-    for b in scored:
-        for k, v in b.parts.items():
-            parts.setdefault(k, []).append(v)
-    return {"reward_mean": mean(b.score for b in scored),
-            "pass_rate": mean(passed(b) for b in scored),
-            **{f"reward_{k}": mean(v) for k, v in parts.items()},
-            "trained_reward_mean": mean(breakdowns[i].score for i in keep),
-            "trajectories": len(trajs), "trained_on": len(keep),
-            "excluded": sum(b.excluded for b in breakdowns),
-            "turns_mean": mean(len(t.turns) for t in trajs),
-            "tool_calls_mean": mean(t.n_tool_calls for t in trajs),
-            "tool_errors_mean": mean(t.n_tool_errors for t in trajs),
-            "malformed_mean": mean(t.n_malformed for t in trajs),
-            "response_tokens_mean": mean(t.n_generated for t in trajs)}
+    def __init__(self, cfg: StageConfig) -> None:
+        self.cfg, self.root = cfg, cfg.stage_dir / "checkpoints"
+
+    def restore(self, learner: Any) -> dict[str, Any] | None:
+        import shutil
+
+        from sqlrl.config import config_changes
+        from sqlrl.learn import resume
+
+        if not self.cfg.resume:
+            shutil.rmtree(self.root, ignore_errors=True)  # a fresh run: never resumed from later
+            return None
+        found = resume.latest(self.root)
+        if found is None:
+            console.print(f"  {self.cfg.stage}: resume=true, but {self.root} holds no checkpoint: from step 0")
+            return None
+        path, state = found
+        changes = config_changes(state.get("config") or {}, self.cfg, ignore=self.SAME_ANY_WAY)
+        if changes:
+            raise SystemExit(f"{self.cfg.stage}: resume=true: {path} was made with another config "
+                             f"({'; '.join(changes[:8])}); pass overwrite=true without resume to start over")
+        resume.restore(learner, self.root)
+        console.print(f"  {self.cfg.stage}: resuming after step {state['step']} from {path}")
+        return state
+
+    def after(self, learner: Any, steps_done: int, total: int, state: dict[str, Any]) -> None:
+        from sqlrl.config import to_dict
+        from sqlrl.learn import resume
+
+        every = self.cfg.checkpoint.every_steps
+        if every and steps_done % every == 0 and steps_done < total:
+            resume.save(learner, self.root, steps_done, {**state, "config": to_dict(self.cfg)},
+                        keep=self.cfg.checkpoint.keep)
 
 
 def plan_sft(cfg: StageConfig) -> str:
@@ -237,28 +215,21 @@ def plan_grpo(cfg: StageConfig) -> str:
 
 
 def signal_sft(history: Sequence[dict]) -> dict[str, Any]:
-    losses = [h["loss"] for h in history if isinstance(h.get("loss"), (int, float))]
-    if not losses:
-        return {"steps": len(history), "text": f"{len(history)} steps, no loss logged"}
-    return {"steps": len(history), "loss_first": losses[0], "loss_last": losses[-1],
-            "text": f"loss {losses[0]:.2f} -> {losses[-1]:.2f} over {len(history)} steps"}
+    return sft_signal(history).to_dict()
 
 
 def signal_grpo(history: Sequence[dict]) -> dict[str, Any]:
-    passes = [h["pass_rate"] for h in history if isinstance(h.get("pass_rate"), (int, float))]
-    drawn = sum(int(h.get("groups_drawn") or 0) for h in history)
-    # groups whose rewards differ: the only ones with a non-zero advantage
-    signal = sum(int(h.get("groups_signal") or 0) for h in history)
-    out = {"steps": len(history), "groups_signal": signal, "groups_drawn": drawn,
-           "updates": sum(1 for h in history if h.get("learner_step") is not None)}
-    if passes:
-        out.update(pass_first=passes[0], pass_last=passes[-1])
-    rate = (f"samples' pass {passes[0]:.2f} -> {passes[-1]:.2f}" if len(passes) > 1
-            else f"samples' pass {passes[0]:.2f}" if passes else "no rollouts")
-    groups = (f"{signal} of {drawn} groups with unequal rewards" if signal
-              else f"no group of {drawn} had unequal rewards: zero advantages, no gradient")
-    out["text"] = f"{rate}, {groups} over {len(history)} step{'s' if len(history) != 1 else ''}"
-    return out
+    return grpo_signal(history).to_dict()
+
+
+@dataclass(frozen=True)
+class Curves:
+    """The report's figure of a trainer's stages (``jobs.report``): one panel per stage, these
+    metrics per step."""
+
+    file: str  # e.g. "rl_curves.png", in <run_dir>/curves
+    title: str
+    metrics: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -266,7 +237,12 @@ class Trainer:
     train: Callable[[Any, str, Sequence[Any], Any], tuple[Any, list[dict]]]  # (rt, model, items, logger)
     plan: Callable[[StageConfig], str]  # the "steps:" line of the job's plan
     signal: Callable[[Sequence[dict]], dict[str, Any]]  # what the steps measured, with a "text" line
+    curves: Curves  # how jobs.report draws its stages' metrics
 
 
-TRAINERS: dict[str, Trainer] = {"sft": Trainer(train_sft, plan_sft, signal_sft),
-                                "grpo": Trainer(train_grpo, plan_grpo, signal_grpo)}
+# In the report's figure order (jobs.report draws one figure per trainer, in this order).
+TRAINERS: dict[str, Trainer] = {
+    "grpo": Trainer(train_grpo, plan_grpo, signal_grpo,
+                    Curves("rl_curves.png", "RL stages", ("reward_mean", "pass_rate", "reward_format", "reward_result"))),
+    "sft": Trainer(train_sft, plan_sft, signal_sft, Curves("sft_loss.png", "SFT loss", ("loss",))),
+}

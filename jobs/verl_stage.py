@@ -11,8 +11,8 @@
    runs), writing ``OUT/train.parquet`` and ``OUT/val.parquet`` (tasks whose reference fails are
    dropped; stage-4 rows name ``agent_name: sqlrl_agent``), and ``OUT/catalog.json``.
 3. The command: ``python -m verl.trainer.main_ppo --config-path jobs/configs/verl --config-name
-   stage{3,4}`` with the data files, the model, the reward's catalog, (stage 4) the tool and
-   agent-loop config paths, the checkpoint folder (``OUT/checkpoints``), the Ray workers'
+   stage{3,4}`` with the data files, the model, the reward's catalog, what the stage's mode needs
+   (``VERL_MODES``, by ``StageSpec.mode``: agentic = the tool and agent-loop config paths), the checkpoint folder (``OUT/checkpoints``), the Ray workers'
    environment, then the given overrides (they win).
    It is always printed; ``--dry-run`` stops there, otherwise this process becomes verl's trainer.
 
@@ -36,11 +36,15 @@ import json
 import os
 import shlex
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG_DIR = ROOT / "jobs" / "configs" / "verl"
+# the stages verl can train: those with a config of their own here (jobs/configs/verl/stage<N>.yaml)
+VERL_STAGES = tuple(sorted(int(p.stem[len("stage"):]) for p in CONFIG_DIR.glob("stage*.yaml")
+                           if p.stem[len("stage"):].isdigit()))
 # sqlrl's stage YAMLs hold CPU micro sizes; a verl run trains on more (later --set wins)
 DATA_DEFAULTS = ("data.train_size=256", "data.eval_size=64")
 
@@ -49,9 +53,32 @@ class StageError(Exception):
     """Why this command cannot go on (one line; exit status 2)."""
 
 
+@dataclass(frozen=True)
+class VerlMode:
+    """What verl's trainer needs for a stage's rollout mode (``StageSpec.mode``)."""
+
+    agent_loop: bool  # the rows name sqlrl's agent loop (``agent_name: sqlrl_agent``); else verl's single turn
+    config_files: tuple[tuple[str, str], ...] = ()  # (verl key, file in CONFIG_DIR) the command sets
+
+
+VERL_MODES: dict[str, VerlMode] = {
+    "single": VerlMode(agent_loop=False),
+    "agentic": VerlMode(agent_loop=True, config_files=(
+        ("actor_rollout_ref.rollout.multi_turn.tool_config_path", "tools.yaml"),
+        ("actor_rollout_ref.rollout.agent.agent_loop_config_path", "agent_loop.yaml"))),
+}
+
+
+def verl_mode(stage: int) -> VerlMode:
+    """The ``VerlMode`` of stage ``<stage>``'s mode in the stage registry (``curriculum.stages``)."""
+    from curriculum.stages import stage_spec
+
+    return VERL_MODES[stage_spec(f"stage{stage}").mode]
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m jobs.verl_stage", description=__doc__.split("\n")[0])
-    ap.add_argument("--stage", type=int, choices=(3, 4), required=True)
+    ap.add_argument("--stage", type=int, choices=VERL_STAGES, required=True)
     ap.add_argument("--data-dir", required=True, help="sqlrl task data (python -m sqlrl.synth --out DIR)")
     ap.add_argument("--model", help="an HF model folder or id (default: the previous stage's "
                                     "checkpoint of sqlrl's curriculum, <run_dir>/stage{N-1}/final)")
@@ -96,7 +123,7 @@ def write_data(cfg: Any, out: Path) -> dict[str, Path]:
     except (FileNotFoundError, ValueError) as exc:  # a missing split file, a bad mixture
         raise StageError(f"reading the tasks: {exc}") from None
     judge = Judge(data.catalog)
-    agent = AGENT_NAME if cfg.mode == "agentic" else None  # stage 3: verl's single_turn_agent
+    agent = AGENT_NAME if VERL_MODES[cfg.mode].agent_loop else None  # single: verl's single_turn_agent
     splits = (("train", data.train, cfg.data.train_split), ("val", data.eval, cfg.data.eval_split))
     for name, tasks, split in splits:
         kept, report = build_rl_data(tasks, out, name, mode=cfg.mode, schemas=data.schemas, judge=judge,
@@ -123,9 +150,7 @@ def verl_command(stage: int, files: dict[str, Path], model: str, overrides: Sequ
             f"actor_rollout_ref.model.path={model}",
             f"reward.custom_reward_function.reward_kwargs.catalog={files['catalog']}",
             f"trainer.default_local_dir={files['checkpoints']}"]
-    if stage == 4:
-        sets += [f"actor_rollout_ref.rollout.multi_turn.tool_config_path={CONFIG_DIR / 'tools.yaml'}",
-                 f"actor_rollout_ref.rollout.agent.agent_loop_config_path={CONFIG_DIR / 'agent_loop.yaml'}"]
+    sets += [f"{key}={CONFIG_DIR / name}" for key, name in verl_mode(stage).config_files]  # agentic: tools, agent loop
     sets += [f"+ray_kwargs.ray_init.runtime_env.env_vars.{k}={v}"
              for k, v in worker_env(files["catalog"]).items()]
     if n_gpus:

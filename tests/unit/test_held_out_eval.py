@@ -57,7 +57,12 @@ TASKS = [Task(f"t{i}", "text2sql" if i % 2 else "critic", "simple", "shop") for 
 
 
 def test_evaluate_keeps_its_keys_and_adds_per_task_outcomes_and_the_interval():
-    out = held_out.evaluate(FakeRuntime({"t1", "t2", "t3"}, broken={"t7"}), "tiny", TASKS, "single")
+    ev = held_out.evaluate(FakeRuntime({"t1", "t2", "t3"}, broken={"t7"}), "tiny", TASKS, "single")
+    assert isinstance(ev, held_out.Evaluation) and isinstance(ev.per_task["t1"], held_out.TaskResult)
+    assert (ev.scored, ev.successes, ev.per_task["t7"].success, ev.by_kind["text2sql"]) == (7, 3, None, 2 / 3)
+    with pytest.raises(AttributeError):
+        ev.success = 1.0  # frozen
+    out = ev.to_dict()
     assert {"model", "mode", "n", "scored", "success", "success_critic", "success_text2sql", "format_ok",
             "mean_turns", "stop_reasons", "seconds"} <= set(out)
     assert out["n"] == 8 and out["scored"] == 7 and out["successes"] == 3 and out["success"] == pytest.approx(3 / 7)
@@ -86,7 +91,8 @@ def test_compare_counts_the_tasks_whose_generated_output_changed():
     d = held_out.compare(before, after)
     assert d["diff"] == 0 and (d["answers_changed"], d["answers_compared"]) == (2, 8)
     assert held_out.change_text(d) == "+0.00 [+0.00, +0.00] (n=8, +0/-0, 2 answers changed)"
-    old = {"per_task": {t: {k: v for k, v in x.items() if k != "answer"} for t, x in before["per_task"].items()}}
+    old = {"per_task": {t: {k: v for k, v in x.items() if k != "answer"}
+                        for t, x in before.to_dict()["per_task"].items()}}
     assert "answers_changed" not in held_out.compare(old, after)  # a summary from before fingerprints
     assert held_out.success_text({"success": 0.5}) == "0.50"
 
@@ -98,8 +104,8 @@ def test_a_stage_summary_compares_with_the_latest_earlier_stage_in_the_same_mode
 
     single1 = held_out.evaluate(FakeRuntime(set()), "s1", TASKS, "single")
     agentic2 = held_out.evaluate(FakeRuntime({"t0"}), "s2", TASKS, "agentic")
-    write("stage1", [single1])
-    write("stage2", [agentic2])
+    write("stage1", [single1.to_dict()])
+    write("stage2", [agentic2.to_dict()])
     now = [held_out.evaluate(FakeRuntime({"t0", "t1"}), "s3", TASKS, "single"),
            held_out.evaluate(FakeRuntime({"t0", "t1"}), "s3", TASKS, "agentic")]
     changes = held_out.changes_since_earlier(tmp_path, "stage3", now)
@@ -218,9 +224,9 @@ def test_a_missing_spider_folder_is_a_clear_error(tmp_path):
 
 
 def test_the_results_table_shows_intervals_and_paired_changes():
-    base = held_out.evaluate(FakeRuntime({"t1"}), "base", TASKS, "single")
+    base = held_out.evaluate(FakeRuntime({"t1"}), "base", TASKS, "single").to_dict()
     after = held_out.evaluate(FakeRuntime({"t1", "t2", "t3", "t4", "t5"}, answers=dict.fromkeys(["t2", "t3", "t4", "t5"], 8)),
-                              "s1", TASKS, "single")
+                              "s1", TASKS, "single").to_dict()
     rows = [{"name": "base (tiny)", "eval": {"single": base}, "seconds": 1.0},
             {"name": "+ stage1", "eval": {"single": after}, "seconds": 2.0}]
     job_main.add_changes(rows, ["single"])

@@ -6,6 +6,7 @@ paired comparison on per-task rates; the stage evaluates greedy first, then samp
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace as NS
 import math
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -64,7 +65,10 @@ TASKS = [Task(f"t{i}", "text2sql" if i % 2 else "critic") for i in range(6)]
 
 def test_a_sampled_evaluation_reports_mean_solve_rate_pass_at_k_and_per_task_rates():
     rt = SampledRuntime({"t0": 4, "t1": 2, "t2": 1}, broken={("t1", 3), ("t5", 0), ("t5", 1), ("t5", 2), ("t5", 3)})
-    out = held_out.evaluate_sampled(rt, "m", TASKS, "single", 4, 0.7)
+    ev = held_out.evaluate_sampled(rt, "m", TASKS, "single", 4, 0.7)
+    assert isinstance(ev, held_out.Evaluation) and ev.sampling["samples"] == 4 and ev.per_task["t1"].samples == 3
+    out = ev.to_dict()
+    assert json.loads(json.dumps(out)) == out
     assert out["mode"] == "single@4" and out["rollout_mode"] == "single" and out["samples"] == 4
     assert rt.groups == [{"mode": "single", "temperature": 0.7, "seed": 7}] and rt.released == 1
     assert out["rollouts"] == 24 and out["n"] == 6 and out["scored"] == 5  # t5: every sample excluded
@@ -99,15 +103,15 @@ def test_a_stage_evaluates_greedy_then_sampled_in_the_named_modes():
     rt = SampledRuntime({}, samples=4, modes=("single",))
     orig = held_out.evaluate
     try:
-        held_out.evaluate = lambda rt, model, tasks, mode: calls.append(mode) or {"mode": mode}
+        held_out.evaluate = lambda rt, model, tasks, mode: calls.append(mode) or NS(mode=mode)
         out = held_out.evaluations(rt, "m", TASKS, ("single", "agentic"))
     finally:
         held_out.evaluate = orig
-    assert calls == ["single", "agentic"] and [e["mode"] for e in out] == ["single", "agentic", "single@4"]
+    assert calls == ["single", "agentic"] and [e.mode for e in out] == ["single", "agentic", "single@4"]
     rt.cfg.eval = EvalConfig()  # off by default: greedy only
-    held_out.evaluate = lambda rt, model, tasks, mode: {"mode": mode}
+    held_out.evaluate = lambda rt, model, tasks, mode: NS(mode=mode)
     try:
-        assert [e["mode"] for e in held_out.evaluations(rt, "m", TASKS, ("single",))] == ["single"]
+        assert [e.mode for e in held_out.evaluations(rt, "m", TASKS, ("single",))] == ["single"]
     finally:
         held_out.evaluate = orig
 
@@ -152,8 +156,8 @@ def test_fractional_paired_differences_and_the_mean_interval():
 
 def test_the_main_table_gives_a_sampled_mode_its_columns_with_pass_at_k():
     rt = SampledRuntime({"t0": 2}, samples=4)
-    s1 = held_out.evaluate_sampled(rt, "s1", TASKS, "single", 4, 0.7)
-    s3 = held_out.evaluate_sampled(SampledRuntime({"t0": 4, "t1": 1}), "s3", TASKS, "single", 4, 0.7)
+    s1 = held_out.evaluate_sampled(rt, "s1", TASKS, "single", 4, 0.7).to_dict()
+    s3 = held_out.evaluate_sampled(SampledRuntime({"t0": 4, "t1": 1}), "s3", TASKS, "single", 4, 0.7).to_dict()
     rows = [{"name": "base", "variant": "", "eval": {}, "seconds": 1.0},
             {"name": "+ stage1", "variant": "", "eval": {"single@4": s1}, "seconds": 2.0},
             {"name": "+ stage3", "variant": "", "eval": {"single@4": s3}, "seconds": 3.0}]

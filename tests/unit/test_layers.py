@@ -27,6 +27,7 @@ TIERS: tuple[frozenset[str], ...] = (
     frozenset({"eval"}),  # judging by execution
     frozenset({"rewards", "synth"}),  # scorers on the judge; data generated and verified by eval
     frozenset({"agent"}),  # the loop: policy + tools + tasks + rewards
+    frozenset({"rl"}),  # the GRPO step loop over rollout/score/update callables (on learn's group filters)
 )
 RANK = {unit: i for i, tier in enumerate(TIERS) for unit in tier}
 APP_FOLDERS = {"actors", "bench", "curriculum", "jobs", "serve"}  # above sqlrl; never imported by it

@@ -100,15 +100,14 @@ def test_rl_seed_is_the_sampling_seed_and_defaults_to_data_seed():
 
 
 def _probe(results, tasks_per_step=2, samples=2):
-    """jobs.train.probe_tasks with a rollout that records its calls and a scorer that passes the
+    """sqlrl.rl.grpo.probe with a rollout that records its calls and a scorer that passes the
     rows ``results`` marks (per task id: one result per sample; None = excluded row)."""
-    from curriculum.config import RLSettings, RolloutSettings
-    from jobs.train import probe_tasks
+    from sqlrl.rl.grpo import GRPOFns, GRPOPlan, probe
 
     seen = {k: iter(v) for k, v in results.items()}
     calls = []
 
-    def score(trajs, tasks, reward):  # a result r scores r; a pair (r, s) scores s (a shaped reward)
+    def score(trajs, tasks):  # a result r scores r; a pair (r, s) scores s (a shaped reward)
         out = []
         for t in tasks:
             r = next(seen[t.task_id])
@@ -116,13 +115,12 @@ def _probe(results, tasks_per_step=2, samples=2):
             out.append(NS(excluded=r is None, parts={"result": float(result or 0)}, score=float(value or 0)))
         return out
 
-    cfg = NS(rl=RLSettings(probe_samples=samples, tasks_per_step=tasks_per_step),
-             rollout=RolloutSettings(batch=3), stage="stage3", reward="hybrid_single")
-    rt = NS(cfg=cfg, score=score)
-    rollout = NS(rollout=lambda batch: calls.append([t.task_id for t in batch]) or [NS()] * len(batch))
+    plan = GRPOPlan(steps=1, tasks_per_step=tasks_per_step, group_size=2, probe_samples=samples, batch=3)
+    fns = GRPOFns(rollout=lambda batch: calls.append([t.task_id for t in batch]) or [NS()] * len(batch),
+                  score=score, update=None, sync=None)
     tasks = [NS(task_id=k) for k in results]
-    chosen, info = probe_tasks(rt, rollout, tasks, NS(update=lambda *a, **k: None))
-    return [t.task_id for t in chosen], info, calls
+    chosen = probe(plan, tasks, fns)
+    return [t.task_id for t in chosen.tasks], chosen.metrics(), calls
 
 
 def test_the_probe_keeps_the_tasks_the_model_sometimes_solves_in_order():
@@ -151,7 +149,7 @@ def test_too_few_informative_tasks_train_on_all():
 
 
 
-def test_the_grpo_loop_counts_the_groups_whose_rewards_differ(monkeypatch):
+def test_the_grpo_loop_counts_the_groups_whose_rewards_differ(monkeypatch, tmp_path):
     """jobs.train.train_grpo with everything around the loop faked. One draw a step
     (rl.sampling_rounds=1): every group enters the update, and ``groups_signal`` counts the ones
     whose rewards differ (a flat step's update has zero advantages). Dynamic sampling
@@ -159,7 +157,7 @@ def test_the_grpo_loop_counts_the_groups_whose_rewards_differ(monkeypatch):
     update."""
     import sqlrl.learn.batch as batch_mod
     import sqlrl.policy.load as load_mod
-    from curriculum.config import RLSettings, RolloutSettings
+    from curriculum.config import CheckpointSettings, RLSettings, RolloutSettings
     from jobs.train import TRAINERS, train_grpo
 
     def run(sampling_rounds, scores):
@@ -182,7 +180,7 @@ def test_the_grpo_loop_counts_the_groups_whose_rewards_differ(monkeypatch):
 
         cfg = NS(rl=RLSettings(steps=2, tasks_per_step=2, group_size=2, sampling_rounds=sampling_rounds),
                  rollout=RolloutSettings(batch=8), stage="stage3", mode="single", reward="hybrid_single",
-                 data=NS(seed=0))
+                 data=NS(seed=0), resume=False, checkpoint=CheckpointSettings(), stage_dir=tmp_path)
         rt = NS(cfg=cfg, learner=lambda model, optim, reference=False: Learner(), score=score,
                 rollout_group=lambda *a, **k: NS(rollout=lambda tasks: [traj(t) for t in tasks]),
                 release=lambda x: None)

@@ -24,9 +24,16 @@ HISTORY = {"sft": [{"loss": 2.5}, {"loss": 0.75}],
                     {"pass_rate": 0.5, "groups_drawn": 2, "groups_trained": 0, "groups_signal": 0}]}
 
 
+class FakeEvaluation(dict):
+    """An evaluation as ``jobs.held_out.evaluate`` returns it: ``to_dict()`` is its summary entry."""
+
+    def to_dict(self) -> dict:
+        return dict(self)
+
+
 def _eval(mode: str) -> dict:
-    return {"mode": mode, "n": 4, "scored": 4, "success": 0.5, "format_ok": 1.0,
-            "success_critic": 0.0, "success_text2sql": 1.0}
+    return FakeEvaluation(mode=mode, n=4, scored=4, success=0.5, format_ok=1.0, success_critic=0.0,
+                          success_text2sql=1.0)
 
 
 @pytest.fixture
@@ -50,9 +57,10 @@ def fake(monkeypatch):
         calls["data"].append(cfg.stage)
         return data
 
-    def run_stage(stage, argv):
-        calls["stages"].append((stage, argv))
-        cfg = stage_job.parse_stage_args(stage, argv)
+    def run_stage(cfg, config_path=None):
+        stage = cfg.stage
+        calls["stages"].append((stage, cfg))
+        stage_job.check_stage(cfg, config_path)
         stage_job.save_config(cfg)
         (cfg.stage_dir / "final").mkdir(exist_ok=True)
         (cfg.stage_dir / "final" / "config.json").write_text("{}")
@@ -73,7 +81,7 @@ def test_a_fresh_run_prints_a_line_per_phase_and_the_table_once_in_full(fake, tm
     assert job_main.main(["--model", "tiny", "--run-dir", str(tmp_path / "run")]) == 0
     out, err = capsys.readouterr()
     assert [s for s, _ in fake["stages"]] == ["stage1", "stage2", "stage3", "stage4"]
-    assert not any("overwrite=true" in argv for _, argv in fake["stages"])  # a fresh run replaces nothing
+    assert not any(cfg.overwrite for _, cfg in fake["stages"])  # a fresh run replaces nothing
     for k in range(1, 6):
         assert f"main: {k}/5 phases done" in err
     assert "main: 5/5 phases done" in err and "+ stage4 agentic GRPO: agentic 0.50 (format 1.00, n=4)" in err
@@ -110,7 +118,7 @@ def test_overwrite_replaces_every_stage(fake, tmp_path):
     assert job_main.main(["--model", "tiny", "--run-dir", str(run)]) == 0
     fake["stages"].clear()
     assert job_main.main(["--model", "tiny", "--run-dir", str(run), "--overwrite"]) == 0
-    assert len(fake["stages"]) == 4 and all("overwrite=true" in argv for _, argv in fake["stages"])
+    assert len(fake["stages"]) == 4 and all(cfg.overwrite for _, cfg in fake["stages"])
     fake["stages"].clear()
     assert job_main.main(["--model", "tiny", "--run-dir", str(run), "overwrite=true"]) == 0  # as an override too
     assert len(fake["stages"]) == 4
@@ -121,7 +129,7 @@ def test_later_stages_can_be_run_into_a_run_dir_that_holds_the_earlier_ones(fake
     assert job_main.main(["--model", "tiny", "--run-dir", str(run), "--stages", "stage1,stage2"]) == 0
     assert job_main.main(["--model", "tiny", "--run-dir", str(run), "--stages", "stage3,stage4"]) == 0
     assert [s for s, _ in fake["stages"]] == ["stage1", "stage2", "stage3", "stage4"]
-    assert not any("overwrite=true" in argv for _, argv in fake["stages"])
+    assert not any(cfg.overwrite for _, cfg in fake["stages"])
     assert Path(run / "stage4" / "summary.json").is_file()
 
 
@@ -141,7 +149,7 @@ def test_resume_keeps_finished_stages_and_the_cached_base_scores_and_runs_the_re
     out, _ = capsys.readouterr()
     assert [s for s, _ in fake["stages"]] == ["stage3", "stage4"]  # stages 1-2 kept, base not evaluated again
     assert "tiny" not in evaluated
-    assert not any("overwrite=true" in argv for _, argv in fake["stages"])
+    assert not any(cfg.overwrite for _, cfg in fake["stages"])
     rows = json.loads((run / "results.json").read_text())["rows"]
     assert [r["resumed"] for r in rows] == [True, True, True, False, False]
     assert "| + stage1 reasoning SFT | 0.50 (format 1.00, n=4) |" in out and "| resumed |" in out
@@ -200,7 +208,8 @@ def _compare_fake(monkeypatch):
     """Evaluations with per-task outcomes, so the paired changes can be checked."""
     def evaluate(rt, model, tasks, mode):
         ok = 1 if "stage" in str(model) or model == "ckpt" else 0
-        return {**_eval(mode), "success": float(ok), "per_task": {f"t{i}": {"success": ok} for i in range(4)}}
+        return FakeEvaluation({**_eval(mode), "success": float(ok),
+                               "per_task": {f"t{i}": {"success": ok} for i in range(4)}})
     monkeypatch.setattr(held_out, "evaluate", evaluate)
 
 
@@ -211,13 +220,15 @@ def test_the_long_preset_runs_each_variant_in_its_own_folder_from_the_base_model
     names = [s for s, _ in fake["stages"]]
     assert names == ["stage1", "stage2", "stage3", "stage4"] * 2
     zeno, talon = fake["stages"][0][1], fake["stages"][4][1]
-    assert f"run_dir={run / 'zeno'}" in zeno and f"run_dir={run / 'talon'}" in talon
-    assert "model.init=tiny" in zeno and "model.init=tiny" in talon  # both start from the base model
-    assert "data.mixture={critic: 1.0}" in talon and "data.mixture={text2sql: 0.5, critic: 0.5}" in zeno
-    for argv in (zeno, talon):
-        assert "data.eval_size=144" in argv and "data.eval_mixture={text2sql: 0.5, critic: 0.5}" in argv
-        assert "data.eval_split=test+dev" in argv and "model.mixed_precision=bf16" in argv
-        assert "data.train_size=160" in argv  # the preset's stage1 size
+    assert Path(zeno.run_dir) == run / "zeno" and Path(talon.run_dir) == run / "talon"
+    assert zeno.model.init == "tiny" and talon.model.init == "tiny"  # both start from the base model
+    assert dict(talon.data.mixture) == {"critic": 1.0} and dict(zeno.data.mixture) == {"text2sql": 0.5, "critic": 0.5}
+    for cfg in (zeno, talon):
+        assert cfg.data.eval_size == 144 and dict(cfg.data.eval_mixture) == {"text2sql": 0.5, "critic": 0.5}
+        assert cfg.data.eval_split == "test+dev" and cfg.model.mixed_precision == "bf16"
+        assert cfg.data.train_size == 160  # the preset's stage1 size
+    later = [cfg for _, cfg in fake["stages"]][1:4]
+    assert all(cfg.model.init == "previous" for cfg in later)  # each later stage from the one before
     rows = json.loads((run / "results.json").read_text())["rows"]
     assert [r["variant"] for r in rows] == [""] + ["zeno"] * 4 + ["talon"] * 4
     assert "| + talon stage1 reasoning SFT |" in out
@@ -229,8 +240,9 @@ def test_a_variant_is_compared_with_its_own_previous_stage_and_its_first_stage_w
     _compare_fake(monkeypatch)
     run = tmp_path / "long"
 
-    def run_stage(stage, argv):
-        cfg = stage_job.parse_stage_args(stage, argv)
+    def run_stage(cfg, config_path=None):
+        stage = cfg.stage
+        stage_job.check_stage(cfg, config_path)
         stage_job.save_config(cfg)
         (cfg.stage_dir / "final").mkdir(exist_ok=True)
         (cfg.stage_dir / "final" / "config.json").write_text("{}")
@@ -254,8 +266,9 @@ def test_spider_is_evaluated_for_the_base_model_and_every_checkpoint(fake, tmp_p
     spider = stage_data.StageData(train=(), eval=(), catalog={}, schemas={}, source="spider dev (fake, 100 questions)")
     monkeypatch.setattr(stage_data, "spider_held_out", lambda root, n, seed: seen.append((root, n)) or spider)
 
-    def run_stage(stage, argv):
-        cfg = stage_job.parse_stage_args(stage, argv)
+    def run_stage(cfg, config_path=None):
+        stage = cfg.stage
+        stage_job.check_stage(cfg, config_path)
         (cfg.stage_dir / "final").mkdir(parents=True, exist_ok=True)
         (cfg.stage_dir / "final" / "config.json").write_text("{}")
         return {"eval": [_eval(STAGES[stage].mode)], "checkpoint": str(cfg.stage_dir / "final")}

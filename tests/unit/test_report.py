@@ -117,3 +117,16 @@ def test_cli_prints_written_paths(tmp_path, capsys):
     assert main([str(tmp_path), "--out", str(tmp_path / "o")]) == 0
     printed = capsys.readouterr().out.split()
     assert sorted(printed) == sorted(str(tmp_path / "o" / n) for n in ("eval_success.png", "rl_curves.png"))
+
+
+def test_a_registered_stage_gets_its_trainers_curves_with_no_edit_here(tmp_path, monkeypatch):
+    """The figures follow the stage registry: a new GRPO stage's curves are drawn (a hard-coded
+    stage list would drop them silently), in the figure of its trainer."""
+    from curriculum.stages import STAGES, StageSpec
+    from jobs.report import stages_of
+
+    monkeypatch.setitem(STAGES, "stage5", StageSpec("stage5", "more GRPO", "agentic", STAGES["stage4"].build, "grpo"))
+    assert stages_of("grpo") == ("stage3", "stage4", "stage5") and stages_of("sft") == ("stage1", "stage2")
+    _results(tmp_path, spider=False)
+    _metrics(tmp_path, stages=("stage5",))
+    _assert_pngs(write_figures(tmp_path), ["eval_success.png", "rl_curves.png"])

@@ -13,6 +13,7 @@ import json
 import re
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -90,8 +91,9 @@ def fake_stage(monkeypatch):
 
     def evaluate(rt, model, tasks, mode):
         seen["evals"].append((Path(model).name, mode))
-        return {"mode": mode, "n": len(tasks), "scored": len(tasks), "success": 0.5, "format_ok": 1.0,
-                "success_text2sql": 0.5}
+        summary = {"mode": mode, "n": len(tasks), "scored": len(tasks), "success": 0.5, "format_ok": 1.0,
+                   "success_text2sql": 0.5}
+        return SimpleNamespace(mode=mode, to_dict=lambda: summary)  # as held_out.Evaluation: to_dict()
 
     monkeypatch.setattr(stage_data, "prepare_data", lambda cfg: data)
     monkeypatch.setattr(runtime, "Runtime", FakeRuntime)
@@ -154,7 +156,7 @@ def test_the_shipped_files_follow_the_registry(name, monkeypatch):
     assert load_stage_config(spec.config_path()).stage == name  # the YAML names its own stage
     module = importlib.import_module(spec.job)
     called = []
-    monkeypatch.setattr(module, "run_stage", lambda stage, argv: called.append((stage, argv)) or {})
+    monkeypatch.setattr(module, "stage_main", lambda stage, argv: called.append((stage, argv)) or {})
     module.main(["x=1"])
     assert called == [(name, ["x=1"])]  # the entry point runs this stage and nothing else
     docs = (ROOT / "docs" / "curriculum.md").read_text()
