@@ -131,6 +131,23 @@ def check_single(sampling: SamplingParams) -> None:
                          "make n requests, each with its own seed")
 
 
+def check_weights(weights: Mapping[str, Any], shapes: Mapping[str, Sequence[int]]) -> None:
+    """``ValueError`` unless ``weights`` has exactly the names of ``shapes``, each value with that
+    ``.shape`` (a full state dict): the message names what is missing, unknown or misshapen. Engines
+    call it before any weight reaches the model."""
+    missing = sorted(set(shapes) - set(weights))
+    unknown = sorted(set(weights) - set(shapes))
+    wrong = []
+    for name in sorted(set(shapes) & set(weights)):
+        shape = getattr(weights[name], "shape", None)
+        if shape is None or tuple(shape) != tuple(shapes[name]):
+            wrong.append(f"{name}: {None if shape is None else tuple(shape)} != {tuple(shapes[name])}")
+    if missing or unknown or wrong:
+        parts = [f"{label} {items[:5]}{' ...' if len(items) > 5 else ''}"
+                 for label, items in (("missing", missing), ("unknown", unknown), ("wrong shape", wrong)) if items]
+        raise ValueError("the weights do not fit this model: " + "; ".join(parts))
+
+
 class EngineLoop:
     """A private event loop on a daemon thread, for engines bound to one loop (vLLM's ``AsyncLLM``, a
     scheduler's futures): ``await engine_loop.run(coro)`` runs ``coro`` there from any caller's loop,
