@@ -184,4 +184,6 @@ def run_sync(awaitable: Awaitable[T]) -> T:
         async def _wrap() -> T:
             return await awaitable
         return asyncio.run(_wrap())
+    if inspect.iscoroutine(awaitable):
+        awaitable.close()  # never started: no "was never awaited" warning
     raise RuntimeError("run_sync was called inside a running event loop: await the coroutine instead")
