@@ -54,7 +54,6 @@ Guarantees:
 from __future__ import annotations
 
 import asyncio
-import enum
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -73,31 +72,14 @@ from sqlrl.tools import ToolCall, format_tool_error
 from .chat_format import ChatFormat
 from .parsers import PARSERS, get_parser
 from .prompts import MODES, SCHEMA_STYLES, build_messages, tools_for
+from .state import _WAITING, LoopStateError, RolloutState, State
 from .toolrun import ExecuteMany, ToolBatcher
 from .trajectory import Trajectory, Turn
 
+__all__ = ["FATAL_ERROR_KINDS", "AgentLoop", "LoopConfig", "LoopStateError", "RolloutState", "State", "turn_seed"]
+
 # Session failures after which no further call can work: the rollout ends with "error".
 FATAL_ERROR_KINDS = frozenset({ErrorKind.SESSION_LOST, ErrorKind.LEASE_EXPIRED})
-
-
-class State(str, enum.Enum):
-    PROMPTING = "prompting"
-    GENERATING = "generating"
-    PARSED = "parsed"
-    EXECUTING = "executing"
-    OBSERVED = "observed"
-    DONE = "done"
-
-
-_NEXT: dict[State, frozenset[State]] = {
-    State.PROMPTING: frozenset({State.GENERATING, State.DONE}),
-    State.GENERATING: frozenset({State.PARSED, State.DONE}),
-    State.PARSED: frozenset({State.EXECUTING, State.OBSERVED, State.DONE}),
-    State.EXECUTING: frozenset({State.OBSERVED, State.DONE}),
-    State.OBSERVED: frozenset({State.GENERATING, State.DONE}),
-    State.DONE: frozenset(),
-}
-_WAITING = (State.PROMPTING, State.OBSERVED)  # ready for the next generation
 
 
 @dataclass(frozen=True)
@@ -134,61 +116,6 @@ class LoopConfig:
                              f"{self.max_concurrent_trajectories}")
         if self.schema_style is not None and self.schema_style not in SCHEMA_STYLES:
             raise ValueError(f"LoopConfig.schema_style {self.schema_style!r} is not one of {', '.join(SCHEMA_STYLES)}")
-
-
-class LoopStateError(RuntimeError):
-    """An illegal state transition: a bug in the loop, never caused by model output."""
-
-
-@dataclass(eq=False)
-class RolloutState:
-    """One rollout in progress (mutable; becomes a frozen ``Trajectory`` at the end)."""
-
-    index: int
-    task: Task
-    session: Any
-    messages: list[dict[str, Any]] = field(default_factory=list)
-    ids: list[int] = field(default_factory=list)
-    mask: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    prompt_length: int = 0
-    turns: list[Turn] = field(default_factory=list)
-    calls: list[ToolCall] = field(default_factory=list)
-    n_tool_calls: int = 0
-    n_tool_errors: int = 0
-    n_malformed: int = 0
-    submitted_sql: str | None = None
-    stop_reason: str | None = None
-    error: str | None = None
-    state: State = State.PROMPTING
-    history: list[State] = field(default_factory=lambda: [State.PROMPTING])
-
-    def to(self, state: State) -> None:
-        if state not in _NEXT[self.state]:
-            raise LoopStateError(f"rollout {self.index}: {self.state.value} -> {state.value} "
-                                 "is not a legal transition")
-        self.state = state
-        self.history.append(state)
-
-    def finish(self, reason: str, error: str | None = None) -> None:
-        self.stop_reason, self.error = reason, error
-        self.to(State.DONE)
-
-    def add(self, ids: Sequence[int], logprobs: Sequence[float] | None) -> None:
-        """Append ids: model-generated (with their logprobs, mask 1) or not (``None``, mask 0)."""
-        self.ids.extend(int(i) for i in ids)
-        self.mask.extend([0 if logprobs is None else 1] * len(ids))
-        self.logprobs.extend([0.0] * len(ids) if logprobs is None else (float(x) for x in logprobs))
-
-    def to_trajectory(self, mode: str, policy_version: int) -> Trajectory:
-        return Trajectory(
-            task_id=self.task.task_id, mode=mode, messages=tuple(self.messages),
-            token_ids=tuple(self.ids), loss_mask=tuple(self.mask), old_logprobs=tuple(self.logprobs),
-            prompt_length=self.prompt_length, turns=tuple(self.turns),
-            n_tool_calls=self.n_tool_calls, n_tool_errors=self.n_tool_errors,
-            n_malformed=self.n_malformed, submitted_sql=self.submitted_sql,
-            stop_reason=self.stop_reason or "error", policy_version=policy_version,
-            error=self.error if self.stop_reason else "the rollout never finished")
 
 
 def turn_seed(seed: int | None, rollout: int, turn: int) -> int | None:

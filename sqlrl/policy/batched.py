@@ -16,8 +16,9 @@ Guarantees (``sqlrl.policy.engine``'s contract, with the limits of a batch call)
   backend derives each row's seed from the call's seed and the row's index, so merging them would
   make a request's sample depend on its neighbours) -- except with ``merge_seeds=True``, for a
   backend that ignores the seed anyway (vLLM's CPU build samples from its engine-wide generator:
-  ``VLLMBackend.per_request_seeds`` False). So a seeded workload gets one call per seed on a
-  seeded backend: exact, not batched (the native engines batch it).
+  ``VLLMBackend.per_request_seeds`` False; ``as_engine`` reads that declaration, default True).
+  So a seeded workload gets one call per seed on a seeded backend (HF; vLLM on GPU): exact, not
+  batched -- the native engines batch it.
 - ``versions``: every token of a call carries the version loaded when the call started.
 - an exception from a call (or a call returning the wrong number of generations) fails every
   request of that call with ``EngineError`` (the message names the cause); other calls go on.
@@ -276,4 +277,7 @@ def as_engine(backend: Any, **options: Any) -> tuple[AsyncEngine, bool]:
     if not callable(getattr(backend, "generate", None)):
         raise TypeError(f"{type(backend).__name__} is neither an AsyncEngine nor a GenerationBackend "
                         "(it has no generate method)")
+    # a backend that declares it ignores per-call seeds (VLLMBackend on vLLM's CPU build, the
+    # scripted one) loses nothing by merging requests of different seeds into one call
+    options.setdefault("merge_seeds", not getattr(backend, "per_request_seeds", True))
     return BatchedEngine(backend, **options), True

@@ -21,7 +21,8 @@ log-probs, stop strings kept, ``"stop"``/``"length"``/``"eos"``):
   that awaits ``generate`` aborts the request too. Unknown or finished ids are a no-op.
 - ``update_weights(weights, policy=...)`` loads new weights into the RUNNING engine under a declared
   ``UpdatePolicy`` and returns the new ``policy_version``; weights that do not match the model
-  (missing/unknown names, wrong shapes) raise ``ValueError`` before the engine sees any of them.
+  (missing/unknown names, wrong shapes) raise ``ValueError`` before the engine sees any of them
+  (``check_weights(weights, shapes)`` does the check and names what does not fit).
 - Failures are per request: an engine error while generating one sequence raises from that
   request's ``generate`` (``EngineError``) and never from anyone else's.
 - An engine may be awaited from any event loop, and from several at once (a Ray actor's loop, a

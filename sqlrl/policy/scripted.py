@@ -118,6 +118,7 @@ class ScriptedBackend:
             time.sleep(0.01)
 
     streams_tokens = True
+    per_request_seeds = False  # canned answers: the seed changes nothing (BatchedEngine may merge)
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, *,
                  on_token: Callable[[int, int], None] | None = None) -> list[Generation]:
