@@ -12,39 +12,13 @@ import pytest
 
 from sqlrl.agent import AgentLoop, HFChatFormat, LoopConfig, State
 from sqlrl.agent.loop import turn_seed
-from sqlrl.db import open_session
 from sqlrl.policy.engine import check_engine_class
 from sqlrl.policy.scripted import Latch, ScriptedEngine
 from sqlrl.policy.types import SamplingParams, row_seed
-from tests.unit.test_agent_chat_format import FakeTokenizer
-from tests.unit.test_agent_loop import task, tc
+from tests.unit.test_agent_loop import fmt, sessions, task, tc, tok  # noqa: F401 (fixtures)
 
 CFG = LoopConfig(max_turns=6, max_total_tokens=20000, sampling=SamplingParams(max_new_tokens=400))
 SUBMIT = tc("SELECT 1", "submit_solution")
-
-
-@pytest.fixture()
-def tok() -> FakeTokenizer:
-    return FakeTokenizer()
-
-
-@pytest.fixture()
-def fmt(tok) -> HFChatFormat:
-    return HFChatFormat(tok)
-
-
-@pytest.fixture()
-def sessions(demo_db_path):
-    opened = []
-
-    def make(n: int):
-        for _ in range(n):
-            opened.append(open_session(f"sqlite:///{demo_db_path}"))
-        return opened[-n:]
-
-    yield make
-    for s in opened:
-        s.close()
 
 
 def engine_for(tok: Any, scripts: dict[str, list[Any]]) -> ScriptedEngine:

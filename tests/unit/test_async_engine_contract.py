@@ -320,3 +320,76 @@ def test_a_lazily_named_class_is_checked_before_its_first_build():
 def test_unknown_engine_names_the_known_ones():
     with pytest.raises(ValueError, match="unknown engine 'nope'; known: scripted, hf, vllm, auto"):
         make_engine("nope", None)
+
+
+# -- the adapter's batching --------------------------------------------------------------------
+
+
+class Recorder:
+    """A sync batch backend that records its calls' (prompt count, seed); with ``held`` set, its
+    calls wait for ``opened``."""
+
+    def __init__(self, per_request_seeds: bool = True) -> None:
+        self.per_request_seeds = per_request_seeds
+        self.calls: list[tuple[int, int | None]] = []
+        self.held, self.reached, self.opened = False, Latch(), Latch()
+
+    def generate(self, prompts, params):
+        if self.held:
+            self.reached.set()
+            self.opened.wait_sync(120)
+        self.calls.append((len(prompts), params.seed))
+        from sqlrl.policy.types import Generation
+        return [Generation((7, 8), (-0.1, -0.2), "ab", "length") for _ in prompts]
+
+
+def test_the_adapter_merges_a_steps_requests_and_keeps_seeds_apart():
+    from sqlrl.policy.batched import as_engine
+
+    async def main(backend):
+        engine, owned = as_engine(backend)
+        assert owned
+        same = [engine.generate([1, 2], SamplingParams(seed=1)) for _ in range(2)]
+        other = engine.generate([3], SamplingParams(seed=2))
+        gens = await asyncio.gather(*same, other)
+        await engine.close()
+        return gens
+
+    exact, merging = Recorder(), Recorder(per_request_seeds=False)
+    gens = asyncio.run(main(exact))
+    assert exact.calls == [(2, 1), (1, 2)]  # one call per seed; same-step requests of one seed share it
+    assert all(g.versions == (0, 0) and g.token_ids == (7, 8) for g in gens)
+    asyncio.run(main(merging))
+    assert merging.calls == [(3, 1)]  # a backend that ignores seeds: one call
+
+
+def test_the_adapter_aborts_a_queued_request_at_once_and_a_running_one_after_its_call():
+    from sqlrl.policy.batched import BatchedEngine
+
+    backend = Recorder()
+    backend.held = True
+    engine = BatchedEngine(backend)
+
+    async def main():
+        running = asyncio.ensure_future(engine.generate([1], SAMPLING, request_id="running"))
+        await backend.reached.wait()
+        queued = asyncio.ensure_future(engine.generate([2], SAMPLING, request_id="queued"))
+        await asyncio.sleep(0)  # one event-loop step: the request is queued behind the running call
+        await engine.abort("queued")
+        gone = await queued  # answered without the backend: its call never starts
+        await engine.abort("running")
+        backend.opened.set()
+        return gone, await running
+
+    gone, stopped = asyncio.run(main())
+    assert gone.finish_reason == "abort" and gone.token_ids == ()
+    assert stopped.finish_reason == "abort" and stopped.token_ids == (7, 8)
+    assert backend.calls == [(1, SAMPLING.seed)] and engine.in_flight == 0
+    asyncio.run(engine.close())
+
+
+def test_as_engine_refuses_what_cannot_generate():
+    from sqlrl.policy.batched import as_engine
+
+    with pytest.raises(TypeError, match="neither an AsyncEngine nor a GenerationBackend"):
+        as_engine(object())
