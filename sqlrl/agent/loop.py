@@ -184,8 +184,8 @@ class AgentLoop:
 
     @property
     def batch_sizes(self) -> list[int]:
-        """Prompts per ``backend.generate`` call, in order, when the backend is a sync batch backend
-        (the adapter's calls); [] on an ``AsyncEngine``, which batches inside."""
+        """Prompts per ``backend.generate`` call, in order, when generation went through the adapter
+        (``BatchedEngine``: a sync batch backend); [] on another engine, which batches inside."""
         return list(self._adapter.batch_sizes) if self._adapter is not None else []
 
     @property
@@ -201,7 +201,7 @@ class AgentLoop:
 
     async def arun(self) -> list[Trajectory]:
         engine, owned = as_engine(self.backend)
-        if isinstance(engine, BatchedEngine) and owned:
+        if isinstance(engine, BatchedEngine):
             self._adapter = engine
         n = max(1, len(self.states))
         limit = self.config.max_concurrent_trajectories or n
