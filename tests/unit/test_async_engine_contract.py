@@ -258,6 +258,26 @@ def test_drain_and_abort_updates(case, policy):
     assert case.engine.in_flight == 0
 
 
+def test_two_event_loops_share_one_engine(case, policy):
+    """A Ray actor's loop and a sync wrapper's ``asyncio.run`` may await the same engine at once."""
+    results: dict[str, Any] = {}
+    reached, release = case.hold()
+
+    def in_thread(name: str, question: str) -> None:
+        results[name] = asyncio.run(case.engine.generate(prompt(policy, question), SAMPLING))
+
+    first = threading.Thread(target=in_thread, args=("held", "Q-held"))
+    first.start()
+    assert reached.wait_sync(120)  # the first loop's request is in flight ...
+    second = threading.Thread(target=in_thread, args=("other", "Q-other"))
+    second.start()  # ... when another loop's arrives
+    release()
+    first.join(120)
+    second.join(120)
+    assert set(results) == {"held", "other"} and all(v.finish_reason != "abort" for v in results.values())
+    assert case.engine.in_flight == 0
+
+
 def test_a_closed_engine_refuses_requests(case, policy):
     async def main():
         await case.engine.close()
