@@ -209,7 +209,8 @@ def _vllm_adapter(policy: Any, seed: int | None = None, **options: Any) -> Async
         backend.load_weights(policy.model.state_dict())
 
     return BatchedEngine(backend, merge_seeds=not backend.per_request_seeds,  # type: ignore[attr-defined]
-                         load_weights=load, weight_shapes=_weight_shapes(policy))
+                         load_weights=load, weight_shapes=_weight_shapes(policy),
+                         close_backend=backend.close)  # type: ignore[attr-defined]
 
 
 def _auto_engine(policy: Any, seed: int | None = None, **options: Any) -> AsyncEngine:

@@ -28,6 +28,8 @@ Guarantees (``sqlrl.policy.engine``'s contract, with the limits of a batch call)
   ``in_flight`` counts queued and running requests.
 - ``stream`` yields every token when the call returns (a batch call has no steps to report), then
   the final ``Generation``, equal to ``generate``'s.
+- ``close`` refuses new requests, aborts the queued ones, waits for the running call and then runs
+  ``close_backend`` (the registry's engines own their backend: vLLM's engine goes with them).
 - ``update_weights`` needs ``load_weights`` and ``weight_shapes`` (the registry gives them); the
   weights are checked (``check_weights``) before anything loads; admission closes, the running
   call finishes (``drain``) or is redone from its prompts on the new weights once it returns
@@ -70,8 +72,9 @@ class BatchedEngine:
     def __init__(self, backend: GenerationBackend, *, merge_seeds: bool = False,
                  load_weights: Callable[[Mapping[str, Any]], None] | None = None,
                  weight_shapes: Callable[[], Mapping[str, Sequence[int]]] | None = None,
-                 version: int = 0) -> None:
+                 close_backend: Callable[[], None] | None = None, version: int = 0) -> None:
         self.backend = backend
+        self._close_backend = close_backend  # the registry's engines own their backend
         self.merge_seeds = merge_seeds
         self._load, self._shapes = load_weights, weight_shapes
         self._version = version
@@ -245,7 +248,7 @@ class BatchedEngine:
             queued = list(self._queue)
         for r in queued:
             self._abort(r.rid)
-        await asyncio.wrap_future(self._worker.submit(lambda: None))  # the running call returns
+        await asyncio.wrap_future(self._worker.submit(self._close_backend or (lambda: None)))  # after the running call
         self._worker.shutdown(wait=False)
 
 

@@ -413,3 +413,25 @@ def test_as_engine_refuses_what_cannot_generate():
 
     with pytest.raises(TypeError, match="neither an AsyncEngine nor a GenerationBackend"):
         as_engine(object())
+
+
+def test_closing_the_adapter_closes_its_backend_after_the_running_call():
+    from sqlrl.policy.batched import BatchedEngine
+
+    backend = Recorder()
+    backend.held = True
+    engine = BatchedEngine(backend, close_backend=lambda: backend.calls.append("closed"))
+
+    async def main():
+        running = asyncio.ensure_future(engine.generate([1], SAMPLING))
+        await backend.reached.wait()
+        closing = asyncio.ensure_future(engine.close())
+        await asyncio.sleep(0)  # one event-loop step: close has refused new work and waits for the call
+        with pytest.raises(EngineError, match="closed"):
+            await engine.generate([2], SAMPLING)
+        backend.opened.set()
+        await closing
+        return await running
+
+    gen = asyncio.run(main())
+    assert gen.token_ids == (7, 8) and backend.calls == [(1, SAMPLING.seed), "closed"]
