@@ -27,14 +27,29 @@ this process sees one and the backend generates with those weights (hf, or auto 
 hf), else the CPU -- vLLM keeps its own copy of the weights on the GPU and the scripted backend
 uses none, so the policy beside them stays on the CPU.
 
+Engines (``sqlrl.policy.engine``: one sequence per request, awaited by one coroutine per
+trajectory) by name: ``ENGINES``, filled only through ``register_engine(name, build, engine_class)``,
+which runs ``check_engine_class`` -- a class that does not implement ``AsyncEngine`` is refused at
+registration (a class named as ``"module:Class"``, imported lazily, is checked before its first
+build). ``make_engine(name, policy, seed=None, **options) -> AsyncEngine``:
+
+- ``"scripted"``: ``ScriptedEngine`` (the same scripts as ``ScriptedBackend``, with gates);
+- ``"hf"``, ``"vllm"``, ``"auto"``: for now ``BatchedEngine`` (``sqlrl.policy.batched``, transitional)
+  over the backend ``make_backend`` builds, with a weight loader into the policy (checked names and
+  shapes; vLLM's copy reloaded, HF's prefix cache cleared). On vLLM's CPU build requests of
+  different seeds share a call (its samples come from the engine's generator anyway); elsewhere
+  each seed gets its own call. The native engines replace these entries (marked below).
+
 Guarantees: an unknown name raises ``ValueError`` naming the known ones; backends are imported
 lazily (importing this module loads neither torch nor vLLM).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import importlib
+from typing import Any, Callable, Mapping
 
+from .engine import AsyncEngine, check_engine_class
 from .types import GenerationBackend
 
 
@@ -75,15 +90,21 @@ def vllm_unavailable(policy: Any) -> str | None:
     return None
 
 
-def _auto(policy: Any, seed: int | None = None, **options: Any) -> GenerationBackend:
+def _auto_choice(policy: Any, options: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    """``("vllm", options)`` where vLLM can serve the policy, else ``("hf", the options HF accepts)``."""
     if not vllm_unavailable(policy):
-        return _vllm(policy, seed, **options)
+        return "vllm", dict(options)
     import inspect
 
     from .hf_backend import HFBackend
 
     accepted = inspect.signature(HFBackend.__init__).parameters  # vLLM-only options are dropped
-    return _hf(policy, **{k: v for k, v in options.items() if k in accepted})
+    return "hf", {k: v for k, v in options.items() if k in accepted}
+
+
+def _auto(policy: Any, seed: int | None = None, **options: Any) -> GenerationBackend:
+    name, options = _auto_choice(policy, options)
+    return BACKENDS[name](policy, seed, **options)
 
 
 def check_device(device: str) -> str:
@@ -132,3 +153,89 @@ def make_backend(name: str, policy: Any, seed: int | None = None, **options: Any
     if name not in BACKENDS:
         raise ValueError(f"unknown backend {name!r}; known: {', '.join(BACKENDS)}")
     return BACKENDS[name](policy, seed, **options)
+
+
+# -- engines ---------------------------------------------------------------------------------------
+
+EngineBuild = Callable[..., AsyncEngine]  # (policy, seed=None, **options) -> AsyncEngine
+ENGINES: dict[str, EngineBuild] = {}
+_UNCHECKED: dict[str, str] = {}  # name -> "module:Class" not yet imported and checked
+
+
+def register_engine(name: str, build: EngineBuild, engine_class: type | str) -> None:
+    """Add (or replace) the engine ``name``; ``engine_class`` is what ``build`` returns, checked with
+    ``check_engine_class`` now, or before the first build when given as ``"module:Class"``."""
+    if isinstance(engine_class, str):
+        _UNCHECKED[name] = engine_class
+    else:
+        check_engine_class(engine_class)
+        _UNCHECKED.pop(name, None)
+    ENGINES[name] = build
+
+
+def make_engine(name: str, policy: Any, seed: int | None = None, **options: Any) -> AsyncEngine:
+    if name not in ENGINES:
+        raise ValueError(f"unknown engine {name!r}; known: {', '.join(ENGINES)}")
+    if name in _UNCHECKED:
+        module, _, attr = _UNCHECKED[name].partition(":")
+        check_engine_class(getattr(importlib.import_module(module), attr))
+        del _UNCHECKED[name]
+    return ENGINES[name](policy, seed, **options)
+
+
+def _weight_shapes(policy: Any) -> Callable[[], dict[str, tuple[int, ...]]]:
+    return lambda: {k: tuple(v.shape) for k, v in policy.model.state_dict().items()}
+
+
+def _hf_adapter(policy: Any, seed: int | None = None, **options: Any) -> AsyncEngine:
+    from .batched import BatchedEngine
+
+    backend = _hf(policy, seed, **options)
+
+    def load(weights: Mapping[str, Any]) -> None:
+        policy.model.load_state_dict(dict(weights), strict=True)
+        backend.clear_cache()  # cached KV is of the old weights
+
+    return BatchedEngine(backend, load_weights=load, weight_shapes=_weight_shapes(policy))
+
+
+def _vllm_adapter(policy: Any, seed: int | None = None, **options: Any) -> AsyncEngine:
+    from .batched import BatchedEngine
+
+    backend = _vllm(policy, seed, **options)
+
+    def load(weights: Mapping[str, Any]) -> None:
+        policy.model.load_state_dict(dict(weights), strict=True)
+        backend.load_weights(policy.model.state_dict())
+
+    return BatchedEngine(backend, merge_seeds=not backend.per_request_seeds,  # type: ignore[attr-defined]
+                         load_weights=load, weight_shapes=_weight_shapes(policy),
+                         close_backend=backend.close)  # type: ignore[attr-defined]
+
+
+def _auto_engine(policy: Any, seed: int | None = None, **options: Any) -> AsyncEngine:
+    name, options = _auto_choice(policy, options)
+    return ENGINES[name](policy, seed, **options)
+
+
+def _scripted_engine(policy: Any, seed: int | None = None, **options: Any) -> AsyncEngine:
+    from .scripted import ScriptedEngine
+
+    return ScriptedEngine(policy.tokenizer, policy.eos_token_ids, **options)
+
+
+def _register_defaults() -> None:
+    from .batched import BatchedEngine
+    from .scripted import ScriptedEngine
+
+    register_engine("scripted", _scripted_engine, ScriptedEngine)
+    # TRANSITIONAL: the adapter over today's batch backends. When the native engines land, replace
+    # these two lines with their registrations, e.g.
+    #   register_engine("hf", <build HFEngine>, "sqlrl.policy.hf_engine:HFEngine")
+    #   register_engine("vllm", <build VLLMEngine>, "sqlrl.policy.vllm_engine:VLLMEngine")
+    register_engine("hf", _hf_adapter, BatchedEngine)
+    register_engine("vllm", _vllm_adapter, BatchedEngine)
+    register_engine("auto", _auto_engine, BatchedEngine)  # whichever of vllm/hf _auto_choice picks
+
+
+_register_defaults()

@@ -21,7 +21,8 @@ log-probs, stop strings kept, ``"stop"``/``"length"``/``"eos"``):
   that awaits ``generate`` aborts the request too. Unknown or finished ids are a no-op.
 - ``update_weights(weights, policy=...)`` loads new weights into the RUNNING engine under a declared
   ``UpdatePolicy`` and returns the new ``policy_version``; weights that do not match the model
-  (missing/unknown names, wrong shapes) raise ``ValueError`` before the engine sees any of them.
+  (missing/unknown names, wrong shapes) raise ``ValueError`` before the engine sees any of them
+  (``check_weights(weights, shapes)`` does the check and names what does not fit).
 - Failures are per request: an engine error while generating one sequence raises from that
   request's ``generate`` (``EngineError``) and never from anyone else's.
 - An engine may be awaited from any event loop, and from several at once (a Ray actor's loop, a
@@ -131,6 +132,23 @@ def check_single(sampling: SamplingParams) -> None:
                          "make n requests, each with its own seed")
 
 
+def check_weights(weights: Mapping[str, Any], shapes: Mapping[str, Sequence[int]]) -> None:
+    """``ValueError`` unless ``weights`` has exactly the names of ``shapes``, each value with that
+    ``.shape`` (a full state dict): the message names what is missing, unknown or misshapen. Engines
+    call it before any weight reaches the model."""
+    missing = sorted(set(shapes) - set(weights))
+    unknown = sorted(set(weights) - set(shapes))
+    wrong = []
+    for name in sorted(set(shapes) & set(weights)):
+        shape = getattr(weights[name], "shape", None)
+        if shape is None or tuple(shape) != tuple(shapes[name]):
+            wrong.append(f"{name}: {None if shape is None else tuple(shape)} != {tuple(shapes[name])}")
+    if missing or unknown or wrong:
+        parts = [f"{label} {items[:5]}{' ...' if len(items) > 5 else ''}"
+                 for label, items in (("missing", missing), ("unknown", unknown), ("wrong shape", wrong)) if items]
+        raise ValueError("the weights do not fit this model: " + "; ".join(parts))
+
+
 class EngineLoop:
     """A private event loop on a daemon thread, for engines bound to one loop (vLLM's ``AsyncLLM``, a
     scheduler's futures): ``await engine_loop.run(coro)`` runs ``coro`` there from any caller's loop,
@@ -167,4 +185,6 @@ def run_sync(awaitable: Awaitable[T]) -> T:
         async def _wrap() -> T:
             return await awaitable
         return asyncio.run(_wrap())
+    if inspect.iscoroutine(awaitable):
+        awaitable.close()  # never started: no "was never awaited" warning
     raise RuntimeError("run_sync was called inside a running event loop: await the coroutine instead")
