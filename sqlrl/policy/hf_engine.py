@@ -151,7 +151,8 @@ class HFEngine:
         return await self._control(Op("update", weights=pairs, policy=policy))
 
     async def close(self) -> None:
-        await asyncio.to_thread(self._scheduler.close)
+        self._scheduler.request_close()
+        await asyncio.to_thread(self._scheduler.join)
 
 
 def matched_weights(model: Any, weights: Mapping[str, Any]) -> list[tuple[Any, Any]]:

@@ -124,10 +124,13 @@ class Scheduler:
             self.ops.append(op)
             self.cv.notify()
 
-    def close(self) -> None:
+    def request_close(self) -> None:
+        """Stop after the current iteration; everything still held ends with ``EngineError``."""
         with self.cv:
             self.closed = True
             self.cv.notify()
+
+    def join(self) -> None:
         self._thread.join()
 
     # ------------------------------------------------------------------ the scheduler thread
