@@ -500,3 +500,57 @@ def test_a_closed_engine_refuses_and_ends_what_it_held(policy, prompts):
             await engine.generate(prompts[0], GREEDY)
 
     run(scenario())
+
+
+def test_abort_update_ends_a_stream_that_already_delivered_tokens(cache_dir, new_weights, prompts):
+    weights, _ = new_weights
+    params = SamplingParams(temperature=0, max_new_tokens=12)
+    gate = Gate(at=2)
+    engine = HFEngine(_engine_policy(cache_dir), step_hook=gate)
+
+    async def scenario():
+        deltas = []
+
+        async def consume():
+            async for delta in engine.stream(prompts[2], params):
+                deltas.append(delta)
+
+        streaming = asyncio.create_task(consume())
+        quiet = asyncio.create_task(engine.generate(prompts[1], params))
+        await gate.wait()
+        update = asyncio.create_task(engine.update_weights(weights, policy=UpdatePolicy.ABORT))
+        await asyncio.sleep(0)
+        gate.open()
+        await streaming
+        return deltas, await quiet, await update
+
+    deltas, quiet, version = run(_with(engine, scenario()))
+    final = deltas[-1].final
+    assert version == 1 and final.finish_reason == "abort" and final.versions == (0, 0)
+    assert [d.token_id for d in deltas[:-1]] == list(final.token_ids)
+    assert quiet.meta["restarts"] == 1 and set(quiet.versions) == {1}
+
+
+def test_stack_rows_left_pads_and_trim_left_drops_dead_columns():
+    from sqlrl.policy.hf_kv import growing_cache, stack_rows, trim_left
+
+    def part(rows, width, fill):
+        cache = growing_cache(2, width)
+        for layer in range(2):
+            k = torch.full((rows, 1, width, 2), float(fill + layer))
+            cache.update(k, -k, layer)
+        return cache, torch.ones((rows, width), dtype=torch.long)
+
+    cache, mask = stack_rows([part(1, 3, 10), part(2, 5, 20)], capacity=8)
+    assert mask.tolist() == [[0, 0, 1, 1, 1], [1] * 5, [1] * 5]
+    keys = cache.layers[1].keys
+    assert keys.shape == (3, 1, 5, 2) and cache.layers[1]._kbuf.shape[2] == 8
+    assert keys[0, 0, :2].abs().sum() == 0 and bool((keys[0, 0, 2:] == 11).all()) and bool((keys[1:] == 21).all())
+    assert bool((cache.layers[0].values[1:] == -20).all())
+    index = torch.tensor([0])
+    cache.batch_select_indices(index)
+    mask = trim_left(cache, mask[index])
+    assert mask.tolist() == [[1, 1, 1]] and cache.layers[0].keys.shape == (1, 1, 3, 2)
+    assert bool((cache.layers[0].keys == 10).all())
+    cache.update(torch.zeros((1, 1, 1, 2)), torch.zeros((1, 1, 1, 2)), 0)  # appending still works after a trim
+    assert cache.layers[0].keys.shape[2] == 4 and bool((cache.layers[0].keys[0, 0, :3] == 10).all())
