@@ -1,5 +1,8 @@
 """``HFBackend``: the ``GenerationBackend`` for a local transformers model, with its own KV-cache decode loop.
 
+Its steps (``prefill``, ``decode``, ``sample_tokens``, ``finish_reason``, ``store_rows``) are also
+the continuous-batching engine's (``sqlrl.policy.hf_engine``): one copy of the decode code.
+
 One ``generate`` call is one left-padded batch: every distinct prompt is prefilled once (identical
 prompts in a call, e.g. a GRPO group's first turn, share one prefill), the cache is indexed out to
 one row per sample (the ``n`` samples of a prompt sit in the same batch), then one token per row is

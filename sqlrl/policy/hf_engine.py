@@ -19,7 +19,8 @@ token id stops its generation loop for every request. docs/agent.md ("HF engine"
 Guarantees (on top of ``sqlrl.policy.engine`` and ``HFBackend``'s):
 - A request's tokens and log-probs are those ``HFBackend.generate([prompt], sampling)`` gives it
   alone: greedy tokens equal, log-probs to float error (both are the processed distribution's,
-  equal to ``score``); a seeded sampled request draws from its own generator, seeded
+  equal to ``score``; a token whose cumulative mass is within float error of ``top_p`` may fall
+  on either side of the nucleus in two computations, docs/agent.md); a seeded sampled request draws from its own generator, seeded
   ``row_seed(seed, 0, 0)`` as ``HFBackend`` seeds a one-prompt call, so its tokens do not depend
   on the other requests in flight (``seed=None``: a fresh seed, reported in ``meta["seed"]``).
 - Bad input raises ``ValueError`` from ``generate``/``stream`` before it reaches the engine: ``n != 1``,

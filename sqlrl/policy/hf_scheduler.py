@@ -111,17 +111,16 @@ class Scheduler:
 
     # ------------------------------------------------------------------ called from any thread
     def submit(self, req: Request) -> None:
-        with self.cv:
-            if self.closed:
-                raise EngineError("the engine is closed")
-            self.waiting.append(req)
-            self.cv.notify()
+        self._enqueue(self.waiting, req)
 
     def control(self, op: Op) -> None:
+        self._enqueue(self.ops, op)
+
+    def _enqueue(self, queue: deque, item: Any) -> None:
         with self.cv:
             if self.closed:
                 raise EngineError("the engine is closed")
-            self.ops.append(op)
+            queue.append(item)
             self.cv.notify()
 
     def request_close(self) -> None:

@@ -108,21 +108,28 @@ def test_greedy_equals_hfbackend_alone_while_batched(policy, reference, prompts)
 
 
 def test_seeded_sample_is_the_same_alone_and_beside_five_others(policy, reference, prompts):
-    engine = HFEngine(policy)
+    gate = Gate(at=-1)  # armed below
+    engine = HFEngine(policy, step_hook=gate)
 
     async def both():
         alone = await engine.generate(prompts[0], SAMPLED)
+        gate.at = (await engine.stats()).steps + 1
+        blocker = asyncio.create_task(engine.generate(prompts[5], GREEDY))
+        await gate.wait()  # the engine is held: the six below are all waiting when it goes on
         others = [engine.generate(p, SamplingParams(temperature=t, max_new_tokens=12, seed=s))
                   for p, t, s in zip(prompts[1:], (1.0, 0.7, 0.0, 1.3, 1.0), (1, 2, 3, 4, 5))]
-        together = await asyncio.gather(engine.generate(prompts[0], SAMPLED), *others)
+        together = asyncio.gather(engine.generate(prompts[0], SAMPLED), *others)
+        await asyncio.sleep(0)
+        gate.open()
+        together = await together
+        await blocker
         reseeded = await engine.generate(prompts[0], SamplingParams(temperature=0.7, top_p=0.9,
                                                                     max_new_tokens=16, seed=12))
         return alone, together, reseeded
 
     alone, together, reseeded = run(_with(engine, both()))
     assert together[0].token_ids == alone.token_ids
-    assert together[0].meta["admitted_step"] >= alone.meta["finished_step"]  # not in the first one's batch
-    assert len({g.meta["admitted_step"] for g in together}) == 1  # the six ran in one batch
+    assert {g.meta["admitted_step"] for g in together} == {gate.at}  # the six joined one running batch
     assert alone.token_ids == _alone(reference, prompts[0], SAMPLED).token_ids  # as HFBackend seeds it
     assert reseeded.token_ids != alone.token_ids
 
@@ -172,11 +179,9 @@ def test_a_short_request_submitted_after_a_long_one_started_finishes_first(polic
         short_task = asyncio.create_task(engine.generate(prompts[1], short_params))
         await asyncio.sleep(0)  # let it submit
         gate.open()
-        done, _ = await asyncio.wait({long_task, short_task}, return_when=asyncio.FIRST_COMPLETED)
-        return done == {short_task}, await long_task, await short_task
+        return await long_task, await short_task
 
-    short_first, long_gen, short_gen = run(_with(engine, scenario()))
-    assert short_first
+    long_gen, short_gen = run(_with(engine, scenario()))  # which ended first: by the step counters
     assert long_gen.meta["admitted_step"] == 0 and short_gen.meta["admitted_step"] == 2
     assert short_gen.meta["finished_step"] == 6 < long_gen.meta["finished_step"]
     # joining a running batch (left-padded to its width) changes neither request's tokens
@@ -274,23 +279,28 @@ def _engine_policy(cache_dir):
     return load_policy("tiny", cache_dir=cache_dir)  # its own weights: updates must not leak into others
 
 
+async def _update_mid_request(engine, gate, weights, policy, prompt, params, later_prompt=None):
+    """Start ``prompt``, and while the engine is held at the gate queue the update (then
+    ``later_prompt``, if any); open the gate; ``(first, version, later)``."""
+    first = asyncio.create_task(engine.generate(prompt, params))
+    await gate.wait()
+    update = asyncio.create_task(engine.update_weights(weights, policy=policy))
+    await asyncio.sleep(0)
+    later = None
+    if later_prompt is not None:
+        later = asyncio.create_task(engine.generate(later_prompt, params))
+        await asyncio.sleep(0)
+    gate.open()
+    return await first, await update, (await later if later is not None else None)
+
+
 def test_drain_finishes_in_flight_on_old_weights_then_admits_on_new(cache_dir, reference, new_weights, prompts):
     weights, new_reference = new_weights
     params = SamplingParams(temperature=0, max_new_tokens=12)
     gate = Gate(at=2)
     engine = HFEngine(_engine_policy(cache_dir), step_hook=gate)
-
-    async def scenario():
-        first = asyncio.create_task(engine.generate(prompts[2], params))
-        await gate.wait()
-        update = asyncio.create_task(engine.update_weights(weights, policy=UpdatePolicy.DRAIN))
-        await asyncio.sleep(0)
-        later = asyncio.create_task(engine.generate(prompts[1], params))
-        await asyncio.sleep(0)
-        gate.open()
-        return await first, await update, await later
-
-    first, version, later = run(_with(engine, scenario()))
+    first, version, later = run(_with(engine, _update_mid_request(
+        engine, gate, weights, UpdatePolicy.DRAIN, prompts[2], params, later_prompt=prompts[1])))
     assert version == 1
     assert first.versions == (0,) * len(first.token_ids)
     assert first.token_ids == _alone(reference, prompts[2], params).token_ids
@@ -305,16 +315,8 @@ def test_abort_update_regenerates_in_flight_requests_on_the_new_weights(cache_di
     params = SamplingParams(temperature=0, max_new_tokens=12)
     gate = Gate(at=2)
     engine = HFEngine(_engine_policy(cache_dir), step_hook=gate)
-
-    async def scenario():
-        task = asyncio.create_task(engine.generate(prompts[2], params))
-        await gate.wait()
-        update = asyncio.create_task(engine.update_weights(weights, policy=UpdatePolicy.ABORT))
-        await asyncio.sleep(0)
-        gate.open()
-        return await task, await update
-
-    gen, version = run(_with(engine, scenario()))
+    gen, version, _ = run(_with(engine, _update_mid_request(
+        engine, gate, weights, UpdatePolicy.ABORT, prompts[2], params)))
     assert version == 1 and gen.meta["restarts"] == 1
     assert gen.versions == (1,) * len(gen.token_ids)
     assert gen.token_ids == _alone(new_reference, prompts[2], params).token_ids
@@ -329,12 +331,8 @@ def test_continue_update_loads_between_steps_and_versions_record_it(cache_dir, r
     engine = HFEngine(_engine_policy(cache_dir), step_hook=gate)
 
     async def scenario():
-        task = asyncio.create_task(engine.generate(prompts[2], params))
-        await gate.wait()
-        update = asyncio.create_task(engine.update_weights(weights, policy=UpdatePolicy.CONTINUE))
-        await asyncio.sleep(0)
-        gate.open()
-        return await task, await update, await engine.stats()
+        gen, version, _ = await _update_mid_request(engine, gate, weights, UpdatePolicy.CONTINUE, prompts[2], params)
+        return gen, version, await engine.stats()
 
     gen, version, stats = run(_with(engine, scenario()))
     assert version == stats.version == 1
