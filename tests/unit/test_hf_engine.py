@@ -36,7 +36,8 @@ def cache_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def policy(cache_dir):
-    return load_policy("tiny", cache_dir=cache_dir)
+    """The tiny policy the tests without weight updates share."""
+    return _engine_policy(cache_dir)
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +51,10 @@ def prompts(policy):
     tok = policy.tokenizer
     return [tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
                                     tokenize=True, return_dict=False) for q in QUESTIONS]
+
+
+def _engine_policy(cache_dir):
+    return load_policy("tiny", cache_dir=cache_dir)  # its own weights: updates must not leak into others
 
 
 class Gate:
@@ -275,10 +280,6 @@ def new_weights(cache_dir):
     return dict(fresh.model.state_dict()), HFBackend(fresh, prefix_cache=False)
 
 
-def _engine_policy(cache_dir):
-    return load_policy("tiny", cache_dir=cache_dir)  # its own weights: updates must not leak into others
-
-
 async def _update_mid_request(engine, gate, weights, policy, prompt, params, later_prompt=None):
     """Start ``prompt``, and while the engine is held at the gate queue the update (then
     ``later_prompt``, if any); open the gate; ``(first, version, later)``."""
@@ -416,19 +417,25 @@ def test_bad_requests_raise_value_error_only_there(policy, reference, prompts):
     assert stats.running == stats.waiting == stats.kv_positions == 0
 
 
-def test_a_failing_prefill_fails_only_its_request(cache_dir, reference, prompts):
+def _faulty_engine(cache_dir, fails, message):
+    """An engine on its own policy whose model raises ``RuntimeError(message)`` on a forward whose
+    ``input_ids`` satisfy ``fails``, held at step 2 by its gate; ``(engine, gate, hook handle)``."""
     pol = _engine_policy(cache_dir)
-    marker = next(t for t in range(100, 1000) if all(t not in p for p in prompts))  # in no other prompt
-    poisoned = prompts[3] + [marker]
 
     def refuse(module, args, kwargs):
-        ids = kwargs.get("input_ids")
-        if ids is not None and ids.shape[1] > 1 and bool((ids == marker).any()):
-            raise RuntimeError("injected prefill failure")
+        if fails(kwargs["input_ids"]):
+            raise RuntimeError(message)
 
     handle = pol.model.register_forward_pre_hook(refuse, with_kwargs=True)
     gate = Gate(at=2)
-    engine = HFEngine(pol, step_hook=gate)
+    return HFEngine(pol, step_hook=gate), gate, handle
+
+
+def test_a_failing_prefill_fails_only_its_request(cache_dir, reference, prompts):
+    marker = next(t for t in range(100, 1000) if all(t not in p for p in prompts))  # in no other prompt
+    poisoned = prompts[3] + [marker]
+    engine, gate, handle = _faulty_engine(cache_dir, lambda ids: ids.shape[1] > 1 and bool((ids == marker).any()),
+                                          "injected prefill failure")
 
     async def scenario():
         running = asyncio.create_task(engine.generate(prompts[2], GREEDY))
@@ -452,17 +459,15 @@ def test_a_failing_prefill_fails_only_its_request(cache_dir, reference, prompts)
 
 
 def test_a_failing_decode_step_ends_its_batch_and_the_engine_goes_on(cache_dir, reference, prompts):
-    pol = _engine_policy(cache_dir)
     fail = threading.Event()
 
-    def refuse(module, args, kwargs):
-        if fail.is_set() and kwargs["input_ids"].shape[1] == 1:
+    def once(ids):
+        if fail.is_set() and ids.shape[1] == 1:
             fail.clear()
-            raise RuntimeError("injected decode failure")
+            return True
+        return False
 
-    handle = pol.model.register_forward_pre_hook(refuse, with_kwargs=True)
-    gate = Gate(at=2)
-    engine = HFEngine(pol, step_hook=gate)
+    engine, gate, handle = _faulty_engine(cache_dir, once, "injected decode failure")
 
     async def scenario():
         task = asyncio.create_task(engine.generate(prompts[2], GREEDY))
