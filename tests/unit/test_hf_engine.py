@@ -557,3 +557,16 @@ def test_stack_rows_left_pads_and_trim_left_drops_dead_columns():
     assert bool((cache.layers[0].keys == 10).all())
     cache.update(torch.zeros((1, 1, 1, 2)), torch.zeros((1, 1, 1, 2)), 0)  # appending still works after a trim
     assert cache.layers[0].keys.shape[2] == 4 and bool((cache.layers[0].keys[0, 0, :3] == 10).all())
+
+
+def test_max_batch_bounds_the_running_rows_and_the_rest_wait_their_turn(policy, reference, prompts):
+    with pytest.raises(ValueError, match="max_batch"):
+        HFEngine(policy, max_batch=0)
+    engine = HFEngine(policy, max_batch=2)
+    gens = run(_with(engine, _gather(*[engine.generate(p, GREEDY) for p in prompts])))
+    assert [g.token_ids for g in gens] == [_alone(reference, p, GREEDY).token_ids for p in prompts]
+    admitted = sorted(g.meta["admitted_step"] for g in gens)
+    assert admitted[2] > 0  # the third request could only start once a row was free
+    for g in gens:  # never more than two rows at once
+        assert sum(o.meta["admitted_step"] <= g.meta["admitted_step"] < o.meta["finished_step"]
+                   for o in gens if o is not g) <= 1
