@@ -508,8 +508,8 @@ def test_a_closed_engine_refuses_and_ends_what_it_held(policy, prompts):
 def test_abort_update_ends_a_stream_that_already_delivered_tokens(cache_dir, new_weights, prompts):
     weights, _ = new_weights
     params = SamplingParams(temperature=0, max_new_tokens=12)
-    gate = Gate(at=2)
-    engine = HFEngine(_engine_policy(cache_dir), step_hook=gate)
+    admit, update_at = Gate(at=1), Gate(at=3)  # hold while the two requests are queued, then after 2 tokens
+    engine = HFEngine(_engine_policy(cache_dir), step_hook=lambda step: (admit(step), update_at(step)))
 
     async def scenario():
         deltas = []
@@ -518,20 +518,25 @@ def test_abort_update_ends_a_stream_that_already_delivered_tokens(cache_dir, new
             async for delta in engine.stream(prompts[2], params):
                 deltas.append(delta)
 
+        blocker = asyncio.create_task(engine.generate(prompts[5], SamplingParams(temperature=0, max_new_tokens=40)))
+        await admit.wait()
         streaming = asyncio.create_task(consume())
         quiet = asyncio.create_task(engine.generate(prompts[1], params))
-        await gate.wait()
+        await asyncio.sleep(0)
+        admit.open()  # both join at step 1 and have sampled 2 tokens at step 3
+        await update_at.wait()
         update = asyncio.create_task(engine.update_weights(weights, policy=UpdatePolicy.ABORT))
         await asyncio.sleep(0)
-        gate.open()
+        update_at.open()
         await streaming
-        return deltas, await quiet, await update
+        return deltas, await quiet, await update, await blocker
 
-    deltas, quiet, version = run(_with(engine, scenario()))
+    deltas, quiet, version, blocker = run(_with(engine, scenario()))
     final = deltas[-1].final
     assert version == 1 and final.finish_reason == "abort" and final.versions == (0, 0)
     assert [d.token_id for d in deltas[:-1]] == list(final.token_ids)
-    assert quiet.meta["restarts"] == 1 and set(quiet.versions) == {1}
+    for regenerated in (quiet, blocker):
+        assert regenerated.meta["restarts"] == 1 and set(regenerated.versions) == {1}
 
 
 def test_stack_rows_left_pads_and_trim_left_drops_dead_columns():
