@@ -19,7 +19,7 @@ whatever its seed); the others seed each call from ``params.seed`` and ignore it
 ``generate_streaming(backend, prompts, params, on_token)``: ``on_token(row, token_id)`` for every
 generated token (row = prompt_index * n + sample) -- as it is sampled on backends that say
 ``streams_tokens`` (hf, scripted), after the call on the others (vllm: its offline ``LLM`` API
-returns whole completions; token streaming there would need its async engine -- not done).
+returns whole completions; ``VLLMEngine`` streams token by token).
 
 ``place_policy(policy, device, backend)`` moves a loaded policy to where its own weights generate
 (``generation_device``): ``"cpu"``, ``"cuda"`` or ``"cuda:N"`` as given; ``"auto"`` is the GPU when
@@ -34,11 +34,14 @@ registration (a class named as ``"module:Class"``, imported lazily, is checked b
 build). ``make_engine(name, policy, seed=None, **options) -> AsyncEngine``:
 
 - ``"scripted"``: ``ScriptedEngine`` (the same scripts as ``ScriptedBackend``, with gates);
-- ``"hf"``, ``"vllm"``, ``"auto"``: for now ``BatchedEngine`` (``sqlrl.policy.batched``, transitional)
-  over the backend ``make_backend`` builds, with a weight loader into the policy (checked names and
-  shapes; vLLM's copy reloaded, HF's prefix cache cleared). On vLLM's CPU build requests of
-  different seeds share a call (its samples come from the engine's generator anyway); elsewhere
-  each seed gets its own call. The native engines replace these entries (marked below).
+- ``"hf"``: ``HFEngine`` (``sqlrl.policy.hf_engine``: continuous batching over HFBackend's decode
+  steps); ``"vllm"``: ``VLLMEngine`` (``sqlrl.policy.vllm_engine``: vLLM's ``AsyncLLM``);
+  ``"auto"``: ``"vllm"`` where it can serve the policy, else ``"hf"`` (as for backends);
+- ``"hf-batched"``, ``"vllm-batched"`` (transitional): ``BatchedEngine`` (``sqlrl.policy.batched``)
+  over the backend ``make_backend`` builds -- lock-step rounds, the reference the engines are
+  measured against -- with a weight loader into the policy (checked names and shapes; vLLM's copy
+  reloaded, HF's prefix cache cleared). On vLLM's CPU build requests of different seeds share a
+  call (its samples come from the engine's generator anyway); elsewhere each seed gets its own call.
 
 Guarantees: an unknown name raises ``ValueError`` naming the known ones; backends are imported
 lazily (importing this module loads neither torch nor vLLM).
@@ -213,6 +216,18 @@ def _vllm_adapter(policy: Any, seed: int | None = None, **options: Any) -> Async
                          close_backend=backend.close)  # type: ignore[attr-defined]
 
 
+def _hf_engine(policy: Any, seed: int | None = None, **options: Any) -> AsyncEngine:
+    from .hf_engine import make_hf_engine
+
+    return make_hf_engine(policy, seed, **options)
+
+
+def _vllm_engine(policy: Any, seed: int | None = None, **options: Any) -> AsyncEngine:
+    from .vllm_engine import make_vllm_engine
+
+    return make_vllm_engine(policy, seed, **options)
+
+
 def _auto_engine(policy: Any, seed: int | None = None, **options: Any) -> AsyncEngine:
     name, options = _auto_choice(policy, options)
     return ENGINES[name](policy, seed, **options)
@@ -229,13 +244,14 @@ def _register_defaults() -> None:
     from .scripted import ScriptedEngine
 
     register_engine("scripted", _scripted_engine, ScriptedEngine)
-    # TRANSITIONAL: the adapter over today's batch backends. When the native engines land, replace
-    # these two lines with their registrations, e.g.
-    #   register_engine("hf", <build HFEngine>, "sqlrl.policy.hf_engine:HFEngine")
-    #   register_engine("vllm", <build VLLMEngine>, "sqlrl.policy.vllm_engine:VLLMEngine")
-    register_engine("hf", _hf_adapter, BatchedEngine)
-    register_engine("vllm", _vllm_adapter, BatchedEngine)
-    register_engine("auto", _auto_engine, BatchedEngine)  # whichever of vllm/hf _auto_choice picks
+    register_engine("hf", _hf_engine, "sqlrl.policy.hf_engine:HFEngine")
+    register_engine("vllm", _vllm_engine, "sqlrl.policy.vllm_engine:VLLMEngine")
+    register_engine("auto", _auto_engine, "sqlrl.policy.engine:AsyncEngine")  # whichever _auto_choice picks
+    # TRANSITIONAL: the lock-step adapter over today's batch backends (one batch call per round of
+    # waiting requests): the reference the async engines are benchmarked against, and what
+    # AgentLoop wraps a VLLMBackend in until the jobs build engines (make_engine).
+    register_engine("hf-batched", _hf_adapter, BatchedEngine)
+    register_engine("vllm-batched", _vllm_adapter, BatchedEngine)
 
 
 _register_defaults()

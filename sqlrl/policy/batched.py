@@ -45,7 +45,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any, AsyncIterator, Callable, Mapping, Sequence
 
-from .engine import AsyncEngine, EngineError, TokenDelta, UpdatePolicy, check_engine_class, check_single, check_weights
+from .engine import AsyncEngine, EngineError, ProvidesEngine, TokenDelta, UpdatePolicy, check_engine_class, check_single, check_weights
 from .types import Generation, GenerationBackend, SamplingParams
 
 
@@ -273,10 +273,13 @@ check_engine_class(BatchedEngine)
 
 
 def as_engine(backend: Any, **options: Any) -> tuple[AsyncEngine, bool]:
-    """``(engine, owned)``: ``backend`` itself when it is an ``AsyncEngine`` (``owned`` False), else a
-    new ``BatchedEngine`` over it (``owned`` True: the caller closes it)."""
+    """``(engine, owned)``: ``backend`` itself when it is an ``AsyncEngine`` (``owned`` False); else the
+    backend's native engine when it provides one (``ProvidesEngine``: ``HFBackend`` -> ``HFEngine``),
+    else a new ``BatchedEngine`` over it (``owned`` True either way: the caller closes it)."""
     if isinstance(backend, AsyncEngine):
         return backend, False
+    if isinstance(backend, ProvidesEngine):  # a native engine over the same model (HFBackend -> HFEngine)
+        return backend.async_engine(), True
     if not callable(getattr(backend, "generate", None)):
         raise TypeError(f"{type(backend).__name__} is neither an AsyncEngine nor a GenerationBackend "
                         "(it has no generate method)")

@@ -96,6 +96,15 @@ class AsyncEngine(Protocol):
     async def close(self) -> None: ...
 
 
+@runtime_checkable
+class ProvidesEngine(Protocol):
+    """An optional capability of a batch ``GenerationBackend``: the native ``AsyncEngine`` over the
+    same model and state (``HFBackend`` -> ``HFEngine`` sharing its prefix cache). Callers that are
+    handed a batch backend (``AgentLoop``) use it instead of the transitional batching adapter."""
+
+    def async_engine(self) -> AsyncEngine: ...
+
+
 _ASYNC_METHODS = ("generate", "abort", "update_weights", "close")
 _STREAM_METHODS = ("stream",)
 

@@ -135,6 +135,14 @@ class HFBackend:
         # prompt tokens asked for / actually run through the model in prefill (all calls)
         self.prefill_stats = {"prompt_tokens": 0, "prefilled_tokens": 0, "deduped_prompts": 0}
 
+    def async_engine(self) -> Any:
+        """The native ``AsyncEngine`` on this backend (``HFEngine``: continuous batching through these
+        decode steps and this prefix cache; ``sqlrl.policy.engine.ProvidesEngine``). Close it after use;
+        the backend stays usable."""
+        from .hf_engine import HFEngine
+
+        return HFEngine(self.policy, backend=self)
+
     def clear_cache(self) -> None:
         """Forget every cached prefix; call after the weights change (``generate`` also notices
         in-place parameter updates by itself)."""

@@ -56,8 +56,12 @@ class HFEngine:
     """Continuous batching over ``HFBackend``'s decode steps for a ``sqlrl.policy.load.Policy``."""
 
     def __init__(self, policy: Any, *, prefix_cache: bool = True, max_cached_tokens: int = DEFAULT_MAX_CACHED_TOKENS,
-                 max_batch: int = 64, step_hook: Callable[[int], None] | None = None) -> None:
-        self.backend = HFBackend(policy, prefix_cache=prefix_cache, max_cached_tokens=max_cached_tokens)
+                 max_batch: int = 64, step_hook: Callable[[int], None] | None = None,
+                 backend: HFBackend | None = None) -> None:
+        # ``backend``: decode through this HFBackend (its prefix cache included) instead of a new one
+        # (``HFBackend.async_engine``); the cache options are then the backend's own.
+        self.backend = backend if backend is not None else HFBackend(
+            policy, prefix_cache=prefix_cache, max_cached_tokens=max_cached_tokens)
         self.policy = policy
         self._scheduler = Scheduler(self.backend, max_batch=max_batch, step_hook=step_hook)
         self._in_flight: set[str] = set()

@@ -150,7 +150,8 @@ def test_every_turn_samples_with_its_own_seed(tok, fmt, sessions, seed):
 
 
 def test_a_rollouts_samples_do_not_depend_on_its_batch(tmp_path_factory):
-    """On the tiny HF model through the adapter: rollout 0 alone and beside another draws the same."""
+    """On the tiny HF model (an HFBackend handed to the loop runs on its native HFEngine): rollout 0
+    alone and beside another draws the same."""
     pytest.importorskip("transformers")
     from sqlrl.policy.backends import make_backend
     from sqlrl.policy.load import load_policy
@@ -163,6 +164,29 @@ def test_a_rollouts_samples_do_not_depend_on_its_batch(tmp_path_factory):
     (alone,) = AgentLoop([task("Q-one")], None, backend, fmt, cfg).run()
     together = AgentLoop([task("Q-one"), task("Q-two")], None, backend, fmt, cfg).run()
     assert alone.token_ids == together[0].token_ids and alone.token_ids != together[1].token_ids
+
+
+def test_a_batch_backend_with_a_native_engine_runs_on_it(tmp_path_factory):
+    """``as_engine``: an HFBackend gives its HFEngine (sharing the backend), a backend without one the
+    lock-step adapter; an engine is used as it is."""
+    pytest.importorskip("transformers")
+    from sqlrl.policy.backends import make_backend
+    from sqlrl.policy.batched import BatchedEngine, as_engine
+    from sqlrl.policy.hf_engine import HFEngine
+    from sqlrl.policy.load import load_policy
+    from sqlrl.policy.scripted import ScriptedBackend
+
+    policy = load_policy("tiny", cache_dir=tmp_path_factory.getbasetemp() / "policy-cache")
+    backend = make_backend("hf", policy)
+    engine, owned = as_engine(backend)
+    try:
+        assert isinstance(engine, HFEngine) and engine.backend is backend and owned
+    finally:
+        asyncio.run(engine.close())
+    adapter, owned = as_engine(ScriptedBackend(policy.tokenizer, policy.eos_token_ids))
+    assert isinstance(adapter, BatchedEngine) and owned
+    asyncio.run(adapter.close())
+    assert as_engine(engine) == (engine, False)
 
 
 def test_run_inside_a_running_loop_says_to_await(tok, fmt):
