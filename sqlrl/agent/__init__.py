@@ -5,8 +5,9 @@
 - ``chat_format``: ``ChatFormat`` Protocol, ``HFChatFormat(tokenizer)``: prompt ids and the exact
   continuation ids after a generated turn.
 - ``trajectory``: frozen ``Trajectory`` / ``Turn`` (ids, loss mask, behaviour logprobs, timings).
-- ``loop``: ``AgentLoop(tasks, sessions, backend, chat_format, config).run()`` -- a batch of
-  rollouts as explicit state machines, one ``backend.generate`` call per round.
+- ``loop``: ``AgentLoop(tasks, sessions, engine_or_backend, chat_format, config).run()`` (or
+  ``await .arun()``) -- one coroutine per rollout, each an explicit state machine (``state``) on
+  an async engine; tool calls off the event loop, coalesced when ready together (``toolrun``).
 - ``request``: unlabelled ``GenerateRequest`` / ``DebugRequest`` (no gold answer needed).
 - ``agent``: ``Agent`` -- policy + backend + chat format + loop + ``SessionSource`` in one place
   (what rollout workers and the serve app both wrap).

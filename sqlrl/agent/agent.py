@@ -11,8 +11,9 @@ the parts itself.
 - ``run(items)`` takes labelled tasks or unlabelled requests (``sqlrl.agent.request``): the loop
   needs no gold answer. In agentic mode it opens one session per item from the session source
   (``SessionSource.open_many`` with one ``SessionRequest`` per item: its ``db_id``, ``dialect``,
-  ``preprocess_sql`` and key), runs ``AgentLoop`` over the whole batch (one ``backend.generate``
-  per round), and closes every session in ``finally``.
+  ``preprocess_sql`` and key), runs ``AgentLoop`` over the whole batch (one coroutine per item; a
+  sync backend is wrapped in ``sqlrl.policy.batched.BatchedEngine`` for the run), and closes
+  every session in ``finally``.
 - ``SessionSource`` (``sqlrl.db.source``, re-exported here) is the one seam for where sessions come
   from, shared with the reward judge and the BIRD-CRITIC runner: ``LocalSessions`` opens a fresh
   ``sqlrl.db`` session per item from a catalog ``{db_id: {dialect: url}}`` (SQLite paths; for

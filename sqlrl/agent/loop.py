@@ -1,4 +1,4 @@
-"""The agent loop: a batch of rollouts driven as explicit state machines, one generation call per round.
+"""The agent loop: one coroutine per rollout, each an explicit state machine, on one async engine.
 
 Each rollout (``RolloutState``) moves through::
 
@@ -6,75 +6,80 @@ Each rollout (``RolloutState``) moves through::
                                    |                          ^
                                    +-- malformed turn --------+   (error observation, no tool run)
 
-and may go to DONE from any state. ``AgentLoop.run()`` repeats rounds: every rollout waiting to
-generate (PROMPTING or OBSERVED) is collected and ``backend.generate(prompts, sampling)`` is called
-ONCE for all of them; then each output is parsed, and the round's tool calls run: every
-``execute_sql`` of the round in ONE ``execute_many([(session, sql), ...])`` when the session source
-provides it (the Ray pool: one round trip per shard instead of one per trajectory;
-``LoopConfig.batch_tools=False`` turns it off), else one by one on each rollout's session
-(``sqlrl.tools.run_tool`` either way: one observation format); the observations are appended. A rollout stops on ``submit_solution``
-("submitted"; recorded, not executed), after ``max_turns`` turns ("max_turns"), when the next
-turn would not fit in ``max_total_tokens`` ("token_budget"), when ``deadline_s`` passes
-("timeout"), or on an infrastructure failure ("error"). Mode "single": one generation, no tools,
-"single_turn", the SQL from ``sqlrl.rewards.parse.extract_single``.
+and may go to DONE from any state. ``await AgentLoop.arun()`` drives every rollout as its own
+coroutine: generate (``await engine.generate(ids, sampling)``: ONE sequence, the engine batches
+whatever is in flight) -> parse -> tool -> observe -> generate ..., so a rollout whose turn ended
+early runs its tool call and starts its next turn while others are still generating; nobody waits
+for a round. ``AgentLoop.run()`` is the synchronous wrapper (``run_sync``). The backend may be an
+``AsyncEngine`` (``sqlrl.policy.engine``) or a sync batch ``GenerationBackend``, which is wrapped
+in ``BatchedEngine`` (``sqlrl.policy.batched``, transitional) for the run and closed after it.
+
+Tool calls run off the event loop (sessions are sync) through ``ToolBatcher``
+(``sqlrl.agent.toolrun``): calls ready within ``LoopConfig.tool_window_s`` of each other form one
+group, whose ``execute_sql`` calls go out in ONE ``execute_many([(session, sql), ...])`` when the
+session source provides it (``LoopConfig.batch_tools=False`` turns that off), the rest one by
+one on each rollout's session (``sqlrl.tools.run_tool`` either way: one observation format).
+At most ``max_concurrent_trajectories`` rollouts are in progress at once (None: all).
+
+A rollout stops on ``submit_solution`` ("submitted"; recorded, not executed), after ``max_turns``
+turns ("max_turns"), when the next turn would not fit in ``max_total_tokens`` ("token_budget"),
+when ``deadline_s`` passes ("timeout"), or on an infrastructure failure ("error"). Mode "single":
+one generation, no tools, "single_turn", the SQL from ``sqlrl.rewards.parse.extract_single``.
+
+Seeds: turn ``k`` of rollout ``i`` samples with ``turn_seed(sampling.seed, i, k)`` (``row_seed``;
+None stays None), one request each, so a rollout's samples do not depend on which others were
+generated with it (on an engine with per-request seeds: the native ones, and the adapter over a
+seeded backend).
 
 Guarantees:
 - Nothing a model writes raises out of the loop: malformed turns become an error observation
   (the parser's message, in the one observation format), count in ``n_malformed``, and the rollout
-  continues. An exception from the backend ends every rollout in that call with "error"; one
-  from a session (or a lost session / expired lease) ends that rollout with "error"; the
-  message is kept in ``Trajectory.error``. Other rollouts go on.
+  continues. A failed generation (``EngineError`` or any exception from the engine; an aborted
+  request) ends only the rollout(s) it was generating with "error" -- on the adapter, every
+  rollout in that batch call; a session failure (or a lost session / expired lease) ends that
+  rollout with "error"; the message is kept in ``Trajectory.error``. Other rollouts go on.
 - Token budget: a generation is only requested when prompt + a full ``max_new_tokens`` turn fits
   in ``max_total_tokens``, so no trajectory ever exceeds it (set it to at most the model context).
   An observation that would leave no room for a full next turn is not appended (the rollout ends
   "token_budget"); likewise the last turn's observation under "max_turns" -- the ids end with
   the last generated token, and ``messages`` matches the ids.
 - Ids are exact: ``prompt_ids + gen_1 + continuation_1 + gen_2 + ...`` (see ``chat_format``).
-- Timing: a turn's ``gen_ms`` is its batch call's wall time; ``tool_ms`` its own tool call's, or
-  the round's ``execute_many`` wall time when batched.
+- Deadline: a rollout checks it before each turn; a generation still running when it passes is
+  aborted in the engine (``abort(request_id)``, its partial turn dropped) and the rollout ends
+  "timeout". A running tool call is not interrupted (the check after it ends the rollout).
+- Timing: a turn's ``gen_ms`` is its own request's wall time (queueing included); ``tool_ms`` its
+  own tool call's, or its group's ``execute_many`` wall time when batched.
 """
 
 from __future__ import annotations
 
-import enum
+import asyncio
 import time
-from dataclasses import dataclass, field
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
 
 from sqlrl.db.types import ErrorKind
-from sqlrl.policy.types import Generation, GenerationBackend, SamplingParams
+from sqlrl.policy.batched import BatchedEngine, as_engine
+from sqlrl.policy.engine import AsyncEngine, EngineError, run_sync
+from sqlrl.policy.types import Generation, GenerationBackend, SamplingParams, row_seed
 from sqlrl.rewards.parse import extract_agentic, extract_single
 from sqlrl.tasks.schema import DatabaseSchema
 from sqlrl.tasks.types import Task
-from sqlrl.tools import ToolCall, format_tool_error, run_tool
+from sqlrl.tools import ToolCall, format_tool_error
 
 from .chat_format import ChatFormat
 from .parsers import PARSERS, get_parser
 from .prompts import MODES, SCHEMA_STYLES, build_messages, tools_for
+from .state import _WAITING, LoopStateError, RolloutState, State
+from .toolrun import ExecuteMany, ToolBatcher
 from .trajectory import Trajectory, Turn
+
+__all__ = ["FATAL_ERROR_KINDS", "AgentLoop", "LoopConfig", "LoopStateError", "RolloutState", "State", "turn_seed"]
 
 # Session failures after which no further call can work: the rollout ends with "error".
 FATAL_ERROR_KINDS = frozenset({ErrorKind.SESSION_LOST, ErrorKind.LEASE_EXPIRED})
-
-
-class State(str, enum.Enum):
-    PROMPTING = "prompting"
-    GENERATING = "generating"
-    PARSED = "parsed"
-    EXECUTING = "executing"
-    OBSERVED = "observed"
-    DONE = "done"
-
-
-_NEXT: dict[State, frozenset[State]] = {
-    State.PROMPTING: frozenset({State.GENERATING, State.DONE}),
-    State.GENERATING: frozenset({State.PARSED, State.DONE}),
-    State.PARSED: frozenset({State.EXECUTING, State.OBSERVED, State.DONE}),
-    State.EXECUTING: frozenset({State.OBSERVED, State.DONE}),
-    State.OBSERVED: frozenset({State.GENERATING, State.DONE}),
-    State.DONE: frozenset(),
-}
-_WAITING = (State.PROMPTING, State.OBSERVED)  # ready for the next generation round
 
 
 @dataclass(frozen=True)
@@ -85,7 +90,9 @@ class LoopConfig:
     parser: str = "hermes"
     mode: str = "agentic"
     deadline_s: float | None = None  # wall-clock limit of one run(); None = none
-    batch_tools: bool = True  # one execute_many per round (when the session source has one)
+    batch_tools: bool = True  # a group's execute_sql calls in one execute_many (when the source has one)
+    tool_window_s: float = 0.0  # tool calls ready within this of each other form one group (0: same step)
+    max_concurrent_trajectories: int | None = None  # rollouts in progress at once; None = all
     schema_style: str | None = None  # prompts.SCHEMA_STYLES key; None: $SQLRL_SCHEMA_STYLE or the default
 
     def __post_init__(self) -> None:
@@ -102,71 +109,24 @@ class LoopConfig:
                              f"sampling.max_new_tokens ({self.sampling.max_new_tokens})")
         if self.deadline_s is not None and self.deadline_s <= 0:
             raise ValueError(f"LoopConfig.deadline_s must be > 0, got {self.deadline_s}")
+        if self.tool_window_s < 0:
+            raise ValueError(f"LoopConfig.tool_window_s must be >= 0, got {self.tool_window_s}")
+        if self.max_concurrent_trajectories is not None and self.max_concurrent_trajectories < 1:
+            raise ValueError("LoopConfig.max_concurrent_trajectories must be >= 1 (or None), got "
+                             f"{self.max_concurrent_trajectories}")
         if self.schema_style is not None and self.schema_style not in SCHEMA_STYLES:
             raise ValueError(f"LoopConfig.schema_style {self.schema_style!r} is not one of {', '.join(SCHEMA_STYLES)}")
 
 
-class LoopStateError(RuntimeError):
-    """An illegal state transition: a bug in the loop, never caused by model output."""
-
-
-@dataclass(eq=False)
-class RolloutState:
-    """One rollout in progress (mutable; becomes a frozen ``Trajectory`` at the end)."""
-
-    index: int
-    task: Task
-    session: Any
-    messages: list[dict[str, Any]] = field(default_factory=list)
-    ids: list[int] = field(default_factory=list)
-    mask: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    prompt_length: int = 0
-    turns: list[Turn] = field(default_factory=list)
-    calls: list[ToolCall] = field(default_factory=list)
-    n_tool_calls: int = 0
-    n_tool_errors: int = 0
-    n_malformed: int = 0
-    submitted_sql: str | None = None
-    stop_reason: str | None = None
-    error: str | None = None
-    state: State = State.PROMPTING
-    history: list[State] = field(default_factory=lambda: [State.PROMPTING])
-
-    def to(self, state: State) -> None:
-        if state not in _NEXT[self.state]:
-            raise LoopStateError(f"rollout {self.index}: {self.state.value} -> {state.value} "
-                                 "is not a legal transition")
-        self.state = state
-        self.history.append(state)
-
-    def finish(self, reason: str, error: str | None = None) -> None:
-        self.stop_reason, self.error = reason, error
-        self.to(State.DONE)
-
-    def add(self, ids: Sequence[int], logprobs: Sequence[float] | None) -> None:
-        """Append ids: model-generated (with their logprobs, mask 1) or not (``None``, mask 0)."""
-        self.ids.extend(int(i) for i in ids)
-        self.mask.extend([0 if logprobs is None else 1] * len(ids))
-        self.logprobs.extend([0.0] * len(ids) if logprobs is None else (float(x) for x in logprobs))
-
-    def to_trajectory(self, mode: str, policy_version: int) -> Trajectory:
-        return Trajectory(
-            task_id=self.task.task_id, mode=mode, messages=tuple(self.messages),
-            token_ids=tuple(self.ids), loss_mask=tuple(self.mask), old_logprobs=tuple(self.logprobs),
-            prompt_length=self.prompt_length, turns=tuple(self.turns),
-            n_tool_calls=self.n_tool_calls, n_tool_errors=self.n_tool_errors,
-            n_malformed=self.n_malformed, submitted_sql=self.submitted_sql,
-            stop_reason=self.stop_reason or "error", policy_version=policy_version,
-            error=self.error if self.stop_reason else "the rollout never finished")
-
-
-ExecuteMany = Callable[[Sequence[tuple[Any, str]]], Sequence[Any]]  # [(session, sql)] -> results
+def turn_seed(seed: int | None, rollout: int, turn: int) -> int | None:
+    """The sampling seed of turn ``turn`` of rollout ``rollout`` in a loop seeded ``seed`` (module
+    docstring): ``row_seed(seed, rollout, turn)``; None (fresh draws) stays None."""
+    return None if seed is None else row_seed(seed, rollout, turn)
 
 
 @dataclass(frozen=True, eq=False)
 class _Pending:
-    """A parsed tool call waiting for the round's tool phase."""
+    """A parsed tool call on its way to the session."""
     s: RolloutState
     call: ToolCall
     gen: Generation
@@ -174,14 +134,14 @@ class _Pending:
     closed: bool
 
 
-class _Answered:
-    """A session whose one ``execute`` was already run in the round's ``execute_many``."""
-
-    def __init__(self, result: Any) -> None:
-        self.result = result
-
-    def execute(self, sql: str) -> Any:
-        return self.result
+@dataclass(eq=False)
+class _Run:
+    """One ``arun``: the engine, the clock's start, the tool batcher, the concurrency bound."""
+    engine: AsyncEngine
+    start: float
+    tools: ToolBatcher
+    slots: asyncio.Semaphore
+    tag: str
 
 
 def _describe(exc: BaseException) -> str:
@@ -189,14 +149,18 @@ def _describe(exc: BaseException) -> str:
 
 
 class AgentLoop:
-    """Run ``tasks[i]`` on ``sessions[i]`` (anything with ``.execute(sql) -> QueryResult``)."""
+    """Run ``tasks[i]`` on ``sessions[i]`` (anything with ``.execute(sql) -> QueryResult``).
+
+    ``backend``: an ``AsyncEngine`` or a sync ``GenerationBackend`` (wrapped for the run).
+    ``on_finish(state)``: called on the event loop as each rollout reaches DONE."""
 
     def __init__(self, tasks: Sequence[Task], sessions: Sequence[Any] | None,
-                 backend: GenerationBackend, chat_format: ChatFormat,
+                 backend: GenerationBackend | AsyncEngine, chat_format: ChatFormat,
                  config: LoopConfig = LoopConfig(), *,
                  schemas: Mapping[str, DatabaseSchema] | Sequence[DatabaseSchema | None] | None = None,
                  policy_version: int = 0, clock: Callable[[], float] = time.monotonic,
-                 execute_many: ExecuteMany | None = None) -> None:
+                 execute_many: ExecuteMany | None = None,
+                 on_finish: Callable[[RolloutState], None] | None = None) -> None:
         tasks = list(tasks)
         sessions = list(sessions) if sessions is not None else [None] * len(tasks)
         if len(sessions) != len(tasks):
@@ -212,30 +176,114 @@ class AgentLoop:
         self.states = [RolloutState(i, t, s) for i, (t, s) in enumerate(zip(tasks, sessions))]
         self._schemas = schemas
         self.execute_many = execute_many if config.batch_tools else None
-        self.batch_sizes: list[int] = []  # prompts per backend.generate call, in order
-        self.tool_batches: list[int] = []  # execute_sql calls per execute_many call, in order
+        self.on_finish = on_finish
+        self._adapter: BatchedEngine | None = None
+        self._batcher: ToolBatcher | None = None
         self._turn_handlers: dict[str, Callable[[RolloutState, Generation, str, float], Any]] = {
             "agentic": self._agentic_turn, "single": self._single_turn}
+
+    @property
+    def batch_sizes(self) -> list[int]:
+        """Prompts per ``backend.generate`` call, in order, when generation went through the adapter
+        (``BatchedEngine``: a sync batch backend); [] on another engine, which batches inside."""
+        return list(self._adapter.batch_sizes) if self._adapter is not None else []
+
+    @property
+    def tool_batches(self) -> list[int]:
+        """``execute_sql`` calls per ``execute_many`` call, in order."""
+        return list(self._batcher.batches) if self._batcher is not None else []
 
     # -- driver ----------------------------------------------------------------------------------
 
     def run(self) -> list[Trajectory]:
-        start = self.clock()
-        for s in self.states:
-            if s.state is State.PROMPTING and not s.ids:
-                self._prompt(s)
-        while True:
-            waiting = [s for s in self.states if s.state in _WAITING]
-            if not waiting:
-                break
-            if self.config.deadline_s is not None and self.clock() - start > self.config.deadline_s:
-                for s in waiting:
-                    s.finish("timeout", f"the run's deadline of {self.config.deadline_s} s passed")
-                break
-            batch = [s for s in waiting if self._fits_a_turn(s)]
-            if batch:
-                self._round(batch)
+        """``arun`` from sync code (not inside a running event loop)."""
+        return run_sync(self.arun())
+
+    async def arun(self) -> list[Trajectory]:
+        engine, owned = as_engine(self.backend)
+        if isinstance(engine, BatchedEngine):
+            self._adapter = engine
+        n = max(1, len(self.states))
+        limit = self.config.max_concurrent_trajectories or n
+        executor = ThreadPoolExecutor(max_workers=min(32, min(limit, n) + 1), thread_name_prefix="sqlrl-tools")
+        self._batcher = ToolBatcher(executor, self.execute_many, self.config.tool_window_s, self.clock)
+        run = _Run(engine, self.clock(), self._batcher, asyncio.Semaphore(limit), uuid.uuid4().hex[:8])
+        try:
+            await asyncio.gather(*(self._rollout(s, run) for s in self.states))
+        finally:
+            executor.shutdown(wait=False)
+            if owned:
+                await engine.close()
         return [s.to_trajectory(self.config.mode, self.policy_version) for s in self.states]
+
+    async def _rollout(self, s: RolloutState, run: _Run) -> None:
+        async with run.slots:
+            try:
+                if s.state is State.PROMPTING and not s.ids:
+                    self._prompt(s)
+                while s.state in _WAITING:
+                    if self._remaining(run) == 0.0:
+                        s.finish("timeout", self._timeout_message())
+                        break
+                    if not self._fits_a_turn(s):
+                        break
+                    got = await self._generate(s, run)
+                    if got is None:
+                        break
+                    pending = self._take(s, *got)
+                    if pending is not None:
+                        result, ms = await run.tools.run(pending.call, pending.s.session)
+                        if isinstance(result, BaseException):
+                            self._tool_failed(pending, result, ms)
+                        else:
+                            self._tool_done(pending, result, ms)
+            except Exception as exc:  # the engine's output, a session or a template broke a contract
+                if s.state is not State.DONE:
+                    s.finish("error", _describe(exc))
+            finally:
+                if self.on_finish is not None and s.state is State.DONE:
+                    self.on_finish(s)
+
+    def _remaining(self, run: _Run) -> float | None:
+        """Seconds left before the deadline (0.0 once it passed); None without one."""
+        if self.config.deadline_s is None:
+            return None
+        return max(0.0, self.config.deadline_s - (self.clock() - run.start))
+
+    def _timeout_message(self) -> str:
+        return f"the run's deadline of {self.config.deadline_s} s passed"
+
+    async def _generate(self, s: RolloutState, run: _Run) -> tuple[Generation, float] | None:
+        """This rollout's next turn from the engine; None when the rollout ended instead."""
+        turn = len(s.turns)
+        rid = f"{run.tag}/{s.index}/{turn}"
+        sampling = replace(self.config.sampling, seed=turn_seed(self.config.sampling.seed, s.index, turn))
+        s.to(State.GENERATING)
+        t0 = self.clock()
+        request = asyncio.ensure_future(run.engine.generate(list(s.ids), sampling, request_id=rid))
+        try:
+            done, _ = await asyncio.wait({request}, timeout=self._remaining(run))
+        except asyncio.CancelledError:
+            request.cancel()
+            raise
+        if not done:  # the deadline passed mid-generation: stop it in the engine, not just here
+            await run.engine.abort(rid)
+            request.cancel()
+            await asyncio.gather(request, return_exceptions=True)
+            s.finish("timeout", self._timeout_message())
+            return None
+        try:
+            gen = request.result()
+        except EngineError as exc:
+            s.finish("error", f"generation failed: {exc}")
+            return None
+        except Exception as exc:
+            s.finish("error", f"generation failed: {_describe(exc)}")
+            return None
+        if gen.finish_reason == "abort":
+            s.finish("error", "generation failed: the engine aborted the request")
+            return None
+        return gen, (self.clock() - t0) * 1000.0
 
     def _schema(self, s: RolloutState) -> DatabaseSchema | None:
         if self._schemas is None:
@@ -260,73 +308,6 @@ class AgentLoop:
             return True
         s.finish("token_budget")
         return False
-
-    def _round(self, batch: list[RolloutState]) -> None:
-        for s in batch:
-            s.to(State.GENERATING)
-        self.batch_sizes.append(len(batch))
-        t0 = self.clock()
-        try:
-            gens = list(self.backend.generate([list(s.ids) for s in batch], self.config.sampling))
-            if len(gens) != len(batch):
-                raise RuntimeError(f"the backend returned {len(gens)} generations for "
-                                   f"{len(batch)} prompts (n=1)")
-        except Exception as exc:
-            for s in batch:
-                s.finish("error", f"generation failed: {_describe(exc)}")
-            return
-        gen_ms = (self.clock() - t0) * 1000.0
-        pending: list[_Pending] = []
-        for s, gen in zip(batch, gens):
-            try:
-                p = self._take(s, gen, gen_ms)
-                if p is not None:
-                    pending.append(p)
-            except Exception as exc:  # the backend's output or a session broke a contract
-                if s.state is not State.DONE:
-                    s.finish("error", _describe(exc))
-        if pending:
-            self._run_tools(pending)
-
-    def _run_tools(self, pending: list[_Pending]) -> None:
-        """The round's tool calls: every ``execute_sql`` in one ``execute_many`` when the session
-        source has one (each turn's ``tool_ms`` is then that call's wall time), else one by one."""
-        answered: dict[int, tuple[Any, float]] = {}
-        sql = [p for p in pending if p.call.name == "execute_sql"] if self.execute_many else []
-        if sql:
-            self.tool_batches.append(len(sql))
-            t0 = self.clock()
-            try:
-                results = list(self.execute_many([(p.s.session, p.call.arguments["sql"]) for p in sql]))
-                if len(results) != len(sql):
-                    raise RuntimeError(f"execute_many returned {len(results)} results for {len(sql)} calls")
-            except Exception as exc:
-                ms = (self.clock() - t0) * 1000.0
-                for p in sql:
-                    self._tool_failed(p, exc, ms)
-                sql = []
-            else:
-                ms = (self.clock() - t0) * 1000.0
-                answered = {id(p): (r, ms) for p, r in zip(sql, results)}
-        for p in pending:
-            if p.s.state is not State.EXECUTING:
-                continue
-            t0 = self.clock()
-            try:
-                if id(p) in answered:
-                    result, ms = answered[id(p)]
-                    outcome = run_tool(p.call, _Answered(result))
-                else:
-                    outcome = run_tool(p.call, p.s.session)
-                    ms = (self.clock() - t0) * 1000.0
-            except Exception as exc:
-                self._tool_failed(p, exc, (self.clock() - t0) * 1000.0)
-                continue
-            try:
-                self._tool_done(p, outcome, ms)
-            except Exception as exc:  # a template problem building the continuation
-                if p.s.state is not State.DONE:
-                    p.s.finish("error", _describe(exc))
 
     def _take(self, s: RolloutState, gen: Generation, gen_ms: float) -> _Pending | None:
         ids, lps = tuple(gen.token_ids), tuple(gen.logprobs)

@@ -19,7 +19,7 @@ whatever its seed); the others seed each call from ``params.seed`` and ignore it
 ``generate_streaming(backend, prompts, params, on_token)``: ``on_token(row, token_id)`` for every
 generated token (row = prompt_index * n + sample) -- as it is sampled on backends that say
 ``streams_tokens`` (hf, scripted), after the call on the others (vllm: its offline ``LLM`` API
-returns whole completions; token streaming there would need its async engine -- not done).
+returns whole completions; ``VLLMEngine`` streams token by token).
 
 ``place_policy(policy, device, backend)`` moves a loaded policy to where its own weights generate
 (``generation_device``): ``"cpu"``, ``"cuda"`` or ``"cuda:N"`` as given; ``"auto"`` is the GPU when
@@ -27,14 +27,32 @@ this process sees one and the backend generates with those weights (hf, or auto 
 hf), else the CPU -- vLLM keeps its own copy of the weights on the GPU and the scripted backend
 uses none, so the policy beside them stays on the CPU.
 
+Engines (``sqlrl.policy.engine``: one sequence per request, awaited by one coroutine per
+trajectory) by name: ``ENGINES``, filled only through ``register_engine(name, build, engine_class)``,
+which runs ``check_engine_class`` -- a class that does not implement ``AsyncEngine`` is refused at
+registration (a class named as ``"module:Class"``, imported lazily, is checked before its first
+build). ``make_engine(name, policy, seed=None, **options) -> AsyncEngine``:
+
+- ``"scripted"``: ``ScriptedEngine`` (the same scripts as ``ScriptedBackend``, with gates);
+- ``"hf"``: ``HFEngine`` (``sqlrl.policy.hf_engine``: continuous batching over HFBackend's decode
+  steps); ``"vllm"``: ``VLLMEngine`` (``sqlrl.policy.vllm_engine``: vLLM's ``AsyncLLM``);
+  ``"auto"``: ``"vllm"`` where it can serve the policy, else ``"hf"`` (as for backends);
+- ``"hf-batched"``, ``"vllm-batched"`` (transitional): ``BatchedEngine`` (``sqlrl.policy.batched``)
+  over the backend ``make_backend`` builds -- lock-step rounds, the reference the engines are
+  measured against -- with a weight loader into the policy (checked names and shapes; vLLM's copy
+  reloaded, HF's prefix cache cleared). On vLLM's CPU build requests of different seeds share a
+  call (its samples come from the engine's generator anyway); elsewhere each seed gets its own call.
+
 Guarantees: an unknown name raises ``ValueError`` naming the known ones; backends are imported
 lazily (importing this module loads neither torch nor vLLM).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import importlib
+from typing import Any, Callable, Mapping
 
+from .engine import AsyncEngine, check_engine_class
 from .types import GenerationBackend
 
 
@@ -75,15 +93,21 @@ def vllm_unavailable(policy: Any) -> str | None:
     return None
 
 
-def _auto(policy: Any, seed: int | None = None, **options: Any) -> GenerationBackend:
+def _auto_choice(policy: Any, options: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    """``("vllm", options)`` where vLLM can serve the policy, else ``("hf", the options HF accepts)``."""
     if not vllm_unavailable(policy):
-        return _vllm(policy, seed, **options)
+        return "vllm", dict(options)
     import inspect
 
     from .hf_backend import HFBackend
 
     accepted = inspect.signature(HFBackend.__init__).parameters  # vLLM-only options are dropped
-    return _hf(policy, **{k: v for k, v in options.items() if k in accepted})
+    return "hf", {k: v for k, v in options.items() if k in accepted}
+
+
+def _auto(policy: Any, seed: int | None = None, **options: Any) -> GenerationBackend:
+    name, options = _auto_choice(policy, options)
+    return BACKENDS[name](policy, seed, **options)
 
 
 def check_device(device: str) -> str:
@@ -132,3 +156,102 @@ def make_backend(name: str, policy: Any, seed: int | None = None, **options: Any
     if name not in BACKENDS:
         raise ValueError(f"unknown backend {name!r}; known: {', '.join(BACKENDS)}")
     return BACKENDS[name](policy, seed, **options)
+
+
+# -- engines ---------------------------------------------------------------------------------------
+
+EngineBuild = Callable[..., AsyncEngine]  # (policy, seed=None, **options) -> AsyncEngine
+ENGINES: dict[str, EngineBuild] = {}
+_UNCHECKED: dict[str, str] = {}  # name -> "module:Class" not yet imported and checked
+
+
+def register_engine(name: str, build: EngineBuild, engine_class: type | str) -> None:
+    """Add (or replace) the engine ``name``; ``engine_class`` is what ``build`` returns, checked with
+    ``check_engine_class`` now, or before the first build when given as ``"module:Class"``."""
+    if isinstance(engine_class, str):
+        _UNCHECKED[name] = engine_class
+    else:
+        check_engine_class(engine_class)
+        _UNCHECKED.pop(name, None)
+    ENGINES[name] = build
+
+
+def make_engine(name: str, policy: Any, seed: int | None = None, **options: Any) -> AsyncEngine:
+    if name not in ENGINES:
+        raise ValueError(f"unknown engine {name!r}; known: {', '.join(ENGINES)}")
+    if name in _UNCHECKED:
+        module, _, attr = _UNCHECKED[name].partition(":")
+        check_engine_class(getattr(importlib.import_module(module), attr))
+        del _UNCHECKED[name]
+    return ENGINES[name](policy, seed, **options)
+
+
+def _weight_shapes(policy: Any) -> Callable[[], dict[str, tuple[int, ...]]]:
+    return lambda: {k: tuple(v.shape) for k, v in policy.model.state_dict().items()}
+
+
+def _hf_adapter(policy: Any, seed: int | None = None, **options: Any) -> AsyncEngine:
+    from .batched import BatchedEngine
+
+    backend = _hf(policy, seed, **options)
+
+    def load(weights: Mapping[str, Any]) -> None:
+        policy.model.load_state_dict(dict(weights), strict=True)
+        backend.clear_cache()  # cached KV is of the old weights
+
+    return BatchedEngine(backend, load_weights=load, weight_shapes=_weight_shapes(policy))
+
+
+def _vllm_adapter(policy: Any, seed: int | None = None, **options: Any) -> AsyncEngine:
+    from .batched import BatchedEngine
+
+    backend = _vllm(policy, seed, **options)
+
+    def load(weights: Mapping[str, Any]) -> None:
+        policy.model.load_state_dict(dict(weights), strict=True)
+        backend.load_weights(policy.model.state_dict())
+
+    return BatchedEngine(backend, merge_seeds=not backend.per_request_seeds,  # type: ignore[attr-defined]
+                         load_weights=load, weight_shapes=_weight_shapes(policy),
+                         close_backend=backend.close)  # type: ignore[attr-defined]
+
+
+def _hf_engine(policy: Any, seed: int | None = None, **options: Any) -> AsyncEngine:
+    from .hf_engine import make_hf_engine
+
+    return make_hf_engine(policy, seed, **options)
+
+
+def _vllm_engine(policy: Any, seed: int | None = None, **options: Any) -> AsyncEngine:
+    from .vllm_engine import make_vllm_engine
+
+    return make_vllm_engine(policy, seed, **options)
+
+
+def _auto_engine(policy: Any, seed: int | None = None, **options: Any) -> AsyncEngine:
+    name, options = _auto_choice(policy, options)
+    return ENGINES[name](policy, seed, **options)
+
+
+def _scripted_engine(policy: Any, seed: int | None = None, **options: Any) -> AsyncEngine:
+    from .scripted import ScriptedEngine
+
+    return ScriptedEngine(policy.tokenizer, policy.eos_token_ids, **options)
+
+
+def _register_defaults() -> None:
+    from .batched import BatchedEngine
+    from .scripted import ScriptedEngine
+
+    register_engine("scripted", _scripted_engine, ScriptedEngine)
+    register_engine("hf", _hf_engine, "sqlrl.policy.hf_engine:HFEngine")
+    register_engine("vllm", _vllm_engine, "sqlrl.policy.vllm_engine:VLLMEngine")
+    register_engine("auto", _auto_engine, "sqlrl.policy.engine:AsyncEngine")  # whichever _auto_choice picks
+    # TRANSITIONAL: the lock-step adapter over today's batch backends (one batch call per round of
+    # waiting requests): the reference the async engines are benchmarked against, and what
+    # AgentLoop wraps a VLLMBackend in until the jobs build engines (make_engine).
+    register_engine("hf-batched", _hf_adapter, BatchedEngine)
+    register_engine("vllm-batched", _vllm_adapter, BatchedEngine)
+
+
+_register_defaults()

@@ -21,7 +21,8 @@ log-probs, stop strings kept, ``"stop"``/``"length"``/``"eos"``):
   that awaits ``generate`` aborts the request too. Unknown or finished ids are a no-op.
 - ``update_weights(weights, policy=...)`` loads new weights into the RUNNING engine under a declared
   ``UpdatePolicy`` and returns the new ``policy_version``; weights that do not match the model
-  (missing/unknown names, wrong shapes) raise ``ValueError`` before the engine sees any of them.
+  (missing/unknown names, wrong shapes) raise ``ValueError`` before the engine sees any of them
+  (``check_weights(weights, shapes)`` does the check and names what does not fit).
 - Failures are per request: an engine error while generating one sequence raises from that
   request's ``generate`` (``EngineError``) and never from anyone else's.
 - An engine may be awaited from any event loop, and from several at once (a Ray actor's loop, a
@@ -95,6 +96,15 @@ class AsyncEngine(Protocol):
     async def close(self) -> None: ...
 
 
+@runtime_checkable
+class ProvidesEngine(Protocol):
+    """An optional capability of a batch ``GenerationBackend``: the native ``AsyncEngine`` over the
+    same model and state (``HFBackend`` -> ``HFEngine`` sharing its prefix cache). Callers that are
+    handed a batch backend (``AgentLoop``) use it instead of the transitional batching adapter."""
+
+    def async_engine(self) -> AsyncEngine: ...
+
+
 _ASYNC_METHODS = ("generate", "abort", "update_weights", "close")
 _STREAM_METHODS = ("stream",)
 
@@ -129,6 +139,23 @@ def check_single(sampling: SamplingParams) -> None:
     if sampling.n != 1:
         raise ValueError(f"an engine request generates one sequence (sampling.n == 1), got n={sampling.n}: "
                          "make n requests, each with its own seed")
+
+
+def check_weights(weights: Mapping[str, Any], shapes: Mapping[str, Sequence[int]]) -> None:
+    """``ValueError`` unless ``weights`` has exactly the names of ``shapes``, each value with that
+    ``.shape`` (a full state dict): the message names what is missing, unknown or misshapen. Engines
+    call it before any weight reaches the model."""
+    missing = sorted(set(shapes) - set(weights))
+    unknown = sorted(set(weights) - set(shapes))
+    wrong = []
+    for name in sorted(set(shapes) & set(weights)):
+        shape = getattr(weights[name], "shape", None)
+        if shape is None or tuple(shape) != tuple(shapes[name]):
+            wrong.append(f"{name}: {None if shape is None else tuple(shape)} != {tuple(shapes[name])}")
+    if missing or unknown or wrong:
+        parts = [f"{label} {items[:5]}{' ...' if len(items) > 5 else ''}"
+                 for label, items in (("missing", missing), ("unknown", unknown), ("wrong shape", wrong)) if items]
+        raise ValueError("the weights do not fit this model: " + "; ".join(parts))
 
 
 class EngineLoop:
@@ -167,4 +194,6 @@ def run_sync(awaitable: Awaitable[T]) -> T:
         async def _wrap() -> T:
             return await awaitable
         return asyncio.run(_wrap())
+    if inspect.iscoroutine(awaitable):
+        awaitable.close()  # never started: no "was never awaited" warning
     raise RuntimeError("run_sync was called inside a running event loop: await the coroutine instead")

@@ -1,5 +1,8 @@
 """``HFBackend``: the ``GenerationBackend`` for a local transformers model, with its own KV-cache decode loop.
 
+Its steps (``prefill``, ``decode``, ``sample_tokens``, ``finish_reason``, ``store_rows``) are also
+the continuous-batching engine's (``sqlrl.policy.hf_engine``): one copy of the decode code.
+
 One ``generate`` call is one left-padded batch: every distinct prompt is prefilled once (identical
 prompts in a call, e.g. a GRPO group's first turn, share one prefill), the cache is indexed out to
 one row per sample (the ``n`` samples of a prompt sit in the same batch), then one token per row is
@@ -42,10 +45,10 @@ Guarantees, on top of ``sqlrl.policy.types``:
 
 from __future__ import annotations
 
-import functools
 import random
 from typing import Any, Callable, Sequence
 
+from .hf_kv import growing_cache, use_gqa_attention
 from .prefix_cache import PrefixHit, PrefixKVCache, common_prefix_length
 from .types import Generation, SamplingParams, row_seed
 
@@ -80,108 +83,33 @@ def processed_logprobs(logits: Any, temperature: float, top_p: float) -> Any:
     return logprobs
 
 
-GQA_ATTENTION = "sqlrl_sdpa_gqa"
-
-
-def _sdpa_gqa_forward(module: Any, query: Any, key: Any, value: Any, attention_mask: Any,
-                      dropout: float = 0.0, scaling: float | None = None, is_causal: bool | None = None,
-                      **kwargs: Any) -> tuple[Any, None]:
-    """transformers' SDPA attention, except that grouped-query heads are left to SDPA
-    (``enable_gqa``) even with a padding mask; transformers repeats K/V to every query head then
-    (a copy of the whole cache per layer and step: ~90% of a padded 16-row SmolLM2 step here).
-    The same numbers (tested against teacher-forced scoring)."""
+def sample_tokens(logits: Any, temperature: float, top_p: float, gens: Sequence[Any]) -> tuple[Any, list[float]]:
+    """One token per row of ``logits`` ``[B, V]`` and its processed log-prob: the argmax at
+    ``temperature == 0``, else inverse-CDF sampling with one uniform draw from row ``b``'s own
+    generator ``gens[b]`` (so a row's draw does not depend on the other rows)."""
     import torch
 
-    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
-    causal = bool(query.shape[2] > 1 and attention_mask is None and causal)
-    out = torch.nn.functional.scaled_dot_product_attention(
-        query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, is_causal=causal,
-        enable_gqa=getattr(module, "num_key_value_groups", 1) > 1)
-    return out.transpose(1, 2).contiguous(), None
+    logprobs = processed_logprobs(logits, temperature, top_p)
+    if temperature == 0:
+        tokens = logprobs.argmax(dim=-1)
+    else:
+        u = torch.tensor([torch.rand((), generator=g, dtype=torch.float64).item() for g in gens],
+                         dtype=torch.float64, device=logprobs.device)
+        cdf = torch.cumsum(logprobs.double().exp(), dim=-1)
+        tokens = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(-1), right=True).squeeze(-1)
+        tokens = tokens.clamp(max=logprobs.shape[-1] - 1)
+    return tokens, logprobs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1).tolist()
 
 
-@functools.lru_cache(maxsize=None)
-def _register_gqa_attention() -> str:
-    from transformers import AttentionInterface, AttentionMaskInterface
-    from transformers.masking_utils import sdpa_mask
-
-    AttentionInterface.register(GQA_ATTENTION, _sdpa_gqa_forward)
-    AttentionMaskInterface.register(GQA_ATTENTION, sdpa_mask)
-    return GQA_ATTENTION
+def stop_strings(params: SamplingParams) -> tuple[str, ...]:
+    return tuple(x for x in params.stop if x)
 
 
-def use_gqa_attention(model: Any) -> bool:
-    """Switch a model that runs transformers' ``"sdpa"`` attention to ``_sdpa_gqa_forward``."""
-    if getattr(model.config, "_attn_implementation", None) != "sdpa":
-        return model.config._attn_implementation == GQA_ATTENTION
-    model.set_attn_implementation(_register_gqa_attention())
-    return True
+def torch_cat_ones(mask: Any) -> Any:
+    """``mask`` with one more (attended) column."""
+    import torch
 
-
-@functools.lru_cache(maxsize=None)
-def _growing_layer_class() -> type:
-    from transformers.cache_utils import DynamicLayer
-
-    class _GrowingLayer(DynamicLayer):
-        """``DynamicLayer`` without the per-step ``torch.cat`` of the whole cache: new keys/values are
-        written into a buffer of ``capacity`` positions (grown only if exceeded) and ``keys``/``values``
-        are views of its filled part. The concatenation cost batch x context per step and layer --
-        most of a 16-row SmolLM2 decode step (measured: 65%) -- so batching gained nothing."""
-
-        def __init__(self, capacity: int) -> None:
-            super().__init__()
-            self.capacity = capacity
-            self._len = 0
-            self._kbuf: Any = None
-            self._vbuf: Any = None
-
-        def _views(self) -> None:
-            self.keys, self.values = self._kbuf[..., :self._len, :], self._vbuf[..., :self._len, :]
-
-        def update(self, key_states: Any, value_states: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
-            if not self.is_initialized:
-                self.lazy_initialization(key_states, value_states)
-            n, add = self._len, key_states.shape[-2]
-            if self._kbuf is None or n + add > self._kbuf.shape[-2]:
-                shape = (*key_states.shape[:-2], max(self.capacity, 2 * (n + add)), key_states.shape[-1])
-                kbuf, vbuf = key_states.new_empty(shape), value_states.new_empty(shape)
-                if n:
-                    kbuf[..., :n, :] = self._kbuf[..., :n, :]
-                    vbuf[..., :n, :] = self._vbuf[..., :n, :]
-                self._kbuf, self._vbuf = kbuf, vbuf
-            self._kbuf[..., n:n + add, :] = key_states
-            self._vbuf[..., n:n + add, :] = value_states
-            self._len = n + add
-            self._views()
-            return self.keys, self.values
-
-        def crop(self, max_length: int) -> None:
-            if max_length < 0:
-                max_length = self._len + max_length
-            if self._kbuf is not None and max_length < self._len:
-                self._len = max_length
-                self._views()
-
-        def batch_repeat_interleave(self, repeats: int) -> None:
-            if self._kbuf is not None:
-                self._kbuf = self._kbuf.repeat_interleave(repeats, dim=0)
-                self._vbuf = self._vbuf.repeat_interleave(repeats, dim=0)
-                self._views()
-
-        def batch_select_indices(self, indices: Any) -> None:
-            if self._kbuf is not None:
-                self._kbuf, self._vbuf = self._kbuf[indices, ...], self._vbuf[indices, ...]
-                self._views()
-
-    return _GrowingLayer
-
-
-def _growing_cache(n_layers: int, capacity: int) -> Any:
-    """A transformers ``Cache`` whose layers append into preallocated buffers of ``capacity`` positions."""
-    from transformers.cache_utils import Cache
-
-    layer = _growing_layer_class()
-    return Cache(layers=[layer(capacity) for _ in range(n_layers)])
+    return torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=-1)
 
 
 class HFBackend:
@@ -206,6 +134,14 @@ class HFBackend:
         self._weights_seen: tuple | None = None
         # prompt tokens asked for / actually run through the model in prefill (all calls)
         self.prefill_stats = {"prompt_tokens": 0, "prefilled_tokens": 0, "deduped_prompts": 0}
+
+    def async_engine(self) -> Any:
+        """The native ``AsyncEngine`` on this backend (``HFEngine``: continuous batching through these
+        decode steps and this prefix cache; ``sqlrl.policy.engine.ProvidesEngine``). Close it after use;
+        the backend stays usable."""
+        from .hf_engine import HFEngine
+
+        return HFEngine(self.policy, backend=self)
 
     def clear_cache(self) -> None:
         """Forget every cached prefix; call after the weights change (``generate`` also notices
@@ -278,75 +214,36 @@ class HFBackend:
         prompts = self._check(prompts, "prompt")
         if not prompts:
             return []
-        limit = getattr(self.model.config, "max_position_embeddings", None)
-        longest = max(len(p) for p in prompts)
-        if limit is not None and longest + params.max_new_tokens > limit:
-            raise ValueError(f"prompt of {longest} tokens + max_new_tokens={params.max_new_tokens} exceeds the "
-                             f"model's {limit} positions")
+        self.check_length(max(len(p) for p in prompts), params.max_new_tokens)
         n, rows = params.n, len(prompts) * params.n
         base_seed = params.seed if params.seed is not None else random.SystemRandom().getrandbits(62)
         seeds = [row_seed(base_seed, r // n, r % n) for r in range(rows)]
         gens = [torch.Generator().manual_seed(s) for s in seeds]
-        stops = tuple(s for s in params.stop if s)
-        window = 4 * max((len(s) for s in stops), default=0) + 4
+        stops = stop_strings(params)
 
         out_ids: list[list[int]] = [[] for _ in range(rows)]
         out_lp: list[list[float]] = [[] for _ in range(rows)]
         reasons: list[str | None] = [None] * rows
         pc = self.prefix_cache
-        if pc is not None:
-            self._check_weights()
-            distinct: dict[tuple[int, ...], int] = {}
-            of_prompt = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
-            unique = [list(k) for k in distinct]
-            hits = [pc.lookup(u) for u in unique]
-            with torch.inference_mode():
-                warmed = self._warm_shared_prefixes(pc, unique, hits)
-            if warmed:
-                hits = [pc.lookup(u) for u in unique]
-        else:
-            of_prompt, unique, hits = list(range(len(prompts))), prompts, [PrefixHit(0)] * len(prompts)
-        self.prefill_stats["prompt_tokens"] += sum(len(p) for p in prompts)
-        self.prefill_stats["prefilled_tokens"] += sum(len(u) - h.length for u, h in zip(unique, hits))
-        self.prefill_stats["deduped_prompts"] += len(prompts) - len(unique)
         with torch.inference_mode():
-            ids, mask, positions, cache = self._prefill_inputs(unique, hits, params.max_new_tokens)
-            logits = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                                use_cache=True, logits_to_keep=1).logits[:, -1, :]
-            expand = [u for u in of_prompt for _ in range(n)]
-            if expand != list(range(len(unique))):
-                index = torch.tensor(expand, dtype=torch.long, device=mask.device)
-                cache.batch_select_indices(index)
-                logits, mask, positions = logits[index], mask[index], positions[index]
-            next_pos = positions[:, -1] + 1
+            logits, mask, next_pos, cache = self.prefill(prompts, n, params.max_new_tokens)
             active = list(range(rows))  # row ids, in batch order
-            for step in range(params.max_new_tokens):
-                logprobs = processed_logprobs(logits, params.temperature, params.top_p)
-                if params.temperature == 0:
-                    tokens = logprobs.argmax(dim=-1)
-                else:
-                    u = torch.tensor([torch.rand((), generator=gens[r], dtype=torch.float64).item() for r in active],
-                                     dtype=torch.float64, device=logprobs.device)
-                    cdf = torch.cumsum(logprobs.double().exp(), dim=-1)
-                    tokens = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(-1), right=True).squeeze(-1)
-                    tokens = tokens.clamp(max=logprobs.shape[-1] - 1)
-                chosen = logprobs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1).tolist()
+            while True:
+                tokens, chosen = sample_tokens(logits, params.temperature, params.top_p, [gens[r] for r in active])
                 keep: list[int] = []
+                done: list[tuple[int, list[int]]] = []
                 for b, (r, tok, lp) in enumerate(zip(active, tokens.tolist(), chosen)):
                     out_ids[r].append(tok)
                     out_lp[r].append(lp)
                     if on_token is not None:
                         on_token(r, tok)
-                    if tok in self.eos_ids:
-                        reasons[r] = "eos"
-                    elif stops and self._hits_stop(out_ids[r], stops, window):
-                        reasons[r] = "stop"
-                    elif step + 1 == params.max_new_tokens:
-                        reasons[r] = "length"
-                    else:
+                    reasons[r] = self.finish_reason(out_ids[r], params.max_new_tokens, stops)
+                    if reasons[r] is None:
                         keep.append(b)
-                if pc is not None and len(keep) < len(active):
-                    self._store_finished(pc, cache, mask, active, keep, prompts, out_ids, n)
+                    else:
+                        done.append((b, prompts[r // n] + out_ids[r][:-1]))
+                if pc is not None and done:
+                    self.store_rows(cache, mask, done)
                 if not keep:
                     break
                 if len(keep) < len(active):
@@ -354,16 +251,76 @@ class HFBackend:
                     cache.batch_select_indices(index)
                     mask, next_pos, tokens = mask[index], next_pos[index], tokens[index]
                     active = [active[b] for b in keep]
-                mask = torch.cat([mask, mask.new_ones((len(active), 1))], dim=-1)
-                logits = self.model(input_ids=tokens.unsqueeze(-1), attention_mask=mask,
-                                    position_ids=next_pos.unsqueeze(-1), past_key_values=cache,
-                                    use_cache=True).logits[:, -1, :]
-                next_pos = next_pos + 1
+                logits, mask, next_pos = self.decode(tokens, mask, next_pos, cache)
         return [Generation(token_ids=tuple(out_ids[r]), logprobs=tuple(out_lp[r]),
                            text=self.tokenizer.decode(out_ids[r], skip_special_tokens=True),
                            finish_reason=reasons[r] or "length",
                            meta={"prompt_index": r // n, "sample_index": r % n, "seed": seeds[r]})
                 for r in range(rows)]
+
+    # ------------------------------------------------------------------ the decode steps (shared with HFEngine)
+    def check_length(self, prompt_tokens: int, max_new_tokens: int) -> None:
+        """``ValueError`` when ``prompt_tokens + max_new_tokens`` exceeds the model's positions."""
+        limit = getattr(self.model.config, "max_position_embeddings", None)
+        if limit is not None and prompt_tokens + max_new_tokens > limit:
+            raise ValueError(f"prompt of {prompt_tokens} tokens + max_new_tokens={max_new_tokens} exceeds the "
+                             f"model's {limit} positions")
+
+    def prefill(self, prompts: list[list[int]], n: int, max_new_tokens: int) -> tuple[Any, Any, Any, Any]:
+        """Prefill ``prompts`` (checked ids) through the prefix cache; ``(logits [rows, V], mask,
+        next_pos, cache)`` for ``n`` rows per prompt, prompt-major (identical prompts share one prefill)."""
+        import torch
+
+        pc = self.prefix_cache
+        if pc is not None:
+            self._check_weights()
+            distinct: dict[tuple[int, ...], int] = {}
+            of_prompt = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
+            unique = [list(k) for k in distinct]
+            hits = [pc.lookup(u) for u in unique]
+            if self._warm_shared_prefixes(pc, unique, hits):
+                hits = [pc.lookup(u) for u in unique]
+        else:
+            of_prompt, unique, hits = list(range(len(prompts))), prompts, [PrefixHit(0)] * len(prompts)
+        self.prefill_stats["prompt_tokens"] += sum(len(p) for p in prompts)
+        self.prefill_stats["prefilled_tokens"] += sum(len(u) - h.length for u, h in zip(unique, hits))
+        self.prefill_stats["deduped_prompts"] += len(prompts) - len(unique)
+        ids, mask, positions, cache = self._prefill_inputs(unique, hits, max_new_tokens)
+        logits = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                            use_cache=True, logits_to_keep=1).logits[:, -1, :]
+        expand = [u for u in of_prompt for _ in range(n)]
+        if expand != list(range(len(unique))):
+            index = torch.tensor(expand, dtype=torch.long, device=mask.device)
+            cache.batch_select_indices(index)
+            logits, mask, positions = logits[index], mask[index], positions[index]
+        return logits, mask, positions[:, -1] + 1, cache
+
+    def decode(self, tokens: Any, mask: Any, next_pos: Any, cache: Any) -> tuple[Any, Any, Any]:
+        """One decode step: feed ``tokens`` (one per row) at ``next_pos``; ``(logits, mask, next_pos)`` after it."""
+        mask = torch_cat_ones(mask)
+        logits = self.model(input_ids=tokens.unsqueeze(-1), attention_mask=mask, position_ids=next_pos.unsqueeze(-1),
+                            past_key_values=cache, use_cache=True).logits[:, -1, :]
+        return logits, mask, next_pos + 1
+
+    def finish_reason(self, ids: list[int], max_new_tokens: int, stops: tuple[str, ...]) -> str | None:
+        """Why a row whose generated ids are ``ids`` (its newest last) ends now, or None (module docstring)."""
+        if ids[-1] in self.eos_ids:
+            return "eos"
+        if stops and self._hits_stop(ids, stops, 4 * max(len(s) for s in stops) + 4):
+            return "stop"
+        return "length" if len(ids) >= max_new_tokens else None
+
+    def store_rows(self, cache: Any, mask: Any, rows: Sequence[tuple[int, list[int]]]) -> None:
+        """Store, for each ``(b, key)``, batch row ``b``'s KV as the prefix-cache entry of ``key`` (the
+        prompt + generated ids but the last, whose KV was never computed)."""
+        pc = self.prefix_cache
+        if pc is None:
+            return
+        for b, key in rows:
+            real = mask[b].bool()
+            if int(real.sum()) != len(key):  # a bookkeeping bug must not poison the cache
+                raise RuntimeError(f"row {b}: {int(real.sum())} cached columns for {len(key)} tokens")
+            pc.store(key, [(layer.keys[b][:, real], layer.values[b][:, real]) for layer in cache.layers])
 
     def _prefill_inputs(self, seqs: list[list[int]], hits: Sequence[PrefixHit],
                         max_new_tokens: int = 0) -> tuple[Any, Any, Any, Any]:
@@ -388,7 +345,7 @@ class HFBackend:
         offsets = torch.tensor(cached, dtype=torch.long).unsqueeze(-1)
         positions = (offsets + mask[:, width_c:].cumsum(-1) - 1).clamp(min=0)
         device = self.policy.device
-        cache = _growing_cache(self.model.config.num_hidden_layers, width_c + width_s + max_new_tokens)
+        cache = growing_cache(self.model.config.num_hidden_layers, width_c + width_s + max_new_tokens)
         if width_c:
             layers = next(h.layers for h in hits if h.length)
             for layer, (k0, _) in enumerate(layers):
@@ -422,19 +379,6 @@ class HFBackend:
             real = mask[b].bool()
             pc.store(x, [(layer.keys[b][:, real], layer.values[b][:, real]) for layer in cache.layers])
         return len(seqs)
-
-    def _store_finished(self, pc: PrefixKVCache, cache: Any, mask: Any, active: list[int], keep: list[int],
-                        prompts: list[list[int]], out_ids: list[list[int]], n: int) -> None:
-        """Store the KV of every row finishing now: prompt + generated ids but the last (never fed)."""
-        kept = set(keep)
-        for b, r in enumerate(active):
-            if b in kept:
-                continue
-            real = mask[b].bool()
-            key = prompts[r // n] + out_ids[r][:-1]
-            if int(real.sum()) != len(key):  # a bookkeeping bug must not poison the cache
-                raise RuntimeError(f"row {r}: {int(real.sum())} cached columns for {len(key)} tokens")
-            pc.store(key, [(layer.keys[b][:, real], layer.values[b][:, real]) for layer in cache.layers])
 
     def _hits_stop(self, ids: list[int], stops: tuple[str, ...], window: int) -> bool:
         tail = self.tokenizer.decode(ids[-window:], skip_special_tokens=True)

@@ -96,6 +96,66 @@ def _shared_memory_dir() -> str | None:
     return shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else None
 
 
+def prepare_cpu_engine(model_path: str | os.PathLike, kv_cache_gb: float) -> None:
+    """Before a vLLM engine starts on the CPU build: ``ValueError`` when the model's head size has no
+    CPU attention kernel (naming the supported sizes), and the KV cache sized in whole GiB
+    (``VLLM_CPU_KVCACHE_SPACE``, unless set). Shared by ``VLLMBackend`` and ``VLLMEngine``."""
+    size = head_size(model_path)
+    if size is not None and size not in CPU_HEAD_SIZES:
+        raise ValueError(f"vLLM's CPU attention has no kernel for head size {size} "
+                         f"({os.fspath(model_path)}); supported: {', '.join(map(str, CPU_HEAD_SIZES))}. "
+                         "Use backend hf for this model")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, math.ceil(kv_cache_gb))))  # whole GiB
+
+
+def engine_options(model_path: str, *, dtype: str, seed: int, enforce_eager: bool,
+                   enable_prefix_caching: bool, max_model_len: int | None, **engine_kwargs: Any) -> dict:
+    """The keyword arguments of a vLLM engine (``vllm.LLM`` or ``AsyncEngineArgs``) over a local
+    folder as sqlrl runs it: sampling log-probs of the sampling distribution
+    (``processed_logprobs``) and the ``WeightSync`` worker extension unless given; the rest as passed.
+    Shared by ``VLLMBackend`` and ``VLLMEngine``."""
+    engine_kwargs.setdefault("logprobs_mode", "processed_logprobs")
+    engine_kwargs.setdefault("worker_extension_cls", WORKER_EXTENSION)
+    if max_model_len is not None:
+        engine_kwargs["max_model_len"] = max_model_len
+    return dict(model=model_path, tokenizer=model_path, dtype=dtype, seed=seed, enforce_eager=enforce_eager,
+                enable_prefix_caching=enable_prefix_caching, **engine_kwargs)
+
+
+def vllm_sampling(params: SamplingParams, seed: int | None, eos_token_ids: Sequence[int], **extra: Any) -> Any:
+    """``params`` as ``vllm.SamplingParams`` (one sampling log-prob per token, stop strings kept,
+    ``eos_token_ids`` as stop tokens); ``extra`` goes to vLLM (``output_kind``, ...)."""
+    import vllm
+
+    return vllm.SamplingParams(n=params.n, temperature=params.temperature, top_p=params.top_p,
+                               max_tokens=params.max_new_tokens, stop=list(params.stop) or None,
+                               seed=seed, logprobs=0, include_stop_str_in_output=True,
+                               skip_special_tokens=True, stop_token_ids=list(eos_token_ids) or None, **extra)
+
+
+def write_weights_file(state_dict: Mapping[str, Any]) -> str:
+    """``state_dict`` written once as a safetensors file in shared memory (``/dev/shm`` where it
+    exists) for vLLM's engine workers to read; tied tensors are written as copies (module doc). The
+    caller unlinks the returned path. Shared by ``VLLMBackend`` and ``VLLMEngine``."""
+    from safetensors.torch import save_file
+
+    tensors: dict[str, Any] = {}
+    seen: set[int] = set()
+    for name, tensor in state_dict.items():
+        t = tensor.detach().to("cpu")
+        ptr = t.data_ptr()
+        tensors[name] = t.clone().contiguous() if ptr in seen else t.contiguous()  # tied: a copy
+        seen.add(ptr)
+    fd, path = tempfile.mkstemp(prefix="sqlrl-weights-", suffix=".safetensors", dir=_shared_memory_dir())
+    os.close(fd)
+    try:
+        save_file(tensors, path)
+    except BaseException:
+        os.unlink(path)
+        raise
+    return path
+
+
 class VLLMBackend:
     """vLLM engine over a local checkpoint folder (e.g. ``sqlrl.policy.load.resolve_path("smollm2-135m")``).
 
@@ -131,24 +191,13 @@ class VLLMBackend:
         # see the module doc, "seeds": None = per-request seeds except on vLLM's CPU build
         self.per_request_seeds = (not self.on_cpu) if per_request_seeds is None else bool(per_request_seeds)
         if self.on_cpu:
-            size = head_size(model_path)
-            if size is not None and size not in CPU_HEAD_SIZES:
-                raise ValueError(f"vLLM's CPU attention has no kernel for head size {size} "
-                                 f"({self.model_path}); supported: {', '.join(map(str, CPU_HEAD_SIZES))}. "
-                                 "Use backend hf for this model")
-            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, math.ceil(kv_cache_gb))))  # whole GiB
-        engine_kwargs.setdefault("logprobs_mode", "processed_logprobs")
-        engine_kwargs.setdefault("worker_extension_cls", WORKER_EXTENSION)
-        if max_model_len is not None:
-            engine_kwargs["max_model_len"] = max_model_len
-        self.llm = LLM(model=self.model_path, tokenizer=self.model_path, dtype=dtype, seed=seed,
-                       enforce_eager=enforce_eager, enable_prefix_caching=enable_prefix_caching,
-                       **engine_kwargs)
+            prepare_cpu_engine(model_path, kv_cache_gb)
+        self.llm = LLM(**engine_options(self.model_path, dtype=dtype, seed=seed, enforce_eager=enforce_eager,
+                                        enable_prefix_caching=enable_prefix_caching,
+                                        max_model_len=max_model_len, **engine_kwargs))
         self.weight_updates = 0
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
-        import vllm
-
         if self.llm is None:
             raise RuntimeError("this VLLMBackend was closed")
         if not prompts:
@@ -156,10 +205,7 @@ class VLLMBackend:
         if any(len(p) == 0 for p in prompts):
             raise ValueError("empty prompt")
         def sampling(seed: int | None) -> Any:
-            return vllm.SamplingParams(n=params.n, temperature=params.temperature, top_p=params.top_p,
-                                       max_tokens=params.max_new_tokens, stop=list(params.stop) or None,
-                                       seed=seed, logprobs=0, include_stop_str_in_output=True,
-                                       skip_special_tokens=True, stop_token_ids=self.eos_token_ids or None)
+            return vllm_sampling(params, seed, self.eos_token_ids)
 
         requests = [{"prompt_token_ids": [int(t) for t in p]} for p in prompts]
         if params.seed is not None and self.per_request_seeds:
@@ -195,19 +241,8 @@ class VLLMBackend:
 
     def load_weights(self, state_dict: Mapping[str, Any]) -> int:
         """Load a full HF-named state dict into the running engine; returns the tensors loaded."""
-        from safetensors.torch import save_file
-
-        tensors: dict[str, Any] = {}
-        seen: set[int] = set()
-        for name, tensor in state_dict.items():
-            t = tensor.detach().to("cpu")
-            ptr = t.data_ptr()
-            tensors[name] = t.clone().contiguous() if ptr in seen else t.contiguous()  # tied: a copy
-            seen.add(ptr)
-        fd, path = tempfile.mkstemp(prefix="sqlrl-weights-", suffix=".safetensors", dir=_shared_memory_dir())
-        os.close(fd)
+        path = write_weights_file(state_dict)
         try:
-            save_file(tensors, path)
             loaded = self.llm.collective_rpc("sqlrl_load_weights", args=(path,))
         finally:
             os.unlink(path)

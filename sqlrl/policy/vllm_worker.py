@@ -14,12 +14,35 @@ Guarantees:
   and re-runs the post-load processing, e.g. the CPU backend's repacked linear weights, which a
   plain ``model.load_weights`` would miss). Returns how many tensors it read. A tensor the model
   does not know, or of the wrong shape, raises from vLLM's loader.
-This module imports nothing heavy at import time: vLLM loads it in its own processes.
+- importing it registers ``FILE_TRANSFER`` (``sqlrl.policy.vllm_transfer.FileWeightTransfer``) with
+  vLLM's weight-transfer factory, in every process that imports it: vLLM imports this module in
+  its worker before the worker builds its weight-transfer engine, so ``VLLMEngine``'s
+  ``weight_transfer_config={"backend": FILE_TRANSFER}`` resolves there (idempotent; a no-op where
+  vLLM is not installed).
+This module imports nothing heavy at import time (vLLM's factory registers the backend lazily).
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+FILE_TRANSFER = "sqlrl_file"
+
+
+def register_file_transfer() -> None:
+    """Register ``FILE_TRANSFER`` with vLLM's ``WeightTransferEngineFactory`` (idempotent)."""
+    try:
+        from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
+    except ImportError:
+        return
+    try:
+        WeightTransferEngineFactory.register_engine(FILE_TRANSFER, "sqlrl.policy.vllm_transfer",
+                                                    "FileWeightTransfer")
+    except ValueError:  # already registered in this process
+        pass
+
+
+register_file_transfer()
 
 
 class WeightSync:

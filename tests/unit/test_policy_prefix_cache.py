@@ -263,7 +263,7 @@ def test_cache_flags(policy):
 
 
 def test_growing_cache_layer_matches_concatenation():
-    from sqlrl.policy.hf_backend import _growing_cache
+    from sqlrl.policy.hf_kv import growing_cache as _growing_cache
 
     cache = _growing_cache(1, capacity=3)
     parts = [torch.randn(2, 2, n, 4) for n in (2, 1, 4, 1)]  # outgrows the capacity once
