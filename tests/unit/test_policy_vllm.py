@@ -64,8 +64,9 @@ def test_auto_backend_picks_vllm_only_where_it_can_run(tmp_path, monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
     assert backends.vllm_unavailable(smol_like) == "vllm is not installed"
     chosen = []
-    monkeypatch.setattr(backends, "_hf", lambda policy, seed=None, **o: chosen.append(("hf", o)) or "hf-backend")
-    monkeypatch.setattr(backends, "_vllm", lambda policy, seed=None, **o: chosen.append(("vllm", o)) or "vllm-backend")
+    # "auto" builds through the registry's entries (BACKENDS), so those are what a spy replaces
+    monkeypatch.setitem(backends.BACKENDS, "hf", lambda policy, seed=None, **o: chosen.append(("hf", o)) or "hf-backend")
+    monkeypatch.setitem(backends.BACKENDS, "vllm", lambda policy, seed=None, **o: chosen.append(("vllm", o)) or "vllm-backend")
     assert backends.make_backend("auto", smol_like, kv_cache_gb=1) == "hf-backend"  # vllm missing
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else None)
     assert backends.make_backend("auto", smol_like, kv_cache_gb=1) == "vllm-backend"
