@@ -1,0 +1,319 @@
+"""Test-suite execution match: distil, per gold query, the database variants that catch its near
+misses, and check a prediction on them (Zhong, Yu & Klein, 2020).
+
+    suites = TestSuites("runs/x/test_suite")              # variants + suites cached here
+    suite = suites.suite(db_id, url, gold_sql, run)         # run(url, sql) -> Outcome
+    checked = check_suite(suite, run, pred_sql, gold_sql)   # per-variant outcomes
+    checked.passes(same)                                    # (True, None) | (False, variant URL)
+
+- **Neighbours** of a gold query (``neighbours``): the bug injector's mutations
+  (``sqlrl.synth.bugs``; the syntax-error and wrong-dialect families excluded: they only ever
+  error) plus generic ones written with sqlglot -- each WHERE/HAVING dropped and each of its
+  conjuncts dropped, each comparison flipped (``>``↔``>=``, ``>``↔``<``, ``=``↔``<>``), DISTINCT
+  added or removed, LIMIT removed / added / moved by one. Distinct texts, gold excluded, at most
+  ``max_neighbours``, deterministic.
+- **Distillation** (``distil``): the gold must run on the original database (``ValueError``
+  otherwise: a clear error, no suite). A neighbour is *caught* on a database when it errors there
+  or its result differs from the gold's (``spider_ex``, ordered when the gold's outermost query
+  orders). Neighbours the original already catches need no variant. Among the candidate variants
+  -- those where the gold itself runs (a variant where it errors is dropped, never used) -- the
+  one catching the most not-yet-caught neighbours is kept, greedily, until all are caught or no
+  candidate catches another. ``Suite`` records the kept variants and the counts.
+- **Checking** (``check_suite``): the prediction and the gold run on every variant of the suite
+  (through the ``run`` the caller gives: the one session layer); ``SuiteCheck.passes(same)`` is
+  False at the first variant whose gold ran and whose prediction errors or differs, and skips a
+  variant whose gold failed (fail-closed: such a variant can neither reward nor punish).
+- ``TestSuites`` builds a database's variants once (``sqlrl.synth.variants.build_variants``,
+  content-addressed in ``cache_dir``) and each gold's suite once (in memory, single flight per
+  key, and as JSON under ``cache_dir/suites``); SQLite databases only -- a server URL raises
+  ``ValueError`` (variants of sealed server bases are not built yet).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import threading
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import sqlglot
+from sqlglot import exp
+
+from .compare import outer_order_by, spider_ex
+from .spider import Outcome
+
+Run = Callable[[str, str], Outcome]  # (database URL, SQL) -> Outcome (rows, or an error)
+Same = Callable[[Sequence[tuple], Sequence[tuple]], bool]  # (pred rows, gold rows) -> match
+
+SUITE_VERSION = 1
+_SKIPPED_FAMILIES = ("syntax_error", "wrong_dialect")
+
+
+# -- neighbours ----------------------------------------------------------------------------------
+
+_FLIPS: dict[type, tuple[type, ...]] = {
+    exp.GT: (exp.GTE, exp.LT), exp.GTE: (exp.GT, exp.LTE), exp.LT: (exp.LTE, exp.GT),
+    exp.LTE: (exp.LT, exp.GTE), exp.EQ: (exp.NEQ,), exp.NEQ: (exp.EQ,)}
+
+
+def _variants_of(tree: exp.Expression, dialect: str) -> list[str]:
+    """Generic near misses of ``tree`` (module doc), rendered in ``dialect`` (sqlglot's name)."""
+    out: list[str] = []
+
+    def each(cls: type | tuple[type, ...], change: Callable[[exp.Expression], Any]) -> None:
+        for k, _ in enumerate(list(tree.find_all(cls))):
+            copy = tree.copy()
+            node = list(copy.find_all(cls))[k]
+            if change(node) is not False:
+                out.append(copy.sql(dialect=dialect))
+
+    def drop_conjuncts(clause: exp.Expression) -> None:
+        cond = clause.this
+        parts = list(cond.flatten()) if isinstance(cond, exp.And) else []
+        for i in range(len(parts)):
+            copy = tree.copy()
+            target = [c for c in copy.find_all(type(clause)) if c.sql() == clause.sql()][0]
+            kept = [p.copy() for j, p in enumerate(parts) if j != i]
+            target.set("this", exp.and_(*kept) if len(kept) > 1 else kept[0])
+            out.append(copy.sql(dialect=dialect))
+
+    for clause_type in (exp.Where, exp.Having):
+        for clause in list(tree.find_all(clause_type)):
+            drop_conjuncts(clause)
+        each(clause_type, lambda n: n.pop())
+    for op, targets in _FLIPS.items():
+        for target in targets:
+            each(op, lambda n, t=target: n.replace(t(this=n.this.copy(), expression=n.expression.copy())))
+    each(exp.Select, lambda n: n.set("distinct", None if n.args.get("distinct") else exp.Distinct()))
+    each(exp.Limit, lambda n: n.pop())
+
+    def limit_plus(n: exp.Expression) -> Any:
+        value = n.expression
+        if not (isinstance(value, exp.Literal) and value.is_int):
+            return False
+        n.set("expression", exp.Literal.number(int(value.this) + 1))
+
+    each(exp.Limit, limit_plus)
+    if isinstance(tree, exp.Select) and tree.args.get("limit") is None:
+        out.append(tree.copy().limit(1).sql(dialect=dialect))
+    return out
+
+
+def neighbours(gold_sql: str, dialect: str = "sqlite", schema: Any = None, *,
+               max_neighbours: int = 48, seeds: int = 3) -> list[str]:
+    """Near-miss neighbours of ``gold_sql`` (module doc); ``schema``: a ``bugs.SchemaInfo`` (the
+    bug injector needs it; without one only the generic neighbours are made). Text sqlglot cannot
+    parse has no neighbours."""
+    from sqlrl.synth.bugs import BUGS, parse_sql, sqlglot_dialect
+
+    try:
+        tree = parse_sql(gold_sql, dialect)
+    except ValueError:
+        return []
+    glot = sqlglot_dialect(dialect)
+    found: list[str] = []
+    try:
+        found += _variants_of(tree, glot)
+    except sqlglot.errors.SqlglotError:
+        pass
+    if schema is not None:
+        for seed in range(seeds):
+            rng = random.Random(f"neighbours:{seed}")
+            for inj in BUGS.values():
+                if inj.category in _SKIPPED_FAMILIES:
+                    continue
+                m = inj.inject(tree, schema, rng)
+                if m is not None and m.parse_dialect is not None:
+                    found.append(m.issue_sql)
+    original = {gold_sql.strip(), tree.sql(dialect=glot)}
+    out = [s for s in dict.fromkeys(found) if s.strip() not in original]
+    return out[:max_neighbours]
+
+
+def literals(sql: str, dialect: str = "sqlite") -> tuple[Any, ...]:
+    """The constants of ``sql`` (numbers as int/float, strings as str), deduplicated, in a fixed order;
+    () for text sqlglot cannot parse."""
+    from sqlrl.synth.bugs import parse_sql
+
+    try:
+        tree = parse_sql(sql, dialect)
+    except ValueError:
+        return ()
+    out: list[Any] = []
+    for lit in tree.find_all(exp.Literal):
+        if lit.is_string:
+            out.append(lit.this)
+        else:
+            try:
+                out.append(int(lit.this))
+            except ValueError:
+                try:
+                    out.append(float(lit.this))
+                except ValueError:
+                    continue
+    return tuple(dict.fromkeys(out))
+
+
+# -- distillation --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Suite:
+    """The distilled test suite of one gold query on one database."""
+
+    db_url: str
+    gold_sql: str
+    variants: tuple[str, ...]  # URLs of the kept variants (the original is always checked too)
+    neighbours: int  # neighbours made
+    caught_by_original: int  # neighbours the original database already tells apart
+    caught_by_suite: int  # further neighbours the kept variants catch
+    uncaught: int  # neighbours no database catches (often equivalent queries)
+    candidates: int  # variants tried
+    dropped: int  # candidate variants dropped because the gold failed on them
+
+    @property
+    def caught(self) -> int:
+        return self.caught_by_original + self.caught_by_suite
+
+
+def _caught(gold: Outcome, other: Outcome, ordered: bool) -> bool:
+    return other.error is not None or not spider_ex(other.rows or (), gold.rows or (), ordered)
+
+
+def distil(db_url: str, gold_sql: str, candidates: Sequence[str], near: Sequence[str], run: Run,
+           dialect: str = "sqlite") -> Suite:
+    """Greedy distillation (module doc); ``ValueError`` when the gold fails on ``db_url``."""
+    gold = run(db_url, gold_sql)
+    if gold.error is not None:
+        raise ValueError(f"the gold query fails on the original database ({db_url}): {gold.error}")
+    ordered = outer_order_by(gold_sql, dialect)
+    left = [n for n in near if not _caught(gold, run(db_url, n), ordered)]
+    by_original = len(near) - len(left)
+    catches: dict[str, set[int]] = {}
+    dropped = 0
+    for url in candidates:
+        g = run(url, gold_sql)
+        if g.error is not None:
+            dropped += 1
+            continue
+        catches[url] = {i for i, n in enumerate(left) if _caught(g, run(url, n), ordered)}
+    kept: list[str] = []
+    todo = set(range(len(left)))
+    while todo:
+        best = max(catches, key=lambda u: (len(catches[u] & todo), -len(kept)), default=None)
+        if best is None or not catches[best] & todo:
+            break
+        kept.append(best)
+        todo -= catches.pop(best)
+    return Suite(db_url, gold_sql, tuple(kept), len(near), by_original, len(left) - len(todo),
+                 len(todo), len(candidates), dropped)
+
+
+# -- checking a prediction -----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SuiteCheck:
+    """A prediction's and the gold's outcomes on each variant of a suite."""
+
+    results: tuple[tuple[str, Outcome, Outcome], ...]  # (variant URL, gold, prediction)
+
+    def passes(self, same: Same) -> tuple[bool, str | None]:
+        """(True, None) when the prediction matches on every variant whose gold ran, else
+        (False, the first variant where it errors or differs)."""
+        for url, gold, pred in self.results:
+            if gold.error is not None:
+                continue  # fail-closed: a variant the gold fails on is dropped
+            if pred.error is not None or not same(pred.rows or (), gold.rows or ()):
+                return False, url
+        return True, None
+
+    @property
+    def dropped(self) -> int:
+        return sum(g.error is not None for _, g, _ in self.results)
+
+
+def check_suite(suite: Suite, run: Run, pred_sql: str, gold_sql: str | None = None) -> SuiteCheck:
+    gold_sql = suite.gold_sql if gold_sql is None else gold_sql
+    return SuiteCheck(tuple((u, run(u, gold_sql), run(u, pred_sql)) for u in suite.variants))
+
+
+# -- the cache -----------------------------------------------------------------------------------
+
+class TestSuites:
+    """Variants per database and a suite per gold query, built once each (module doc).
+    Thread-safe."""
+
+    __test__ = False  # not a pytest class
+
+    def __init__(self, cache_dir: str | Path, *, k: int = 8, literal_k: int = 3,
+                 max_neighbours: int = 48) -> None:
+        self.cache_dir = Path(cache_dir)
+        self.k = k
+        self.literal_k = literal_k
+        self.max_neighbours = max_neighbours
+        self._suites: dict[tuple[str, str, str], Suite] = {}
+        self._gates: dict[tuple[str, str, str], threading.Lock] = {}
+        self._lock = threading.Lock()
+        self.distilled = 0  # suites distilled by this object (not read from memory or disk)
+
+    def variants(self, db_id: str, url: str, gold_sql: str | None = None,
+                 dialect: str = "sqlite") -> list[str]:
+        """The database's ``k`` variants, plus ``literal_k`` variants whose pools hold the gold's
+        constants (``gold_sql`` given and it has any): built once each, content-addressed."""
+        from sqlrl.synth.domains import DOMAINS
+        from sqlrl.synth.variants import build_variants, sqlite_path, variant_urls
+
+        path = sqlite_path(url)
+        if path is None:
+            raise ValueError(f"test-suite variants are built for SQLite databases only, not {url!r}")
+        domain = db_id if db_id in DOMAINS else None
+        folder = self.cache_dir / "variants"
+        paths = build_variants(path, folder, k=self.k, domain=domain)
+        consts = literals(gold_sql, dialect) if gold_sql else ()
+        if consts and self.literal_k:
+            paths += build_variants(path, folder, k=self.literal_k, seed=1000, literals=consts)
+        return variant_urls(paths)
+
+    def suite(self, db_id: str, url: str, gold_sql: str, run: Run, dialect: str = "sqlite") -> Suite:
+        key = (db_id, url, gold_sql)
+        with self._lock:
+            if key in self._suites:
+                return self._suites[key]
+            gate = self._gates.setdefault(key, threading.Lock())
+        with gate:
+            with self._lock:
+                if key in self._suites:
+                    return self._suites[key]
+            suite = self._load_or_distil(db_id, url, gold_sql, run, dialect)
+            with self._lock:
+                self._suites[key] = suite
+                self._gates.pop(key, None)
+            return suite
+
+    def _load_or_distil(self, db_id: str, url: str, gold_sql: str, run: Run, dialect: str) -> Suite:
+        candidates = self.variants(db_id, url, gold_sql, dialect)
+        name = hashlib.sha256(json.dumps([SUITE_VERSION, url, gold_sql, dialect, candidates,
+                                          self.max_neighbours]).encode()).hexdigest()[:24]
+        path = self.cache_dir / "suites" / f"{name}.json"
+        if path.is_file():
+            data = json.loads(path.read_text())
+            return Suite(**{**data, "variants": tuple(data["variants"])})
+        from sqlrl.synth.bugs import SchemaInfo
+        from sqlrl.synth.variants import sqlite_path
+        from sqlrl.tasks.schema import DatabaseSchema
+
+        db_path = sqlite_path(url)
+        if db_path is None or not db_path.is_file():
+            raise FileNotFoundError(f"database file not found: {db_path or url}")
+        schema = SchemaInfo.from_database_schema(DatabaseSchema.from_sqlite(db_path), dialect)
+        near = neighbours(gold_sql, dialect, schema, max_neighbours=self.max_neighbours)
+        suite = distil(url, gold_sql, candidates, near, run, dialect)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{threading.get_ident()}.tmp")
+        tmp.write_text(json.dumps(asdict(suite)))
+        tmp.replace(path)
+        with self._lock:
+            self.distilled += 1
+        return suite
