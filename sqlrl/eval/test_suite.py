@@ -317,3 +317,32 @@ class TestSuites:
         with self._lock:
             self.distilled += 1
         return suite
+
+
+# -- Spider evaluation ----------------------------------------------------------------------------
+
+def check_spider_suites(verdicts: Sequence[Any], prepared: Sequence[tuple[Any, ...]],
+                        suite_dir: str | Path, runner: Any) -> list[Any]:
+    """``SpiderVerdict``s with ``suite_match`` set: False for a non-match, else whether the
+    prepared prediction also matches on every variant of the prepared gold's suite, distilled on
+    the database's main file (``<db_id>.sqlite``). A gold whose suite cannot be built keeps its
+    EX verdict and gets ``suite_failed_on="no suite: <why>"`` (counted as passing: no variant
+    caught it)."""
+    from dataclasses import replace
+
+    suites = TestSuites(suite_dir)
+    out = []
+    for v, (urls, gold, pred) in zip(verdicts, prepared):
+        if not v.match:
+            out.append(replace(v, suite_match=False))
+            continue
+        main = next((u for u in urls if u.endswith(f"/{v.db_id}.sqlite")), urls[0])
+        try:
+            suite = suites.suite(v.db_id, main, gold[1], runner.run)
+        except (ValueError, OSError) as exc:
+            out.append(replace(v, suite_match=True, suite_failed_on=f"no suite: {exc}"))
+            continue
+        ok, where = check_suite(suite, runner.run, pred[1]).passes(
+            lambda p, g, o=v.order_matters: spider_ex(p, g, o))
+        out.append(replace(v, suite_match=ok, suite_failed_on=where))
+    return out
