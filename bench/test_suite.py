@@ -8,14 +8,16 @@ databases of dev (in file order), scored as a trainer does: one ``compute("spide
 per (task, response) through a ``Judge`` (fresh session per prediction, gold once per task).
 
 - ``ex``: the default reward, single-instance execution match.
-- ``suite``: ``RewardConfig(test_suite=True)``, the Judge holding ``TestSuites`` on a cache folder
-  that a warm-up pass filled (variants per database and a suite per gold are built once per run;
-  that one-time cost is reported separately as ``build``).
+- ``suite``: ``RewardConfig(test_suite=True)``, the Judge holding the ``TestSuites`` that a
+  warm-up pass filled (variants per database and a suite per gold are built once per run; that
+  one-time cost is reported separately as ``build``): a reward actor's steady state.
+- ``suite-disk``: the same with a new ``TestSuites`` on the same folder each round, so every
+  gold's suite is read back from its JSON file (a restarted actor, or another process).
 
-Each round runs both modes on fresh Judges (cold gold caches, same for both), in alternating
-order (ex first in even rounds, suite first in odd ones), so load changes hit both alike; the
-median round per mode is reported with the ratio ``suite / ex`` of per-sample cost (target
-<= 2x), and how many samples the suite's reward takes the result part from (``lucky_match``).
+Each round runs every mode on fresh Judges (cold gold caches, the same for all), the order
+rotated by one each round, so load changes hit all alike; the median round per mode is reported
+with its ratio to ``ex`` of per-sample cost (target <= 2x for ``suite``), and how many samples
+the suite's reward takes the result part from (``lucky_match``).
 Prints a table; writes JSON (default ``bench/results/test_suite-<timestamp>.json``).
 """
 
@@ -83,11 +85,13 @@ def main() -> None:
     _, first = run(items, catalog, warm)  # builds variants and distils every gold's suite
     build_s = time.perf_counter() - t0
 
-    times: dict[str, list[float]] = {"ex": [], "suite": []}
+    modes = {"ex": lambda: None, "suite": lambda: warm, "suite-disk": lambda: TestSuites(cache)}
+    names = list(modes)
+    times: dict[str, list[float]] = {m: [] for m in names}
     scores: dict[str, list] = {}
     for r in range(a.rounds):
-        for mode in (("ex", "suite") if r % 2 == 0 else ("suite", "ex")):
-            elapsed, out = run(items, catalog, TestSuites(cache) if mode == "suite" else None)
+        for mode in names[r % 3:] + names[:r % 3]:
+            elapsed, out = run(items, catalog, modes[mode]())
             times[mode].append(elapsed)
             scores[mode] = out
     n = len(items)
@@ -96,15 +100,19 @@ def main() -> None:
     suite_right = sum(b.parts["result"] == 1.0 for b in scores["suite"])
     lucky = sum(b.parts["lucky_match"] == 1.0 for b in scores["suite"])
     ratio = med["suite"] / med["ex"]
+    disk = med["suite-disk"] / med["ex"]
     print(f"\none-time build (variants + distillation of every gold, then scoring once): {build_s:.1f} s")
     print("| mode | samples/s | ms/sample | result=1 | lucky_match |")
     print("|---|---|---|---|---|")
     print(f"| ex (single instance) | {n / med['ex']:.0f} | {1000 * med['ex'] / n:.2f} | {ex_right} | -- |")
     print(f"| suite | {n / med['suite']:.0f} | {1000 * med['suite'] / n:.2f} | {suite_right} | {lucky} |")
+    print(f"| suite, suites read from disk | {n / med['suite-disk']:.0f} | "
+          f"{1000 * med['suite-disk'] / n:.2f} | {suite_right} | {lucky} |")
     print(f"\nsuite / ex cost per sample: {ratio:.2f}x (target <= {TARGET_RATIO}x: "
-          f"{'met' if ratio <= TARGET_RATIO else 'NOT met'}); load {os.getloadavg()}")
+          f"{'met' if ratio <= TARGET_RATIO else 'NOT met'}); read from disk: {disk:.2f}x; "
+          f"load {os.getloadavg()}")
     result = {"samples": n, "databases": list(catalog), "rounds": a.rounds, "times_s": times,
-              "median_s": med, "ratio": ratio, "target_ratio": TARGET_RATIO, "build_s": build_s,
+              "median_s": med, "ratio": ratio, "ratio_disk": disk, "target_ratio": TARGET_RATIO, "build_s": build_s,
               "ex_result_1": ex_right, "suite_result_1": suite_right, "lucky_match": lucky,
               "loadavg_end": os.getloadavg(), "machine": platform.platform(),
               "cpus": os.cpu_count()}

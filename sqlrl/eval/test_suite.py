@@ -293,20 +293,25 @@ class TestSuites:
             return suite
 
     def _load_or_distil(self, db_id: str, url: str, gold_sql: str, run: Run, dialect: str) -> Suite:
-        candidates = self.variants(db_id, url, gold_sql, dialect)
-        name = hashlib.sha256(json.dumps([SUITE_VERSION, url, gold_sql, dialect, candidates,
-                                          self.max_neighbours]).encode()).hexdigest()[:24]
+        from sqlrl.synth.bugs import SchemaInfo
+        from sqlrl.synth.variants import VARIANTS_VERSION, file_digest, sqlite_path
+        from sqlrl.tasks.schema import DatabaseSchema
+
+        db_path = sqlite_path(url)
+        if db_path is None:
+            raise ValueError(f"test-suite variants are built for SQLite databases only, not {url!r}")
+        if not db_path.is_file():
+            raise FileNotFoundError(f"database file not found: {db_path}")
+        # the key holds everything the suite depends on, so a cached suite is read without
+        # touching the variants (their folder is keyed by the same inputs)
+        name = hashlib.sha256(json.dumps([SUITE_VERSION, VARIANTS_VERSION, db_id, url,
+                                          file_digest(db_path), gold_sql, dialect, self.k,
+                                          self.literal_k, self.max_neighbours]).encode()).hexdigest()[:24]
         path = self.cache_dir / "suites" / f"{name}.json"
         if path.is_file():
             data = json.loads(path.read_text())
             return Suite(**{**data, "variants": tuple(data["variants"])})
-        from sqlrl.synth.bugs import SchemaInfo
-        from sqlrl.synth.variants import sqlite_path
-        from sqlrl.tasks.schema import DatabaseSchema
-
-        db_path = sqlite_path(url)
-        if db_path is None or not db_path.is_file():
-            raise FileNotFoundError(f"database file not found: {db_path or url}")
+        candidates = self.variants(db_id, url, gold_sql, dialect)
         schema = SchemaInfo.from_database_schema(DatabaseSchema.from_sqlite(db_path), dialect)
         near = neighbours(gold_sql, dialect, schema, max_neighbours=self.max_neighbours)
         suite = distil(url, gold_sql, candidates, near, run, dialect)
