@@ -272,3 +272,18 @@ def test_the_option_is_a_clear_configuration_error_when_half_set(db, tmp_path) -
     with pytest.raises(ValueError, match="no test suites"):
         compute("spider_ex_single", task(), single(GOLD), plain_judge, cfg)
     assert compute("spider_ex_single", task(), single(NEAR_MISS), plain_judge).score == 1.0  # default: EX
+
+
+def test_reward_actors_build_their_judge_with_suites_when_the_option_is_on(db, tmp_path) -> None:
+    from actors.reward import RewardGroup, RewardGroupConfig, RewardRequest
+
+    cfg = RewardConfig(test_suite=True, test_suite_dir=str(tmp_path / "run" / "test_suite"))
+    group = RewardGroup({"co": {"sqlite": url(db)}}, RewardGroupConfig(in_process=True, reward=cfg))
+    try:
+        lucky, right = group.score([RewardRequest("spider_ex_single", task(), single(NEAR_MISS)),
+                                    RewardRequest("spider_ex_single", task(), single(GOLD))])
+    finally:
+        group.shutdown()
+    assert lucky.parts["lucky_match"] == 1.0 and lucky.score == 0.0
+    assert right.parts["lucky_match"] == 0.0 and right.score == 1.0
+    assert list((tmp_path / "run" / "test_suite" / "suites").glob("*.json"))  # cached in the run dir
