@@ -25,8 +25,10 @@ misses, and check a prediction on them (Zhong, Yu & Klein, 2020).
   variant whose gold failed (fail-closed: such a variant can neither reward nor punish).
 - ``TestSuites`` builds a database's variants once (``sqlrl.synth.variants.build_variants``,
   content-addressed in ``cache_dir``) and each gold's suite once (in memory, single flight per
-  key, and as JSON under ``cache_dir/suites``); SQLite databases only -- a server URL raises
-  ``ValueError`` (variants of sealed server bases are not built yet).
+  key, and as JSON under ``cache_dir/suites``, server variants by database name: credentials are
+  never written). A server database's variants are fuzzed from the SQLite file it was loaded from
+  (``source``; without one: ``ValueError``) and loaded on its server as sealed bases
+  (``sqlrl.synth.variants.server_variant``).
 """
 
 from __future__ import annotations
@@ -259,24 +261,30 @@ class TestSuites:
         self.distilled = 0  # suites distilled by this object (not read from memory or disk)
 
     def variants(self, db_id: str, url: str, gold_sql: str | None = None,
-                 dialect: str = "sqlite") -> list[str]:
+                 dialect: str = "sqlite", source: str | Path | None = None) -> list[str]:
         """The database's ``k`` variants, plus ``literal_k`` variants whose pools hold the gold's
-        constants (``gold_sql`` given and it has any): built once each, content-addressed."""
+        constants (``gold_sql`` given and it has any): built once each, content-addressed.
+        A server database (``url`` not SQLite) needs ``source``, the SQLite file it was loaded
+        from: its variants are fuzzed from that file and loaded as sealed bases on the same
+        server (``server_variant``)."""
         from sqlrl.synth.domains import DOMAINS
-        from sqlrl.synth.variants import build_variants, sqlite_path, variant_urls
+        from sqlrl.synth.variants import build_variants, variant_urls
 
-        path = sqlite_path(url)
-        if path is None:
-            raise ValueError(f"test-suite variants are built for SQLite databases only, not {url!r}")
+        path = _source_file(url, source)
         domain = db_id if db_id in DOMAINS else None
         folder = self.cache_dir / "variants"
         paths = build_variants(path, folder, k=self.k, domain=domain)
         consts = literals(gold_sql, dialect) if gold_sql else ()
         if consts and self.literal_k:
             paths += build_variants(path, folder, k=self.literal_k, seed=1000, literals=consts)
-        return variant_urls(paths)
+        if _is_sqlite(url):
+            return variant_urls(paths)
+        from sqlrl.synth.variants import server_variant
 
-    def suite(self, db_id: str, url: str, gold_sql: str, run: Run, dialect: str = "sqlite") -> Suite:
+        return [server_variant(p, url, self.cache_dir / "servers") for p in paths]
+
+    def suite(self, db_id: str, url: str, gold_sql: str, run: Run, dialect: str = "sqlite",
+              source: str | Path | None = None) -> Suite:
         key = (db_id, url, gold_sql)
         with self._lock:
             if key in self._suites:
@@ -286,20 +294,19 @@ class TestSuites:
             with self._lock:
                 if key in self._suites:
                     return self._suites[key]
-            suite = self._load_or_distil(db_id, url, gold_sql, run, dialect)
+            suite = self._load_or_distil(db_id, url, gold_sql, run, dialect, source)
             with self._lock:
                 self._suites[key] = suite
                 self._gates.pop(key, None)
             return suite
 
-    def _load_or_distil(self, db_id: str, url: str, gold_sql: str, run: Run, dialect: str) -> Suite:
+    def _load_or_distil(self, db_id: str, url: str, gold_sql: str, run: Run, dialect: str,
+                        source: str | Path | None) -> Suite:
         from sqlrl.synth.bugs import SchemaInfo
-        from sqlrl.synth.variants import VARIANTS_VERSION, file_digest, sqlite_path
+        from sqlrl.synth.variants import VARIANTS_VERSION, file_digest
         from sqlrl.tasks.schema import DatabaseSchema
 
-        db_path = sqlite_path(url)
-        if db_path is None:
-            raise ValueError(f"test-suite variants are built for SQLite databases only, not {url!r}")
+        db_path = _source_file(url, source)
         if not db_path.is_file():
             raise FileNotFoundError(f"database file not found: {db_path}")
         # the key holds everything the suite depends on, so a cached suite is read without
@@ -310,18 +317,64 @@ class TestSuites:
         path = self.cache_dir / "suites" / f"{name}.json"
         if path.is_file():
             data = json.loads(path.read_text())
-            return Suite(**{**data, "variants": tuple(data["variants"])})
-        candidates = self.variants(db_id, url, gold_sql, dialect)
+            return Suite(**{**data, "db_url": url,
+                            "variants": tuple(_from_stored(v, url) for v in data["variants"])})
+        candidates = self.variants(db_id, url, gold_sql, dialect, db_path)
         schema = SchemaInfo.from_database_schema(DatabaseSchema.from_sqlite(db_path), dialect)
         near = neighbours(gold_sql, dialect, schema, max_neighbours=self.max_neighbours)
         suite = distil(url, gold_sql, candidates, near, run, dialect)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{threading.get_ident()}.tmp")
-        tmp.write_text(json.dumps(asdict(suite)))
+        stored = {**asdict(suite), "db_url": _redacted(url),
+                  "variants": [_to_stored(v, url) for v in suite.variants]}
+        tmp.write_text(json.dumps(stored))
         tmp.replace(path)
         with self._lock:
             self.distilled += 1
         return suite
+
+
+def _is_sqlite(url: str) -> bool:
+    from sqlrl.synth.variants import sqlite_path
+
+    return sqlite_path(url) is not None
+
+
+def _source_file(url: str, source: str | Path | None) -> Path:
+    """The SQLite file variants are fuzzed from: ``url``'s own, else ``source`` (a server)."""
+    from sqlrl.synth.variants import sqlite_path
+
+    own = sqlite_path(url)
+    if own is not None:
+        return own
+    if source is None:
+        raise ValueError("test-suite variants of a server database need the SQLite file it was "
+                         f"loaded from (its catalog's sqlite entry); none for {_redacted(url)}")
+    return Path(source)
+
+
+def _redacted(url: str) -> str:
+    from sqlrl.db.url import redact
+
+    return redact(url)
+
+
+def _to_stored(variant: str, url: str) -> str:
+    """A variant as written to a suite's JSON: a SQLite URL as is, a server variant as its
+    database name (a server URL carries credentials; they are never written)."""
+    if _is_sqlite(variant):
+        return variant
+    from sqlrl.db.url import parse_url
+
+    return "db:" + str(parse_url(variant).database)
+
+
+def _from_stored(stored: str, url: str) -> str:
+    if not stored.startswith("db:"):
+        return stored
+    from sqlrl.db.provision import session_url
+
+    return session_url(url, stored[3:])
 
 
 # -- Spider evaluation ----------------------------------------------------------------------------

@@ -30,7 +30,8 @@ Guarantees:
   ``bird_suite`` / ``spider_suite`` say whether it matched on the original **and** every variant
   (a variant the gold fails on is dropped, never rewarding), ``suite_failed_on`` names the first
   variant it missed. Gold results on variants are cached like the original's. A task on a
-  non-SQLite database then raises ``ValueError`` (no variants for server bases yet).
+  server database takes its variants from the catalog's SQLite copy of that database (loaded on
+  the server as sealed bases); without one it raises ``ValueError``.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from sqlrl.eval.compare import bird_ex, outer_order_by, spider_ex
 from sqlrl.eval.critic import CriticVerdict, SolCache, run_critic
 from sqlrl.eval.spider import Outcome
 from sqlrl.eval.test_suite import SuiteCheck, TestSuites
+from sqlrl.synth.variants import sqlite_path
 from sqlrl.tasks.types import CriticTask, Text2SQLTask
 
 
@@ -123,7 +125,9 @@ class Judge:
         if not (verdict.bird_match or verdict.spider_match):
             return replace(verdict, suite_checked=True)
         assert self.suites is not None
-        suite = self.suites.suite(task.db_id, url, task.gold_sql, self._outcome, task.dialect)
+        source = self.catalog.get(task.db_id, {}).get("sqlite")  # a server base's SQLite origin
+        suite = self.suites.suite(task.db_id, url, task.gold_sql, self._outcome, task.dialect,
+                                  sqlite_path(source) if source else None)
         check = SuiteCheck(tuple((u, _outcome(self._gold_at(u, task.gold_sql)),
                                   _outcome(self._run(u, (), sql))) for u in suite.variants))
         bird, bird_miss = check.passes(bird_ex)

@@ -32,8 +32,11 @@ Guarantees of a fuzzed variant (tests/unit/test_variants.py):
   renamed, so concurrent processes never see half a set) and reused by every later call.
 - Bad input: a missing or non-SQLite source raises ``FileNotFoundError`` / ``ValueError`` naming it.
 
-Only SQLite files: variants of a server database (PostgreSQL/MariaDB sealed bases) are not built
-here (docs/rewards.md, "test-suite match").
+Server databases (PostgreSQL, MariaDB/MySQL): ``server_variant`` loads a variant file on the
+server of a database loaded from SQLite (``sqlrl.db.loader.load_sqlite``: the same loader, so
+the same column types and lower-cased names) as a sealed base named by the file's SHA-256, once
+per server (a marker file under the cache folder, written after the load; a file lock keeps two
+processes from loading it twice).
 """
 
 from __future__ import annotations
@@ -457,3 +460,26 @@ def sqlite_path(url: str) -> Path | None:
 
 def variant_urls(paths: Sequence[Path]) -> list[str]:
     return [f"sqlite:///{p.resolve()}" for p in paths]
+
+
+def server_variant(path: Path, url: str, cache_dir: str | Path) -> str:
+    """The session URL of variant file ``path`` on the server of ``url`` (a session URL of a base
+    loaded from SQLite, which carries the admin account), loaded once (module doc)."""
+    import fcntl
+
+    from sqlrl.db.loader import load_sqlite
+    from sqlrl.db.provision import session_url
+    from sqlrl.db.url import parse_url
+
+    parsed = parse_url(url)
+    server = hashlib.sha256(f"{parsed.drivername}://{parsed.host}:{parsed.port}".encode()).hexdigest()[:12]
+    name = "tsv_" + file_digest(path)[:24]
+    folder = Path(cache_dir) / server
+    folder.mkdir(parents=True, exist_ok=True)
+    marker = folder / f"{name}.loaded"
+    with open(folder / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not marker.is_file():
+            load_sqlite(str(path), url, name, replace=True)
+            marker.write_text(name)
+    return session_url(url, name)

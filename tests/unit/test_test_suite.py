@@ -136,8 +136,8 @@ def test_bad_database_files_get_clear_errors(tmp_path) -> None:
         V.build_variants(tmp_path / "text.sqlite", tmp_path / "cache")
     with pytest.raises(ValueError, match="unknown variant profile"):
         V.fuzz_sqlite(tmp_path / "text.sqlite", tmp_path / "o.sqlite", "nope", 0)
-    with pytest.raises(ValueError, match="only"):
-        TestSuites(tmp_path).variants("x", "postgresql://u@localhost/db")
+    with pytest.raises(ValueError, match="SQLite file it was loaded from"):
+        TestSuites(tmp_path).variants("x", "postgresql://u:secret@localhost/db")
 
 
 # -- neighbours and distillation ------------------------------------------------------------------
