@@ -29,7 +29,9 @@ Guarantees:
   session with the judge's limits, on every variant of its gold's distilled suite;
   ``bird_suite`` / ``spider_suite`` say whether it matched on the original **and** every variant
   (a variant the gold fails on is dropped, never rewarding), ``suite_failed_on`` names the first
-  variant it missed. Gold results on variants are cached like the original's. A task on a
+  variant it missed. The prediction's variant sessions are opened in one ``open_many``. A lost
+  session on a variant (the infrastructure, not the model) makes the verdict ``gold_error``
+  ("test suite unavailable: …"): the sample is excluded, neither rewarded nor punished. Gold results on variants are cached like the original's. A task on a
   server database takes its variants from the catalog's SQLite copy of that database (loaded on
   the server as sealed bases); without one it raises ``ValueError``.
 """
@@ -128,8 +130,14 @@ class Judge:
         source = self.catalog.get(task.db_id, {}).get("sqlite")  # a server base's SQLite origin
         suite = self.suites.suite(task.db_id, url, task.gold_sql, self._outcome, task.dialect,
                                   sqlite_path(source) if source else None)
-        check = SuiteCheck(tuple((u, _outcome(self._gold_at(u, task.gold_sql)),
-                                  _outcome(self._run(u, (), sql))) for u in suite.variants))
+        golds = [self._gold_at(u, task.gold_sql) for u in suite.variants]
+        preds = self._run_many(suite.variants, sql)
+        lost = [r.error for r in golds + preds
+                if r.error is not None and r.error.kind is ErrorKind.SESSION_LOST]
+        if lost:  # the reward infrastructure failed, not the model: neither rewarded nor punished
+            return replace(verdict, suite_checked=True, gold_error=f"test suite unavailable: {lost[0]}")
+        check = SuiteCheck(tuple((u, _outcome(g), _outcome(p))
+                                 for u, g, p in zip(suite.variants, golds, preds)))
         bird, bird_miss = check.passes(bird_ex)
         spider, spider_miss = check.passes(lambda p, g: spider_ex(p, g, order))
         return replace(verdict, suite_checked=True, bird_suite=verdict.bird_match and bird,
@@ -152,6 +160,21 @@ class Judge:
                           sessions=self.sessions)
 
     # -- internals -------------------------------------------------------------------------------
+
+    def _run_many(self, urls: Sequence[str], sql: str) -> list[QueryResult]:
+        """``sql`` on a fresh session per URL, the sessions opened in one ``open_many`` (one
+        lease round trip on the DB pool) and closed together."""
+        if len(urls) < 2:
+            return [self._run(u, (), sql) for u in urls]
+        try:
+            sessions = self.sessions.open_many([SessionRequest(u, limits=self.limits) for u in urls])
+        except Exception as exc:  # SessionError, a lease refused: never the model's fault
+            failure = QueryResult.failure(ErrorKind.SESSION_LOST, f"could not open sessions: {exc}")
+            return [failure] * len(urls)
+        try:
+            return [s.execute(sql) for s in sessions]
+        finally:
+            self.sessions.close_many(sessions)
 
     def _run(self, url: str, preprocess: Sequence[str], sql: str) -> QueryResult:
         try:

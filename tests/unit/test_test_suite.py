@@ -287,3 +287,55 @@ def test_reward_actors_build_their_judge_with_suites_when_the_option_is_on(db, t
     assert lucky.parts["lucky_match"] == 1.0 and lucky.score == 0.0
     assert right.parts["lucky_match"] == 0.0 and right.score == 1.0
     assert list((tmp_path / "run" / "test_suite" / "suites").glob("*.json"))  # cached in the run dir
+
+
+class _Recording:
+    """A session source that records each ``open_many`` and can refuse the variants' sessions."""
+
+    def __init__(self, refuse: str | None = None) -> None:
+        from sqlrl.db.source import LocalSessions
+
+        self.inner, self.refuse, self.batches = LocalSessions(), refuse, []
+
+    def open_many(self, requests):
+        self.batches.append([r.db for r in requests])
+        if self.refuse and any(self.refuse in r.db for r in requests):
+            raise RuntimeError("lease refused")
+        return self.inner.open_many(requests)
+
+    def close_many(self, sessions) -> None:
+        self.inner.close_many(sessions)
+
+
+class _FixedSuites:
+    def __init__(self, suite) -> None:
+        self.fixed = suite
+
+    def suite(self, *args, **kwargs):
+        return self.fixed
+
+
+def _two_variant_suite(db, tmp_path):
+    from sqlrl.eval.test_suite import Suite
+
+    paths = [V.fuzz_sqlite(db, tmp_path / f"v{i}.sqlite", "resample", i) for i in range(2)]
+    return Suite(url(db), GOLD, tuple(url(p) for p in paths), 1, 0, 1, 0, 2, 0)
+
+
+def test_a_predictions_variant_sessions_open_in_one_batch(db, tmp_path) -> None:
+    source = _Recording()
+    suite = _two_variant_suite(db, tmp_path)
+    judge = Judge({"co": {"sqlite": url(db)}}, sessions=source, suites=_FixedSuites(suite))
+    verdict = judge.text2sql(task(), GOLD)
+    assert verdict.suite_checked and verdict.spider_suite
+    assert list(suite.variants) in source.batches  # both variants in one open_many
+
+
+def test_a_lost_variant_session_excludes_the_sample_never_a_lucky_match(db, tmp_path) -> None:
+    suite = _two_variant_suite(db, tmp_path)
+    judge = Judge({"co": {"sqlite": url(db)}}, sessions=_Recording(refuse="/v0.sqlite"),
+                  suites=_FixedSuites(suite))
+    cfg = RewardConfig(test_suite=True, test_suite_dir=str(tmp_path))
+    b = compute("spider_ex_single", task(), single(GOLD), judge, cfg)
+    assert b.excluded and b.score == 0.0 and b.parts["lucky_match"] == 0.0
+    assert "test suite unavailable" in b.reason
