@@ -8,7 +8,6 @@ ways to fill a table.
 from __future__ import annotations
 
 import random
-import shutil
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
@@ -186,7 +185,7 @@ def _fill_table(conn: sqlite3.Connection, src: sqlite3.Connection, info: _TableI
                 profile: Profile, rng: random.Random, done: dict[str, list[tuple]],
                 empty: set[str], max_rows: int, literals: Sequence[Any] = ()) -> list[tuple]:
     n_source = src.execute(f"SELECT count(*) FROM {_quote(info.name)}").fetchone()[0]
-    if info.name in empty:
+    if info.name in empty or n_source == 0:  # a table empty in the source has no values to draw
         return []
     pools = _pools(src, info, literals)
     if profile.name == "duplicates":
@@ -272,30 +271,41 @@ def fuzz_sqlite(source: str | Path, dest: str | Path, profile: str, seed: int,
         raise ValueError(f"unknown variant profile {profile!r}; known: {', '.join(PROFILES)}")
     source, dest = Path(source), Path(dest)
     _check_sqlite(source)
-    shutil.copyfile(source, dest)
+    if dest.exists():
+        dest.unlink()
     rng = random.Random(f"variant:{profile}:{seed}")
     src = sqlite3.connect(f"file:{source}?mode=ro", uri=True)
     conn = sqlite3.connect(dest)
     try:
+        conn.execute(f"PRAGMA encoding = '{src.execute('PRAGMA encoding').fetchone()[0]}'")
+        _copy_schema(src, conn, late=False)  # tables and indexes; views and triggers after the rows
         tables = _read_tables(src)
         order = _parent_order(tables)
         empty: set[str] = set()
         if profile == "empty" and order:
             empty = _referencing(tables, rng.choice(order))
         conn.execute("PRAGMA foreign_keys=OFF")
-        conn.execute("PRAGMA recursive_triggers=OFF")
-        for t in order:
-            conn.execute(f"DELETE FROM {_quote(t)}")
         done: dict[str, list[tuple]] = {}
         for t in order:
             done[t] = _fill_table(conn, src, tables[t], PROFILES[profile], rng, done, empty,
                                   max_rows, literals)
         conn.commit()
-        conn.execute("VACUUM")
+        _copy_schema(src, conn, late=True)
+        conn.commit()
     finally:
         conn.close()
         src.close()
     return dest
+
+
+def _copy_schema(src: sqlite3.Connection, conn: sqlite3.Connection, late: bool) -> None:
+    """Run the source's own CREATE statements (``sqlite_master.sql``, in creation order): tables
+    and indexes (``late=False``) or views and triggers (``late=True``, after the rows, so no
+    trigger fires while a table is filled). Internal objects (``sqlite_*``) make themselves."""
+    for kind, sql in src.execute("SELECT type, sql FROM sqlite_master WHERE sql IS NOT NULL "
+                                 "AND substr(name, 1, 7) != 'sqlite_' ORDER BY rowid").fetchall():
+        if (kind in ("view", "trigger")) == late:
+            conn.execute(sql)
 
 
 def _referencing(tables: dict[str, _TableInfo], root: str) -> set[str]:

@@ -11,8 +11,10 @@ variants that tell it apart from its near misses.
 Two ways to make a variant (``VariantSpec.kind``):
 - ``reseed`` (synthetic domains only): ``build_domain_db`` with another seed and scale -- the
   domain's own generator, so every annotation (codes, FKs, NULLs) holds by construction.
-- ``fuzz`` (any SQLite database, Spider's included): the file is copied (schema, indexes, views,
-  triggers byte for byte), every table is emptied and refilled, parents before children, by a
+- ``fuzz`` (any SQLite database, Spider's included; ``sqlrl.synth.fuzz``): a new file made by
+  the source's own CREATE statements (tables and indexes first, views and triggers after the
+  rows, so no trigger fires while filling; a large source is never copied), every table filled,
+  parents before children, by a
   ``PROFILES`` entry: ``resample`` (values drawn from the column's own values, numbers perturbed
   by ±1 / ±10%), ``duplicates`` (two values per non-key column: repeated rows), ``nulls``
   (nullable columns NULL with p=0.35), ``boundary`` (min, max, min-1, max+1, 0, '' mixed in),
@@ -22,7 +24,7 @@ Guarantees of a fuzzed variant (tests/unit/test_variants.py):
 - The schema is the source's (``sqlite_master`` is unchanged); every value of a column is one of
   that column's own values in the source or a perturbation of the same storage class (an integer
   stays an integer, text stays text), NULL only in a column that allows it.
-- Primary keys and UNIQUE indexes hold; NOT NULL holds; a foreign key's values are values of the
+- A table empty in the source stays empty. Primary keys and UNIQUE indexes hold; NOT NULL holds; a foreign key's values are values of the
   referenced columns in the variant (``PRAGMA foreign_key_check`` is empty) -- except on a
   reference cycle between tables, where the later table's values come from the source instead.
   A row the engine still refuses (a CHECK constraint) is dropped, never forced.
@@ -57,7 +59,7 @@ __all__ = ["DEFAULT_MAX_ROWS", "PROFILES", "VARIANTS_VERSION", "VariantSpec", "b
            "file_digest", "fuzz_sqlite", "server_variant", "sqlite_path", "variant_plan",
            "variant_urls"]
 
-VARIANTS_VERSION = 1
+VARIANTS_VERSION = 2
 
 
 @dataclass(frozen=True)
