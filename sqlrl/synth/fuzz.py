@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 DEFAULT_MAX_ROWS = 60  # rows per table of a fuzzed variant (small: cheap to query, easy to tell apart)
+SCAN_ROWS = 20_000  # source rows read per table and column (BIRD's tables have millions)
 
 
 @dataclass(frozen=True)
@@ -158,13 +159,15 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
 
 
 def _pools(conn: sqlite3.Connection, info: _TableInfo, literals: Sequence[Any] = ()) -> list[list[Any]]:
-    """Per column: its distinct non-NULL source values (at most 500, in a fixed order), plus the
+    """Per column: its distinct non-NULL source values (at most 500, among the first
+    ``SCAN_ROWS`` rows: a large table is never scanned whole; in a fixed order), plus the
     ``literals`` of the storage class every source value has (a query's constants, ±1 for
     integers: the values a filter's boundary sits on)."""
     out = []
     for c in info.columns:
-        rows = conn.execute(f"SELECT DISTINCT {_quote(c.name)} FROM {_quote(info.name)} "
-                            f"WHERE {_quote(c.name)} IS NOT NULL LIMIT 500").fetchall()
+        rows = conn.execute(f"SELECT DISTINCT v FROM (SELECT {_quote(c.name)} AS v FROM "
+                            f"{_quote(info.name)} WHERE {_quote(c.name)} IS NOT NULL "
+                            f"LIMIT {SCAN_ROWS}) LIMIT 500").fetchall()
         vals = sorted((r[0] for r in rows), key=lambda v: (type(v).__name__, str(v)))
         kinds = {type(v) for v in vals}
         if len(kinds) == 1:
@@ -184,7 +187,8 @@ def _widen(literals: Sequence[Any]) -> list[Any]:
 def _fill_table(conn: sqlite3.Connection, src: sqlite3.Connection, info: _TableInfo,
                 profile: Profile, rng: random.Random, done: dict[str, list[tuple]],
                 empty: set[str], max_rows: int, literals: Sequence[Any] = ()) -> list[tuple]:
-    n_source = src.execute(f"SELECT count(*) FROM {_quote(info.name)}").fetchone()[0]
+    n_source = src.execute(f"SELECT count(*) FROM (SELECT 1 FROM {_quote(info.name)} "
+                           f"LIMIT {SCAN_ROWS})").fetchone()[0]
     if info.name in empty or n_source == 0:  # a table empty in the source has no values to draw
         return []
     pools = _pools(src, info, literals)
@@ -196,7 +200,7 @@ def _fill_table(conn: sqlite3.Connection, src: sqlite3.Connection, info: _TableI
         prow_cols = _parent_columns(conn, parent, pcols)
         source = done.get(parent)
         if source is None:  # a reference cycle: the parent is not filled yet
-            source = src.execute(f"SELECT * FROM {_quote(parent)}").fetchall()
+            source = src.execute(f"SELECT * FROM {_quote(parent)} LIMIT {SCAN_ROWS}").fetchall()
         parents.append([tuple(r[i] for i in prow_cols) for r in source])
         for pos, c in enumerate(child):
             fk_cols[c] = (k, pos)
