@@ -344,3 +344,28 @@ def test_a_lost_variant_session_excludes_the_sample_never_a_lucky_match(db, tmp_
     b = compute("spider_ex_single", task(), single(GOLD), judge, cfg)
     assert b.excluded and b.score == 0.0 and b.parts["lucky_match"] == 0.0
     assert "test suite unavailable" in b.reason
+
+
+def test_the_evaluate_job_reports_test_suite_accuracy_beside_ex(tmp_path) -> None:
+    from jobs.evaluate import main
+
+    (tmp_path / "db" / "co").mkdir(parents=True)
+    make_db(tmp_path / "db" / "co" / "co.sqlite")
+    (tmp_path / "g.sql").write_text(f"{GOLD}\tco\n{GOLD}\tco\n{GOLD}\tco\n")
+    (tmp_path / "p.sql").write_text(f"{NEAR_MISS}\n{GOLD}\nSELECT name FROM emp\n")
+    out = tmp_path / "out"
+    assert main(["spider", "--gold", str(tmp_path / "g.sql"), "--pred", str(tmp_path / "p.sql"),
+                 "--db", str(tmp_path / "db"), "--out", str(out), "--test-suite",
+                 "--processes", "1"]) == 0
+    import json
+
+    report = json.loads((out / "report.json").read_text())
+    assert report["matched"] == 2 and report["test_suite"] == {"ts": 1 / 3, "matched": 1, "lucky": 1}
+    assert "| test-suite | 3 | 1 | 33.33 |" in (out / "report.md").read_text()
+    assert list((out / "test_suite" / "suites").glob("*.json"))
+    # without the flag: EX only, nothing built
+    assert main(["spider", "--gold", str(tmp_path / "g.sql"), "--pred", str(tmp_path / "p.sql"),
+                 "--db", str(tmp_path / "db"), "--out", str(tmp_path / "plain"),
+                 "--processes", "1"]) == 0
+    assert "test_suite" not in json.loads((tmp_path / "plain" / "report.json").read_text())
+    assert not (tmp_path / "plain" / "test_suite").exists()
