@@ -44,7 +44,7 @@ Run = Callable[[str, str], Outcome]  # (database URL, SQL) -> Outcome (rows, or 
 Same = Callable[[Sequence[tuple], Sequence[tuple]], bool]  # (pred rows, gold rows) -> match
 
 SUITE_VERSION = 1
-__all__ = ["Run", "Same", "Suite", "SuiteCheck", "TestSuites", "check_spider_suites",
+__all__ = ["GoldFailed", "Run", "Same", "Suite", "SuiteCheck", "TestSuites", "check_spider_suites",
            "check_suite", "distil", "literals", "neighbours"]
 
 
@@ -69,16 +69,22 @@ class Suite:
         return self.caught_by_original + self.caught_by_suite
 
 
+class GoldFailed(ValueError):
+    """The gold query fails on the original database: no suite can be distilled for it."""
+
+
 def _caught(gold: Outcome, other: Outcome, ordered: bool) -> bool:
     return other.error is not None or not spider_ex(other.rows or (), gold.rows or (), ordered)
 
 
 def distil(db_url: str, gold_sql: str, candidates: Sequence[str], near: Sequence[str], run: Run,
            dialect: str = "sqlite") -> Suite:
-    """Greedy distillation (module doc); ``ValueError`` when the gold fails on ``db_url``."""
+    """Greedy distillation (module doc); ``GoldFailed`` (a ``ValueError``) when the gold fails on
+    ``db_url``."""
     gold = run(db_url, gold_sql)
     if gold.error is not None:
-        raise ValueError(f"the gold query fails on the original database ({db_url}): {gold.error}")
+        raise GoldFailed(f"the gold query fails on the original database ({_redacted(db_url)}): "
+                         f"{gold.error}")
     ordered = outer_order_by(gold_sql, dialect)
     left = [n for n in near if not _caught(gold, run(db_url, n), ordered)]
     by_original = len(near) - len(left)
@@ -243,9 +249,13 @@ def _source_file(url: str, source: str | Path | None) -> Path:
 
 
 def _redacted(url: str) -> str:
+    """``url`` with any password hidden (for messages and files)."""
     from sqlrl.db.url import redact
 
-    return redact(url)
+    try:
+        return redact(url)
+    except Exception:  # not a URL sqlalchemy reads: say nothing of what it holds
+        return url if "@" not in url else "<a database URL>"
 
 
 def _to_stored(variant: str, url: str) -> str:

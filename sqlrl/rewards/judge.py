@@ -29,11 +29,13 @@ Guarantees:
   session with the judge's limits, on every variant of its gold's distilled suite;
   ``bird_suite`` / ``spider_suite`` say whether it matched on the original **and** every variant
   (a variant the gold fails on is dropped, never rewarding), ``suite_failed_on`` names the first
-  variant it missed. The prediction's variant sessions are opened in one ``open_many``. A lost
-  session on a variant (the infrastructure, not the model) makes the verdict ``gold_error``
-  ("test suite unavailable: …"): the sample is excluded, neither rewarded nor punished. Gold results on variants are cached like the original's. A task on a
-  server database takes its variants from the catalog's SQLite copy of that database (loaded on
-  the server as sealed bases); without one it raises ``ValueError``.
+  variant it missed. Gold results on variants are cached like the original's; the prediction's
+  variant sessions are opened in one ``open_many``. A lost session on a variant, or a gold that
+  failed while its suite was distilled (a timeout), is the infrastructure's failure, not the
+  model's: the verdict gets ``gold_error`` ("test suite unavailable: …") and the sample is
+  excluded, neither rewarded nor punished. A task on a server database takes its variants from
+  the catalog's SQLite copy of that database (loaded on the server as sealed bases); without one
+  it raises ``ValueError`` (a configuration error).
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ from sqlrl.db.source import LocalSessions, SessionRequest, SessionSource, open_o
 from sqlrl.eval.compare import bird_ex, outer_order_by, spider_ex
 from sqlrl.eval.critic import CriticVerdict, SolCache, run_critic
 from sqlrl.eval.spider import Outcome
-from sqlrl.eval.test_suite import SuiteCheck, TestSuites
+from sqlrl.eval.test_suite import GoldFailed, SuiteCheck, TestSuites
 from sqlrl.synth.variants import sqlite_path
 from sqlrl.tasks.types import CriticTask, Text2SQLTask
 
@@ -128,8 +130,11 @@ class Judge:
             return replace(verdict, suite_checked=True)
         assert self.suites is not None
         source = self.catalog.get(task.db_id, {}).get("sqlite")  # a server base's SQLite origin
-        suite = self.suites.suite(task.db_id, url, task.gold_sql, self._outcome, task.dialect,
-                                  sqlite_path(source) if source else None)
+        try:
+            suite = self.suites.suite(task.db_id, url, task.gold_sql, self._outcome, task.dialect,
+                                      sqlite_path(source) if source else None)
+        except GoldFailed as exc:  # it ran a moment ago: a timeout or a lost session
+            return replace(verdict, suite_checked=True, gold_error=f"test suite unavailable: {exc}")
         golds = [self._gold_at(u, task.gold_sql) for u in suite.variants]
         preds = self._run_many(suite.variants, sql)
         lost = [r.error for r in golds + preds

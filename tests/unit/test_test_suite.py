@@ -369,3 +369,17 @@ def test_the_evaluate_job_reports_test_suite_accuracy_beside_ex(tmp_path) -> Non
                  "--processes", "1"]) == 0
     assert "test_suite" not in json.loads((tmp_path / "plain" / "report.json").read_text())
     assert not (tmp_path / "plain" / "test_suite").exists()
+
+
+def test_a_gold_failing_during_distillation_excludes_the_sample(db, tmp_path) -> None:
+    from sqlrl.eval.test_suite import GoldFailed
+
+    class Failing:
+        def suite(self, *args, **kwargs):
+            raise GoldFailed("the gold query fails on the original database: timeout")
+
+    judge = Judge({"co": {"sqlite": url(db)}}, suites=Failing())
+    cfg = RewardConfig(test_suite=True, test_suite_dir=str(tmp_path))
+    b = compute("spider_ex_single", task(), single(NEAR_MISS), judge, cfg)
+    assert b.excluded and b.score == 0.0 and "test suite unavailable" in b.reason
+    assert b.parts["lucky_match"] == 0.0
