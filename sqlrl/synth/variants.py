@@ -38,7 +38,7 @@ Server databases (PostgreSQL, MariaDB/MySQL): ``server_variant`` loads a variant
 server of a database loaded from SQLite (``sqlrl.db.loader.load_sqlite``: the same loader, so
 the same column types and lower-cased names) as a sealed base named by the file's SHA-256, once
 per server (a marker file under the cache folder, written after the load; a file lock keeps two
-processes from loading it twice).
+processes from loading it twice). They stay on the server until ``drop_server_variants``.
 """
 
 from __future__ import annotations
@@ -56,8 +56,8 @@ from typing import Any, Sequence
 from .fuzz import DEFAULT_MAX_ROWS, PROFILES, _check_sqlite, fuzz_sqlite
 
 __all__ = ["DEFAULT_MAX_ROWS", "PROFILES", "VARIANTS_VERSION", "VariantSpec", "build_variants",
-           "file_digest", "fuzz_sqlite", "server_variant", "sqlite_path", "variant_plan",
-           "variant_urls"]
+           "drop_server_variants", "file_digest", "fuzz_sqlite", "server_variant", "sqlite_path",
+           "variant_plan", "variant_urls"]
 
 VARIANTS_VERSION = 2
 
@@ -166,6 +166,29 @@ def variant_urls(paths: Sequence[Path]) -> list[str]:
     return [f"sqlite:///{p.resolve()}" for p in paths]
 
 
+def _server_folder(url: str, cache_dir: str | Path) -> Path:
+    from sqlrl.db.url import parse_url
+
+    parsed = parse_url(url)
+    server = hashlib.sha256(f"{parsed.drivername}://{parsed.host}:{parsed.port}".encode()).hexdigest()[:12]
+    return Path(cache_dir) / server
+
+
+def drop_server_variants(url: str, cache_dir: str | Path) -> list[str]:
+    """Drop every variant base this cache loaded on the server of ``url`` (an admin or session
+    URL of that server) and forget them; returns their names. Variant bases are one per variant
+    file and stay on the server until this is called (e.g. when a run ends)."""
+    from sqlrl.db.provision import drop_database
+
+    dropped = []
+    for marker in sorted(_server_folder(url, cache_dir).glob("*.loaded")):
+        name = marker.read_text()
+        drop_database(url, name)
+        marker.unlink()
+        dropped.append(name)
+    return dropped
+
+
 def server_variant(path: Path, url: str, cache_dir: str | Path) -> str:
     """The session URL of variant file ``path`` on the server of ``url`` (a session URL of a base
     loaded from SQLite, which carries the admin account), loaded once (module doc)."""
@@ -173,12 +196,9 @@ def server_variant(path: Path, url: str, cache_dir: str | Path) -> str:
 
     from sqlrl.db.loader import load_sqlite
     from sqlrl.db.provision import session_url
-    from sqlrl.db.url import parse_url
 
-    parsed = parse_url(url)
-    server = hashlib.sha256(f"{parsed.drivername}://{parsed.host}:{parsed.port}".encode()).hexdigest()[:12]
     name = "tsv_" + file_digest(path)[:24]
-    folder = Path(cache_dir) / server
+    folder = _server_folder(url, cache_dir)
     folder.mkdir(parents=True, exist_ok=True)
     marker = folder / f"{name}.loaded"
     with open(folder / f"{name}.lock", "w") as lock:

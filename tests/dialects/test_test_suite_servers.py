@@ -13,6 +13,7 @@ from sqlrl.db.loader import load_sqlite
 from sqlrl.db.url import parse_url
 from sqlrl.eval.test_suite import TestSuites
 from sqlrl.rewards import Judge, RewardConfig, compute
+from sqlrl.synth.variants import drop_server_variants
 from sqlrl.tasks.types import Text2SQLTask
 from tests.unit.test_test_suite import GOLD, NEAR_MISS, make_db, single
 
@@ -27,8 +28,9 @@ def server_co(request, tmp_path):
     report = load_sqlite(str(db), admin, name, replace=True)
     yield request.param, db, report.session_url
     provision.drop_database(admin, name)
-    for marker in (tmp_path / "ts" / "servers").glob("*/*.loaded"):
-        provision.drop_database(admin, marker.read_text())
+    dropped = drop_server_variants(admin, tmp_path / "ts" / "servers")
+    assert not list((tmp_path / "ts" / "servers").glob("*/*.loaded"))
+    assert all(n.startswith("tsv_") for n in dropped)
 
 
 def test_server_variants_catch_a_lucky_match_and_keep_credentials_out_of_the_run_dir(server_co, tmp_path) -> None:
