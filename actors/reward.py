@@ -37,6 +37,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from actors.group import DIED, NOT_STARTED, RAISED, TIMEOUT, ActorGroup, Failed
 from sqlrl.db import Limits
 from sqlrl.db.source import PoolSessions
+from sqlrl.eval.test_suite import TestSuites
 from sqlrl.rewards import Judge, RewardBreakdown, RewardConfig, compute, get_reward
 
 
@@ -77,9 +78,10 @@ class RewardScorer:
                  pool_client: Any = None) -> None:
         self.config = config
         sessions = None if pool_client is None else PoolSessions(pool_client)  # None: local
+        suites = TestSuites(config.reward.test_suite_dir) if config.reward.test_suite else None
         self.judge = Judge(catalog, limits=config.limits, sessions=sessions,
                            gold_cache_size=config.gold_cache_size,
-                           critic_test_timeout_s=config.critic_test_timeout_s)
+                           critic_test_timeout_s=config.critic_test_timeout_s, suites=suites)
         self._threads = concurrent.futures.ThreadPoolExecutor(max(1, config.threads))
         # new for every process: a restarted actor answers with a different id
         self.incarnation = f"{os.getpid()}-{uuid.uuid4().hex}"

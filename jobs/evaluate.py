@@ -1,7 +1,7 @@
 """The evaluate job: score predictions with the official semantics of Spider, BIRD or BIRD-CRITIC.
 
     python -m jobs.evaluate spider --gold dev_gold.sql --pred pred.sql --db spider/database \\
-                                   [--etype exec] [--questions spider/dev.json]
+                                   [--etype exec] [--questions spider/dev.json] [--test-suite]
     python -m jobs.evaluate bird   --pred predict_dev.json --gold mini_dev_sqlite_gold.sql \\
                                    --db-root dev_databases [--questions mini_dev_sqlite.json]
     python -m jobs.evaluate critic --tasks instances.jsonl --pred preds.jsonl \\
@@ -12,7 +12,9 @@ Inputs are the official evaluators' (Spider ``evaluation.py --etype exec``: gold
 ``SQL<TAB>db_id``, one predicted SQL per line, the database folder; BIRD: the predicted-SQL JSON,
 the gold SQL file, the database root; BIRD-CRITIC: predictions JSONL with ``pred_sqls``).
 Writes to ``--out`` (default ``runs/eval/<kind>-<time>``): ``verdicts.jsonl`` (one line per item),
-``report.json`` and ``report.md`` (EX overall and by difficulty; SR% by dialect for BIRD-CRITIC),
+``report.json`` and ``report.md`` (EX overall and by difficulty; SR% by dialect for BIRD-CRITIC;
+with ``spider --test-suite``, test-suite accuracy beside EX and the count of EX matches that fail
+the suite),
 and prints the table (plain markdown when stdout is not a terminal). Every path option is checked
 before anything runs; all missing ones are named at once (``--gold: /x does not exist``, exit 2).
 Reads top to bottom: parse → check paths → evaluate → write → print.
@@ -48,6 +50,11 @@ def _spider_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--questions", help="dev.json (its parsed 'sql' gives Spider hardness levels)")
     p.add_argument("--processes", type=int, default=min(2, os.cpu_count() or 1),
                    help="child processes, each labelling whole databases (1: in this process)")
+    p.add_argument("--test-suite", action="store_true",
+                   help="also report test-suite accuracy: every EX match checked on database "
+                        "variants distilled per gold (sqlrl.eval.test_suite)")
+    p.add_argument("--suite-dir", help="where variants and suites are cached "
+                                       "(default <out>/test_suite; reuse it across runs)")
 
 
 def _spider_paths(a: argparse.Namespace) -> list[tuple[str, str | None, str]]:
@@ -58,8 +65,9 @@ def _spider_paths(a: argparse.Namespace) -> list[tuple[str, str | None, str]]:
 def _spider_run(a: argparse.Namespace) -> tuple[list[dict], dict]:
     from sqlrl.eval.spider import evaluate_spider
 
+    suite_dir = (a.suite_dir or str(Path(a.out) / "test_suite")) if a.test_suite else None
     report = evaluate_spider(a.gold, a.pred, a.db, timeout_s=a.timeout, workers=a.workers,
-                             progress=a.processes <= 1, processes=a.processes)
+                             progress=a.processes <= 1, processes=a.processes, suite_dir=suite_dir)
     rows = [asdict(v) for v in report.items]
     summary = {k: v for k, v in report.to_dict().items() if k != "items"}
     if a.questions:
@@ -201,6 +209,12 @@ def render_markdown(kind: str, summary: dict[str, Any]) -> str:
                   f"| all | {overall['scored']} | {overall['matched']} | {100 * summary['ex']:.2f} |"]
         for g, s in (summary.get("by_difficulty") or summary.get("by_hardness") or {}).items():
             lines.append(f"| {g} | {s.get('scored', s.get('n'))} | {s['matched']} | {100 * s['ex']:.2f} |")
+        suite = summary.get("test_suite")
+        if suite:
+            lines += ["", "| metric | n | matched | % |", "|---|---|---|---|",
+                      f"| EX | {overall['scored']} | {overall['matched']} | {100 * summary['ex']:.2f} |",
+                      f"| test-suite | {overall['scored']} | {suite['matched']} | {100 * suite['ts']:.2f} |",
+                      "", f"EX matches that fail the test suite (lucky matches): {suite['lucky']}"]
         if summary.get("gold_errors"):
             lines += ["", f"Excluded (gold failed): items {summary['gold_errors']}"]
     return "\n".join(lines) + "\n"
@@ -219,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     _, paths, run = EVALUATORS[a.kind]
     out = Path(a.out or f"runs/eval/{a.kind}-{time.strftime('%Y%m%d-%H%M%S')}")
+    a.out = str(out)
 
     # -- check paths: every missing one at once, before any work
     problems = check_paths(paths(a))

@@ -227,6 +227,8 @@ class SpiderVerdict:
     pred_error: str | None = None
     gold_error: str | None = None
     order_matters: bool = False
+    suite_match: bool | None = None  # with a test suite: match here and on every suite variant
+    suite_failed_on: str | None = None  # the variant an EX match missed (a lucky match)
 
 
 @dataclass(frozen=True)
@@ -242,11 +244,24 @@ class SpiderReport:
     def ex(self) -> float:
         return self.matched / self.scored if self.scored else 0.0
 
+    def suite_summary(self) -> dict[str, Any] | None:
+        """Test-suite accuracy beside EX (None when no suite was checked): ``lucky`` counts the
+        items EX marks correct that fail the suite."""
+        if not any(v.suite_match is not None for v in self.items):
+            return None
+        passed = sum(bool(v.suite_match) for v in self.items)
+        return {"ts": passed / self.scored if self.scored else 0.0, "matched": passed,
+                "lucky": sum(v.match and not v.suite_match for v in self.items)}
+
     def to_dict(self) -> dict[str, Any]:
-        return {"ex": self.ex, "matched": self.matched, "scored": self.scored,
-                "n": len(self.items), "gold_errors": list(self.gold_errors),
-                "queries_executed": self.queries_executed, "elapsed_s": self.elapsed_s,
-                "items": [asdict(v) for v in self.items]}
+        out = {"ex": self.ex, "matched": self.matched, "scored": self.scored,
+               "n": len(self.items), "gold_errors": list(self.gold_errors),
+               "queries_executed": self.queries_executed, "elapsed_s": self.elapsed_s,
+               "items": [asdict(v) for v in self.items]}
+        suite = self.suite_summary()
+        if suite is not None:
+            out["test_suite"] = suite
+        return out
 
 
 def _database_files(db_dir: Path, db_id: str) -> list[Path]:
@@ -261,34 +276,37 @@ def _database_files(db_dir: Path, db_id: str) -> list[Path]:
 def label_pairs(pairs: Iterable[SpiderPair | Sequence[str]], db_dir: str | Path, *,
                 timeout_s: float = 30.0, workers: int | None = None, progress: bool = False,
                 clean_pred: bool = False, runner: QueryRunner | None = None,
-                processes: int = 1) -> list[SpiderVerdict]:
+                processes: int = 1, suite_dir: str | Path | None = None) -> list[SpiderVerdict]:
     """Label (db_id, gold, pred) pairs with Spider test-suite execution match.
 
     ``clean_pred`` applies ``spider_clean_pred`` (what ``evaluation.py`` does to a prediction
     line); pass False to execute predictions exactly as given. A ``runner`` may be passed to share
     its cache across calls (its limits then apply, not ``timeout_s``). ``processes > 1`` splits
-    the pairs by database over that many child processes (see ``label_in_processes``)."""
+    the pairs by database over that many child processes (see ``label_in_processes``).
+    ``suite_dir``: also check every EX match on its gold's distilled test suite (variants and
+    suites cached there; ``sqlrl.eval.test_suite``), filling ``suite_match``."""
     items = [p if isinstance(p, SpiderPair) else SpiderPair(*p) for p in pairs]
     db_dir = Path(db_dir)
     if processes > 1 and runner is None:
-        return label_in_processes(items, db_dir, processes, timeout_s, clean_pred)[0]
+        return label_in_processes(items, db_dir, processes, timeout_s, clean_pred, suite_dir)[0]
     own = runner is None
     runner = runner or QueryRunner(eval_limits(timeout_s), workers)
     try:
-        return _label(items, db_dir, runner, progress, clean_pred)
+        return _label(items, db_dir, runner, progress, clean_pred, suite_dir)
     finally:
         if own:
             runner.close()
 
 
 def _label_bucket(args: tuple) -> tuple[list[SpiderVerdict], int]:
-    items, db_dir, timeout_s, clean_pred = args
+    items, db_dir, timeout_s, clean_pred, suite_dir = args
     with QueryRunner(eval_limits(timeout_s), 1) as runner:
-        return _label(items, db_dir, runner, False, clean_pred), runner.executed
+        return _label(items, db_dir, runner, False, clean_pred, suite_dir), runner.executed
 
 
 def label_in_processes(items: list[SpiderPair], db_dir: Path, processes: int, timeout_s: float,
-                       clean_pred: bool) -> tuple[list[SpiderVerdict], int]:
+                       clean_pred: bool, suite_dir: str | Path | None = None
+                       ) -> tuple[list[SpiderVerdict], int]:
     """Label ``items`` in ``processes`` child processes, one database at a time (so each distinct
     query still runs once), largest databases first; verdicts in input order, plus the
     number of queries executed. SQLite work is CPU-bound and the per-statement timeout check is a
@@ -304,8 +322,8 @@ def label_in_processes(items: list[SpiderPair], db_dir: Path, processes: int, ti
     buckets = sorted(by_db.values(), key=len, reverse=True)
     ctx = mp.get_context("fork" if threading.active_count() == 1 else "forkserver")
     with ctx.Pool(min(processes, len(buckets)) or 1) as pool:
-        parts = pool.map(_label_bucket, [([items[i] for i in b], db_dir, timeout_s, clean_pred)
-                                         for b in buckets], chunksize=1)
+        parts = pool.map(_label_bucket, [([items[i] for i in b], db_dir, timeout_s, clean_pred,
+                                          suite_dir) for b in buckets], chunksize=1)
     out: list[SpiderVerdict | None] = [None] * len(items)
     for bucket, (verdicts, _) in zip(buckets, parts):
         for i, v in zip(bucket, verdicts):
@@ -314,7 +332,7 @@ def label_in_processes(items: list[SpiderPair], db_dir: Path, processes: int, ti
 
 
 def _label(items: list[SpiderPair], db_dir: Path, runner: QueryRunner, progress: bool,
-           clean_pred: bool = True) -> list[SpiderVerdict]:
+           clean_pred: bool = True, suite_dir: str | Path | None = None) -> list[SpiderVerdict]:
     files: dict[str, list[str] | str] = {}  # db_id -> URLs, or why the database is unusable
     for db_id in dict.fromkeys(i.db_id for i in items):
         try:
@@ -368,6 +386,10 @@ def _label(items: list[SpiderPair], db_dir: Path, runner: QueryRunner, progress:
                         break
         verdicts.append(SpiderVerdict(index, it.db_id, it.gold, it.pred, match, perr, gerr,
                                       bool(order)))
+    if suite_dir is not None:
+        from .test_suite import check_spider_suites
+
+        verdicts = check_spider_suites(verdicts, prepared, suite_dir, runner)
     return verdicts
 
 
@@ -404,9 +426,11 @@ def read_spider_pred(path: str | Path) -> list[str]:
 
 def evaluate_spider(gold_path: str | Path, pred_path: str | Path, db_dir: str | Path, *,
                     timeout_s: float = 30.0, workers: int | None = None,
-                    progress: bool = True, processes: int = 1) -> SpiderReport:
+                    progress: bool = True, processes: int = 1,
+                    suite_dir: str | Path | None = None) -> SpiderReport:
     """Spider execution accuracy of the predictions in ``pred_path`` against ``gold_path``
-    (``processes > 1``: split by database over child processes, ``label_in_processes``)."""
+    (``processes > 1``: split by database over child processes, ``label_in_processes``;
+    ``suite_dir``: test-suite accuracy too, ``label_pairs``)."""
     t0 = time.perf_counter()
     gold = read_spider_gold(gold_path)
     pred = read_spider_pred(pred_path)
@@ -417,10 +441,11 @@ def evaluate_spider(gold_path: str | Path, pred_path: str | Path, db_dir: str | 
         raise FileNotFoundError(f"Spider database folder not found: {db_dir}")
     pairs = [SpiderPair(db, g, p) for (g, db), p in zip(gold, pred)]
     if processes > 1:
-        items, executed = label_in_processes(pairs, Path(db_dir), processes, timeout_s, True)
+        items, executed = label_in_processes(pairs, Path(db_dir), processes, timeout_s, True,
+                                             suite_dir)
         return summarize(items, executed, time.perf_counter() - t0)
     with QueryRunner(eval_limits(timeout_s), workers) as runner:
-        items = _label(pairs, Path(db_dir), runner, progress)
+        items = _label(pairs, Path(db_dir), runner, progress, True, suite_dir)
         executed = runner.executed
     return summarize(items, executed, time.perf_counter() - t0)
 

@@ -24,6 +24,18 @@ Guarantees:
   sessions always ask for it (``Limits.attest`` is turned on, whatever limits were given).
 - Never raises for anything a model wrote; ``ValueError`` only for a task whose database is not in
   the catalog (a configuration error).
+- **Test suites** (``suites``, a ``sqlrl.eval.test_suite.TestSuites``; None by default): a
+  text-to-SQL prediction that matches on the original database is also run, each time on a fresh
+  session with the judge's limits, on every variant of its gold's distilled suite;
+  ``bird_suite`` / ``spider_suite`` say whether it matched on the original **and** every variant
+  (a variant the gold fails on is dropped, never rewarding), ``suite_failed_on`` names the first
+  variant it missed. Gold results on variants are cached like the original's; the prediction's
+  variant sessions are opened in one ``open_many``. A lost session on a variant, or a gold that
+  failed while its suite was distilled (a timeout), is the infrastructure's failure, not the
+  model's: the verdict gets ``gold_error`` ("test suite unavailable: …") and the sample is
+  excluded, neither rewarded nor punished. A task on a server database takes its variants from
+  the catalog's SQLite copy of that database (loaded on the server as sealed bases); without one
+  it raises ``ValueError`` (a configuration error).
 """
 
 from __future__ import annotations
@@ -37,6 +49,9 @@ from sqlrl.db import ErrorKind, Limits, QueryResult, SessionError
 from sqlrl.db.source import LocalSessions, SessionRequest, SessionSource, open_one
 from sqlrl.eval.compare import bird_ex, outer_order_by, spider_ex
 from sqlrl.eval.critic import CriticVerdict, SolCache, run_critic
+from sqlrl.eval.spider import Outcome
+from sqlrl.eval.test_suite import GoldFailed, SuiteCheck, TestSuites
+from sqlrl.synth.variants import sqlite_path
 from sqlrl.tasks.types import CriticTask, Text2SQLTask
 
 
@@ -53,6 +68,10 @@ class ExecVerdict:
     pred_rows: int = 0
     gold_rows: int = 0
     read_only: bool | None = None  # the engine attested the prediction only read (QueryResult)
+    suite_checked: bool = False  # the judge has test suites: the two fields below are meaningful
+    bird_suite: bool = False  # bird_match on the original and on every variant of the suite
+    spider_suite: bool = False  # spider_match on the original and on every variant of the suite
+    suite_failed_on: str | None = None  # the first variant a prediction matching the original missed
 
 
 class Judge:
@@ -60,11 +79,12 @@ class Judge:
 
     def __init__(self, catalog: Mapping[str, Mapping[str, str]], *, limits: Limits | None = None,
                  sessions: SessionSource | None = None, gold_cache_size: int = 4096,
-                 critic_test_timeout_s: float = 30.0) -> None:
+                 critic_test_timeout_s: float = 30.0, suites: TestSuites | None = None) -> None:
         self.catalog = {db: dict(urls) for db, urls in catalog.items()}
         self.limits = replace(limits or Limits(timeout_s=10.0, max_rows=10_000), attest=True)
         self.sessions = sessions if sessions is not None else LocalSessions()
         self.critic_test_timeout_s = critic_test_timeout_s
+        self.suites = suites
         self._gold: OrderedDict[Any, QueryResult] = OrderedDict()
         self._inflight: dict[Any, threading.Lock] = {}
         self._lock = threading.Lock()
@@ -98,9 +118,39 @@ class Judge:
             return ExecVerdict(True, False, False, None, None, gold_error, pred.row_count,
                                gold.row_count, pred.read_only)
         order = outer_order_by(task.gold_sql, task.dialect)
-        return ExecVerdict(True, bird_ex(pred.rows, gold.rows),
-                           spider_ex(pred.rows, gold.rows, order), None, None, None,
-                           pred.row_count, gold.row_count, pred.read_only)
+        verdict = ExecVerdict(True, bird_ex(pred.rows, gold.rows),
+                              spider_ex(pred.rows, gold.rows, order), None, None, None,
+                              pred.row_count, gold.row_count, pred.read_only)
+        return verdict if self.suites is None else self._on_suite(task, url, sql, verdict, order)
+
+    def _on_suite(self, task: Text2SQLTask, url: str, sql: str, verdict: ExecVerdict,
+                  order: bool) -> ExecVerdict:
+        """``verdict`` with the test-suite fields (module doc)."""
+        if not (verdict.bird_match or verdict.spider_match):
+            return replace(verdict, suite_checked=True)
+        assert self.suites is not None
+        source = self.catalog.get(task.db_id, {}).get("sqlite")  # a server base's SQLite origin
+        try:
+            suite = self.suites.suite(task.db_id, url, task.gold_sql, self._outcome, task.dialect,
+                                      sqlite_path(source) if source else None)
+        except GoldFailed as exc:  # it ran a moment ago: a timeout or a lost session
+            return replace(verdict, suite_checked=True, gold_error=f"test suite unavailable: {exc}")
+        golds = [self._gold_at(u, task.gold_sql) for u in suite.variants]
+        preds = self._run_many(suite.variants, sql)
+        lost = [r.error for r in golds + preds
+                if r.error is not None and r.error.kind is ErrorKind.SESSION_LOST]
+        if lost:  # the reward infrastructure failed, not the model: neither rewarded nor punished
+            return replace(verdict, suite_checked=True, gold_error=f"test suite unavailable: {lost[0]}")
+        check = SuiteCheck(tuple((u, _outcome(g), _outcome(p))
+                                 for u, g, p in zip(suite.variants, golds, preds)))
+        bird, bird_miss = check.passes(bird_ex)
+        spider, spider_miss = check.passes(lambda p, g: spider_ex(p, g, order))
+        return replace(verdict, suite_checked=True, bird_suite=verdict.bird_match and bird,
+                       spider_suite=verdict.spider_match and spider,
+                       suite_failed_on=bird_miss or spider_miss)
+
+    def _outcome(self, url: str, sql: str) -> Outcome:
+        return _outcome(self._run(url, (), sql))
 
     # -- debugging (BIRD-CRITIC) -----------------------------------------------------------------
 
@@ -116,6 +166,21 @@ class Judge:
 
     # -- internals -------------------------------------------------------------------------------
 
+    def _run_many(self, urls: Sequence[str], sql: str) -> list[QueryResult]:
+        """``sql`` on a fresh session per URL, the sessions opened in one ``open_many`` (one
+        lease round trip on the DB pool) and closed together."""
+        if len(urls) < 2:
+            return [self._run(u, (), sql) for u in urls]
+        try:
+            sessions = self.sessions.open_many([SessionRequest(u, limits=self.limits) for u in urls])
+        except Exception as exc:  # SessionError, a lease refused: never the model's fault
+            failure = QueryResult.failure(ErrorKind.SESSION_LOST, f"could not open sessions: {exc}")
+            return [failure] * len(urls)
+        try:
+            return [s.execute(sql) for s in sessions]
+        finally:
+            self.sessions.close_many(sessions)
+
     def _run(self, url: str, preprocess: Sequence[str], sql: str) -> QueryResult:
         try:
             request = SessionRequest(url, preprocess_sql=tuple(preprocess), limits=self.limits)
@@ -127,7 +192,10 @@ class Judge:
             return QueryResult.failure(ErrorKind.SESSION_LOST, f"{type(exc).__name__}: {exc}")
 
     def _gold_result(self, task: Text2SQLTask, url: str) -> QueryResult:
-        key = (url, task.gold_sql, self.limits)
+        return self._gold_at(url, task.gold_sql)
+
+    def _gold_at(self, url: str, gold_sql: str) -> QueryResult:
+        key = (url, gold_sql, self.limits)
         with self._lock:
             if key in self._gold:
                 self._gold.move_to_end(key)
@@ -139,7 +207,7 @@ class Judge:
                 if key in self._gold:
                     self.gold_hits += 1
                     return self._gold[key]
-            result = self._run(url, (), task.gold_sql)
+            result = self._run(url, (), gold_sql)
             with self._lock:
                 self.gold_executions += 1
                 self._inflight.pop(key, None)
@@ -154,6 +222,11 @@ class Judge:
     def stats(self) -> dict[str, int]:
         return {"gold_executions": self.gold_executions, "gold_hits": self.gold_hits,
                 "sol_hits": self.sol_cache.hits, "sol_misses": self.sol_cache.misses}
+
+
+def _outcome(result: QueryResult) -> Outcome:
+    failure = _failure(result)
+    return Outcome(error=failure) if failure is not None else Outcome(rows=tuple(map(tuple, result.rows)))
 
 
 def _failure(result: QueryResult) -> str | None:

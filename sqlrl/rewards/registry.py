@@ -38,11 +38,17 @@ Guarantees — **fail-closed**, the property every reward here is tested for:
   (success and pass rates never count the floor), and a solved task still scores exactly 1,
   whatever its SQL is (a debugging task's fix may be DML), so solving stays the only way to the
   top score.
+- Test-suite match (``RewardConfig.test_suite``, off by default): a text-to-SQL answer earns the
+  result part only when it matches the gold on the original database **and** on every variant of
+  the gold's distilled suite (the ``Judge`` runs them: it must be built with ``suites``, else
+  scoring raises ``ValueError``); every breakdown then has a ``lucky_match`` part, 1 when the
+  original's match would have earned a result part the suite takes away (reason
+  ``lucky-match: …``), 0 otherwise (debugging tasks included).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Sequence
 
 from sqlrl.eval.critic import CriticVerdict, OutcomeKind
@@ -73,6 +79,15 @@ class SQLR1Config:
 class RewardConfig:
     format_style: str = "birdrl"  # parse.STYLES key for single-turn rewards
     sqlr1: SQLR1Config = field(default_factory=SQLR1Config)
+    # test-suite execution match (module doc): the result part only for a match on the original
+    # database and every variant of the gold's distilled suite; built and cached in test_suite_dir
+    test_suite: bool = False
+    test_suite_dir: str = ""
+
+    def __post_init__(self) -> None:
+        if self.test_suite and not self.test_suite_dir:
+            raise ValueError("reward.test_suite needs reward.test_suite_dir (a folder in the run "
+                             "dir where database variants and suites are cached)")
 
 
 @dataclass(frozen=True)
@@ -159,6 +174,30 @@ def sqlr1_length(ex: Extracted, c: SQLR1Config) -> float:
     return 0.5 * total + 0.5 * sql_share
 
 
+# -- test-suite match (an option of every text-to-SQL scorer) ---------------------------------------
+
+def _on_suite(scorer: Callable[..., RewardBreakdown], task: Any, ex: Extracted, verdict: Any,
+              config: RewardConfig) -> RewardBreakdown:
+    """``scorer``'s breakdown judged on the test suite (``config.test_suite``): the matches become
+    the suite's, and ``lucky_match`` is 1 when the original's match earned a result part the
+    suite takes away. Without the option the breakdown is ``scorer``'s own."""
+    plain = scorer(task, ex, verdict, config)
+    if not config.test_suite:
+        return plain
+    if not isinstance(verdict, ExecVerdict):  # a debugging task, or nothing ran: no lucky match
+        return RewardBreakdown(plain.score, {**plain.parts, "lucky_match": 0.0}, plain.excluded,
+                               plain.reason, plain.sql, plain.read_only)
+    if (verdict.bird_match or verdict.spider_match) and not verdict.suite_checked:
+        raise ValueError("reward.test_suite is on but the Judge has no test suites "
+                         "(Judge(..., suites=TestSuites(test_suite_dir)))")
+    b = scorer(task, ex, replace(verdict, bird_match=verdict.bird_suite,
+                                 spider_match=verdict.spider_suite), config)
+    lucky = plain.parts.get("result", 0.0) > b.parts.get("result", 0.0)
+    reason = f"lucky-match: differs on {verdict.suite_failed_on}" if lucky else b.reason
+    return RewardBreakdown(b.score, {**b.parts, "lucky_match": float(lucky)}, b.excluded, reason,
+                           b.sql, b.read_only)
+
+
 # -- the registry ------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -230,16 +269,18 @@ def score(name: str, task: Any, ex: Extracted, verdict: Any,
     kind = getattr(task, "kind", None)
     if spec.scorer is None:  # hybrid: the reward the task's kind names for this response shape
         routed = get_reward(kind_of(task).rewards[spec.response])
-        b = routed.scorer(task, ex, verdict, config)
+        b = _on_suite(routed.scorer, task, ex, verdict, config)
         parts = {k: b.parts.get(k, 0.0) for k in _BASIC_KEYS}
         parts["is_critic"] = float(routed.task_kind == CriticTask.kind)
+        if config.test_suite:
+            parts["lucky_match"] = b.parts["lucky_match"]
         return _shaped(spec, RewardBreakdown(b.score, parts, b.excluded, b.reason, b.sql,
                                              b.read_only))
     if not _scores(spec, task):
         raise ValueError(f"reward {name!r} scores {spec.task_kind} tasks, got a {kind} task "
                          f"(use a hybrid reward for mixed batches)")
-    b = spec.scorer(task, ex, verdict, config)
-    assert tuple(b.parts) == spec.keys, (b.parts, spec.keys)
+    b = _on_suite(spec.scorer, task, ex, verdict, config)
+    assert tuple(b.parts) == spec.keys + (("lucky_match",) if config.test_suite else ()), (b.parts, spec.keys)
     return _shaped(spec, b)
 
 
@@ -277,5 +318,5 @@ def batch_means(breakdowns: Sequence[RewardBreakdown]) -> dict[str, float]:
     if kept:
         out["score"] = sum(b.score for b in kept) / len(kept)
         for key in kept[0].parts:
-            out[key] = sum(b.parts[key] for b in kept) / len(kept)
+            out[key] = sum(b.parts.get(key, 0.0) for b in kept) / len(kept)
     return out
