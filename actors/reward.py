@@ -37,7 +37,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from actors.group import DIED, NOT_STARTED, RAISED, TIMEOUT, ActorGroup, Failed
 from sqlrl.db import Limits
 from sqlrl.db.source import PoolSessions
-from sqlrl.eval.test_suite import TestSuites
+from sqlrl.suites.test_suite import TestSuites
 from sqlrl.rewards import Judge, RewardBreakdown, RewardConfig, compute, get_reward
 
 

@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from sqlrl.db import Limits  # noqa: E402
-from sqlrl.eval.test_suite import TestSuites  # noqa: E402
+from sqlrl.suites.test_suite import TestSuites  # noqa: E402
 from sqlrl.rewards import Judge, RewardConfig, compute  # noqa: E402
 from sqlrl.tasks.types import Text2SQLTask  # noqa: E402
 

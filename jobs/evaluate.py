@@ -52,7 +52,7 @@ def _spider_args(p: argparse.ArgumentParser) -> None:
                    help="child processes, each labelling whole databases (1: in this process)")
     p.add_argument("--test-suite", action="store_true",
                    help="also report test-suite accuracy: every EX match checked on database "
-                        "variants distilled per gold (sqlrl.eval.test_suite)")
+                        "variants distilled per gold (sqlrl.suites.test_suite)")
     p.add_argument("--suite-dir", help="where variants and suites are cached "
                                        "(default <out>/test_suite; reuse it across runs)")
 
@@ -64,10 +64,12 @@ def _spider_paths(a: argparse.Namespace) -> list[tuple[str, str | None, str]]:
 
 def _spider_run(a: argparse.Namespace) -> tuple[list[dict], dict]:
     from sqlrl.eval.spider import evaluate_spider
+    from sqlrl.suites.test_suite import SpiderSuiteCheck
 
     suite_dir = (a.suite_dir or str(Path(a.out) / "test_suite")) if a.test_suite else None
     report = evaluate_spider(a.gold, a.pred, a.db, timeout_s=a.timeout, workers=a.workers,
-                             progress=a.processes <= 1, processes=a.processes, suite_dir=suite_dir)
+                             progress=a.processes <= 1, processes=a.processes,
+                             suite_check=SpiderSuiteCheck(suite_dir) if suite_dir else None)
     rows = [asdict(v) for v in report.items]
     summary = {k: v for k, v in report.to_dict().items() if k != "items"}
     if a.questions:

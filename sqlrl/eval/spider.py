@@ -38,6 +38,8 @@ from sqlrl.db.statements import leading_keywords, split_statements
 from .compare import spider_clean_pred, spider_ex, spider_order_matters, spider_prepare
 
 Row = tuple[Any, ...]
+# (verdicts, prepared (gold, pred) pairs, the runner) -> verdicts with suite_match set
+SuiteCheckFn = Callable[[list[Any], Sequence[tuple[Any, ...]], Any], list[Any]]
 
 #: Result caps for evaluation: far above any Spider/BIRD gold result, so a capped gold is reported
 #: as an error and a capped prediction (more rows than any gold) scores 0 correctly.
@@ -276,36 +278,38 @@ def _database_files(db_dir: Path, db_id: str) -> list[Path]:
 def label_pairs(pairs: Iterable[SpiderPair | Sequence[str]], db_dir: str | Path, *,
                 timeout_s: float = 30.0, workers: int | None = None, progress: bool = False,
                 clean_pred: bool = False, runner: QueryRunner | None = None,
-                processes: int = 1, suite_dir: str | Path | None = None) -> list[SpiderVerdict]:
+                processes: int = 1, suite_check: SuiteCheckFn | None = None) -> list[SpiderVerdict]:
     """Label (db_id, gold, pred) pairs with Spider test-suite execution match.
 
     ``clean_pred`` applies ``spider_clean_pred`` (what ``evaluation.py`` does to a prediction
     line); pass False to execute predictions exactly as given. A ``runner`` may be passed to share
     its cache across calls (its limits then apply, not ``timeout_s``). ``processes > 1`` splits
     the pairs by database over that many child processes (see ``label_in_processes``).
-    ``suite_dir``: also check every EX match on its gold's distilled test suite (variants and
-    suites cached there; ``sqlrl.eval.test_suite``), filling ``suite_match``."""
+    ``suite_check``: also check every EX match on its gold's distilled test suite, filling
+    ``suite_match`` -- ``(verdicts, prepared, runner) -> verdicts``, picklable when ``processes > 1``
+    (``sqlrl.suites.test_suite.SpiderSuiteCheck(suite_dir)``: passed in, since the suites are built
+    from the data generator, a layer above this one)."""
     items = [p if isinstance(p, SpiderPair) else SpiderPair(*p) for p in pairs]
     db_dir = Path(db_dir)
     if processes > 1 and runner is None:
-        return label_in_processes(items, db_dir, processes, timeout_s, clean_pred, suite_dir)[0]
+        return label_in_processes(items, db_dir, processes, timeout_s, clean_pred, suite_check)[0]
     own = runner is None
     runner = runner or QueryRunner(eval_limits(timeout_s), workers)
     try:
-        return _label(items, db_dir, runner, progress, clean_pred, suite_dir)
+        return _label(items, db_dir, runner, progress, clean_pred, suite_check)
     finally:
         if own:
             runner.close()
 
 
 def _label_bucket(args: tuple) -> tuple[list[SpiderVerdict], int]:
-    items, db_dir, timeout_s, clean_pred, suite_dir = args
+    items, db_dir, timeout_s, clean_pred, suite_check = args
     with QueryRunner(eval_limits(timeout_s), 1) as runner:
-        return _label(items, db_dir, runner, False, clean_pred, suite_dir), runner.executed
+        return _label(items, db_dir, runner, False, clean_pred, suite_check), runner.executed
 
 
 def label_in_processes(items: list[SpiderPair], db_dir: Path, processes: int, timeout_s: float,
-                       clean_pred: bool, suite_dir: str | Path | None = None
+                       clean_pred: bool, suite_check: SuiteCheckFn | None = None
                        ) -> tuple[list[SpiderVerdict], int]:
     """Label ``items`` in ``processes`` child processes, one database at a time (so each distinct
     query still runs once), largest databases first; verdicts in input order, plus the
@@ -323,7 +327,7 @@ def label_in_processes(items: list[SpiderPair], db_dir: Path, processes: int, ti
     ctx = mp.get_context("fork" if threading.active_count() == 1 else "forkserver")
     with ctx.Pool(min(processes, len(buckets)) or 1) as pool:
         parts = pool.map(_label_bucket, [([items[i] for i in b], db_dir, timeout_s, clean_pred,
-                                          suite_dir) for b in buckets], chunksize=1)
+                                          suite_check) for b in buckets], chunksize=1)
     out: list[SpiderVerdict | None] = [None] * len(items)
     for bucket, (verdicts, _) in zip(buckets, parts):
         for i, v in zip(bucket, verdicts):
@@ -332,7 +336,7 @@ def label_in_processes(items: list[SpiderPair], db_dir: Path, processes: int, ti
 
 
 def _label(items: list[SpiderPair], db_dir: Path, runner: QueryRunner, progress: bool,
-           clean_pred: bool = True, suite_dir: str | Path | None = None) -> list[SpiderVerdict]:
+           clean_pred: bool = True, suite_check: SuiteCheckFn | None = None) -> list[SpiderVerdict]:
     files: dict[str, list[str] | str] = {}  # db_id -> URLs, or why the database is unusable
     for db_id in dict.fromkeys(i.db_id for i in items):
         try:
@@ -386,10 +390,8 @@ def _label(items: list[SpiderPair], db_dir: Path, runner: QueryRunner, progress:
                         break
         verdicts.append(SpiderVerdict(index, it.db_id, it.gold, it.pred, match, perr, gerr,
                                       bool(order)))
-    if suite_dir is not None:
-        from .test_suite import check_spider_suites
-
-        verdicts = check_spider_suites(verdicts, prepared, suite_dir, runner)
+    if suite_check is not None:
+        verdicts = suite_check(verdicts, prepared, runner)
     return verdicts
 
 
@@ -427,10 +429,10 @@ def read_spider_pred(path: str | Path) -> list[str]:
 def evaluate_spider(gold_path: str | Path, pred_path: str | Path, db_dir: str | Path, *,
                     timeout_s: float = 30.0, workers: int | None = None,
                     progress: bool = True, processes: int = 1,
-                    suite_dir: str | Path | None = None) -> SpiderReport:
+                    suite_check: SuiteCheckFn | None = None) -> SpiderReport:
     """Spider execution accuracy of the predictions in ``pred_path`` against ``gold_path``
     (``processes > 1``: split by database over child processes, ``label_in_processes``;
-    ``suite_dir``: test-suite accuracy too, ``label_pairs``)."""
+    ``suite_check``: test-suite accuracy too, ``label_pairs``)."""
     t0 = time.perf_counter()
     gold = read_spider_gold(gold_path)
     pred = read_spider_pred(pred_path)
@@ -442,10 +444,10 @@ def evaluate_spider(gold_path: str | Path, pred_path: str | Path, db_dir: str | 
     pairs = [SpiderPair(db, g, p) for (g, db), p in zip(gold, pred)]
     if processes > 1:
         items, executed = label_in_processes(pairs, Path(db_dir), processes, timeout_s, True,
-                                             suite_dir)
+                                             suite_check)
         return summarize(items, executed, time.perf_counter() - t0)
     with QueryRunner(eval_limits(timeout_s), workers) as runner:
-        items = _label(pairs, Path(db_dir), runner, progress, True, suite_dir)
+        items = _label(pairs, Path(db_dir), runner, progress, True, suite_check)
         executed = runner.executed
     return summarize(items, executed, time.perf_counter() - t0)
 

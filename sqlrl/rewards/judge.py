@@ -24,7 +24,7 @@ Guarantees:
   sessions always ask for it (``Limits.attest`` is turned on, whatever limits were given).
 - Never raises for anything a model wrote; ``ValueError`` only for a task whose database is not in
   the catalog (a configuration error).
-- **Test suites** (``suites``, a ``sqlrl.eval.test_suite.TestSuites``; None by default): a
+- **Test suites** (``suites``, a ``sqlrl.suites.test_suite.TestSuites``; None by default): a
   text-to-SQL prediction that matches on the original database is also run, each time on a fresh
   session with the judge's limits, on every variant of its gold's distilled suite;
   ``bird_suite`` / ``spider_suite`` say whether it matched on the original **and** every variant
@@ -50,7 +50,7 @@ from sqlrl.db.source import LocalSessions, SessionRequest, SessionSource, open_o
 from sqlrl.eval.compare import bird_ex, outer_order_by, spider_ex
 from sqlrl.eval.critic import CriticVerdict, SolCache, run_critic
 from sqlrl.eval.spider import Outcome
-from sqlrl.eval.test_suite import GoldFailed, SuiteCheck, TestSuites
+from sqlrl.suites.test_suite import GoldFailed, SuiteCheck, TestSuites
 from sqlrl.synth.variants import sqlite_path
 from sqlrl.tasks.types import CriticTask, Text2SQLTask
 

@@ -5,7 +5,7 @@
 
 A prediction that returns the gold's rows on one database may do so by luck (a filter that selects
 the same rows by accident, ``[] == []``). Test-suite accuracy (Zhong, Yu & Klein, 2020) also
-compares on *variants* of the database; ``sqlrl.eval.test_suite`` distils, per gold query, the
+compares on *variants* of the database; ``sqlrl.suites.test_suite`` distils, per gold query, the
 variants that tell it apart from its near misses.
 
 Two ways to make a variant (``VariantSpec.kind``):

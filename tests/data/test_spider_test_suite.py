@@ -13,7 +13,7 @@ import pytest
 from jobs.evaluate import main
 from sqlrl.eval.compare import spider_prepare
 from sqlrl.eval.spider import QueryRunner, eval_limits
-from sqlrl.eval.test_suite import TestSuites, check_suite
+from sqlrl.suites.test_suite import TestSuites, check_suite
 from sqlrl.eval.compare import spider_ex, spider_order_matters
 from sqlrl.synth.variants import build_variants
 

@@ -11,7 +11,7 @@ import pytest
 from sqlrl.db import Limits, provision
 from sqlrl.db.loader import load_sqlite
 from sqlrl.db.url import parse_url
-from sqlrl.eval.test_suite import TestSuites
+from sqlrl.suites.test_suite import TestSuites
 from sqlrl.rewards import Judge, RewardConfig, compute
 from sqlrl.synth.variants import drop_server_variants
 from sqlrl.tasks.types import Text2SQLTask

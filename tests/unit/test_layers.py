@@ -25,7 +25,9 @@ TIERS: tuple[frozenset[str], ...] = (
     frozenset({"tools", "learn"}),  # tools: the SQL tools on db; learn: the learner on policy
     frozenset({"tasks"}),  # task types, io, schema, loaders, task kinds
     frozenset({"eval"}),  # judging by execution
-    frozenset({"rewards", "synth"}),  # scorers on the judge; data generated and verified by eval
+    frozenset({"synth"}),  # data generated and verified by eval
+    frozenset({"suites"}),  # test-suite match: variants from synth, distilled per gold
+    frozenset({"rewards"}),  # scorers on the judge (which checks test suites)
     frozenset({"agent"}),  # the loop: policy + tools + tasks + rewards
     frozenset({"rl"}),  # the GRPO step loop over rollout/score/update callables (on learn's group filters)
 )

@@ -1,5 +1,5 @@
 """Test-suite execution match: database variants, distillation, the reward option, fail-closed
-rules and the caches (sqlrl/synth/variants.py, sqlrl/eval/test_suite.py, the Judge's suites)."""
+rules and the caches (sqlrl/synth/variants.py, sqlrl/suites/test_suite.py, the Judge's suites)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from sqlrl.db import Limits
 from sqlrl.eval.compare import spider_ex
 from sqlrl.eval.spider import Outcome, QueryRunner, eval_limits
-from sqlrl.eval.test_suite import SuiteCheck, TestSuites, distil, literals, neighbours
+from sqlrl.suites.test_suite import SuiteCheck, TestSuites, distil, literals, neighbours
 from sqlrl.rewards import Judge, RewardConfig, batch_means, compute
 from sqlrl.synth import variants as V
 from sqlrl.synth.domains import build_domain_db
@@ -174,7 +174,7 @@ def test_distillation_catches_a_near_miss_that_single_instance_ex_accepts(db, tm
 
 
 def check_ok(suite, runner, sql, same):
-    from sqlrl.eval.test_suite import check_suite
+    from sqlrl.suites.test_suite import check_suite
 
     return check_suite(suite, runner.run, sql).passes(same)
 
@@ -321,7 +321,7 @@ class _FixedSuites:
 
 
 def _two_variant_suite(db, tmp_path):
-    from sqlrl.eval.test_suite import Suite
+    from sqlrl.suites.test_suite import Suite
 
     paths = [V.fuzz_sqlite(db, tmp_path / f"v{i}.sqlite", "resample", i) for i in range(2)]
     return Suite(url(db), GOLD, tuple(url(p) for p in paths), 1, 0, 1, 0, 2, 0)
@@ -372,7 +372,7 @@ def test_the_evaluate_job_reports_test_suite_accuracy_beside_ex(tmp_path) -> Non
 
 
 def test_a_gold_failing_during_distillation_excludes_the_sample(db, tmp_path) -> None:
-    from sqlrl.eval.test_suite import GoldFailed
+    from sqlrl.suites.test_suite import GoldFailed
 
     class Failing:
         def suite(self, *args, **kwargs):

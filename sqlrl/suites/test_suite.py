@@ -6,7 +6,7 @@ misses, and check a prediction on them (Zhong, Yu & Klein, 2020).
     checked = check_suite(suite, run, pred_sql, gold_sql)   # per-variant outcomes
     checked.passes(same)                                    # (True, None) | (False, variant URL)
 
-- **Neighbours** of a gold query: ``sqlrl.eval.neighbours`` (the bug injector's mutations and
+- **Neighbours** of a gold query: ``sqlrl.suites.neighbours`` (the bug injector's mutations and
   generic ones: predicates dropped, comparisons flipped, DISTINCT toggled, LIMIT changed).
 - **Distillation** (``distil``): the gold must run on the original database (``ValueError``
   otherwise: a clear error, no suite). A neighbour is *caught* on a database when it errors there
@@ -36,9 +36,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from .compare import outer_order_by, spider_ex
+from sqlrl.eval.compare import outer_order_by, spider_ex
 from .neighbours import literals, neighbours
-from .spider import Outcome
+from sqlrl.eval.spider import Outcome
 
 Run = Callable[[str, str], Outcome]  # (database URL, SQL) -> Outcome (rows, or an error)
 Same = Callable[[Sequence[tuple], Sequence[tuple]], bool]  # (pred rows, gold rows) -> match
@@ -277,6 +277,17 @@ def _from_stored(stored: str, url: str) -> str:
 
 
 # -- Spider evaluation ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SpiderSuiteCheck:
+    """``sqlrl.eval.spider``'s ``suite_check`` hook: ``check_spider_suites`` with the suites cached
+    in ``suite_dir`` (picklable, so it travels to ``label_pairs``' child processes)."""
+
+    suite_dir: str
+
+    def __call__(self, verdicts: Sequence[Any], prepared: Sequence[tuple[Any, ...]], runner: Any) -> list[Any]:
+        return check_spider_suites(verdicts, prepared, self.suite_dir, runner)
+
 
 def check_spider_suites(verdicts: Sequence[Any], prepared: Sequence[tuple[Any, ...]],
                         suite_dir: str | Path, runner: Any) -> list[Any]:

@@ -1,4 +1,4 @@
-"""Near-miss neighbours of a gold query, for test-suite distillation (``sqlrl.eval.test_suite``).
+"""Near-miss neighbours of a gold query, for test-suite distillation (``sqlrl.suites.test_suite``).
 
 - ``neighbours(gold_sql, dialect, schema)``: the bug injector's mutations (``sqlrl.synth.bugs``;
   the syntax-error and wrong-dialect families excluded: they only ever error) plus generic ones
