@@ -46,6 +46,18 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
         terminalreporter.write_line(line)
 
 
+# Every test in these folders runs a whole job, model or cluster: all are in the slow tier.
+SLOW_FOLDERS = ("e2e", "integration")
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m "not slow"` deselects by marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    tests = ROOT / "tests"
+    for item in items:
+        if item.path.is_relative_to(tests) and item.path.relative_to(tests).parts[0] in SLOW_FOLDERS:
+            item.add_marker(pytest.mark.slow)
+
+
 def _server_url(var: str, what: str) -> str:
     url = os.environ.get(var)
     if url:

@@ -33,6 +33,7 @@ print(sorted(kept))
 """
 
 
+@pytest.mark.slow
 def test_importing_the_agent_loop_keeps_the_yaml_entry_and_its_arguments():
     out = subprocess.run([sys.executable, "-c", CHECK, str(ROOT / "jobs/configs/verl/agent_loop.yaml")],
                          cwd=ROOT, capture_output=True, text=True, timeout=300)
