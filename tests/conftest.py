@@ -46,8 +46,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
         terminalreporter.write_line(line)
 
 
-# Every test in these folders runs a whole job, model or cluster: all are in the slow tier.
-SLOW_FOLDERS = ("e2e", "integration")
+# Every test in these folders starts a Ray cluster, a model or a whole job: all are in the slow tier.
+SLOW_FOLDERS = ("actors", "e2e", "integration")
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m "not slow"` deselects by marker

@@ -26,7 +26,7 @@ from sqlrl.db.pool import PoolConfig
 from sqlrl.db.shard import ShardConfig
 from sqlrl.db.types import Limits
 
-pytestmark = [pytest.mark.postgres, pytest.mark.mysql, pytest.mark.slow]
+pytestmark = [pytest.mark.postgres, pytest.mark.mysql]
 
 TTL_S = 2.0
 CHECKSUM_SQL = ("SELECT (SELECT COUNT(*) FROM customers), (SELECT COUNT(*) FROM products), "

@@ -28,7 +28,7 @@ OPTIM = OptimConfig(lr=3e-3, warmup_steps=1, total_steps=6, grad_clip=1.0, micro
 STEPS = 4
 
 
-pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.slow]
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

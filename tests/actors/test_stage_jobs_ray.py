@@ -59,7 +59,6 @@ def _submit_once(client, entrypoint: str, timeout_s: float) -> tuple[str, str]:
 
 
 @pytest.mark.timeout(1200)
-@pytest.mark.slow
 def test_stage1_and_stage4_run_as_ray_jobs(ray_session, tmp_path):
     from ray._private.worker import get_dashboard_url
     from ray.job_submission import JobSubmissionClient
