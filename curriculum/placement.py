@@ -3,7 +3,7 @@
 That one file is the single source for both sides of a deployment: the stage jobs
 (``cluster.placement=<profile>``; ``jobs/runtime.py`` passes each ask to the actors it starts)
 and the cluster files (``cluster.yaml``, ``deploy/aws-gpu.yaml``, ``deploy/k8s/*.yaml``), which
-``tests/unit/test_cluster_files.py`` checks against it.
+``tests/packaging/test_cluster_files.py`` checks against it.
 
 Guarantees:
 - ``load_profile(name)`` returns a frozen ``Profile`` with one ``ActorAsk`` per kind in ``KINDS``.

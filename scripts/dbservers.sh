@@ -104,6 +104,8 @@ write_env() {
   cat > "$DIR/env.sh" <<ENV
 export SQLRL_PG_ADMIN_URL=postgresql://postgres@127.0.0.1:$PG_PORT/postgres
 export SQLRL_MYSQL_ADMIN_URL=mysql://sqlrl_admin:$MY_ADMIN_PASSWORD@127.0.0.1:$MY_PORT/mysql
+# these servers' own settings: a later 'dbservers.sh restart-pg' (the pool-recovery test) acts on them
+export SQLRL_DB_DIR=$DIR SQLRL_PG_PORT=$PG_PORT SQLRL_MYSQL_PORT=$MY_PORT
 ENV
 }
 

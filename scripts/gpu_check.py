@@ -26,7 +26,7 @@ Exit status 0 when nothing failed (skips allowed), 1 otherwise, 2 without a CUDA
 rows as JSON (``--out``). CI never runs it (no GPU); docs/verl.md quotes the last run.
 ``--device cpu`` rehearses the same checks on the CPU (gloo instead of NCCL, fp32 instead of bf16
 in the curriculum), so that a machine without a GPU can catch a broken check before GPU time is
-spent on it (tests/unit/test_gpu_check.py runs the quick ones); its table says it ran on the CPU.
+spent on it (tests/process/test_gpu_check.py runs the quick ones); its table says it ran on the CPU.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@
 #   locks/gpu.txt  Linux x86-64 + CUDA: the same plus verl's GPU stack (locks/gpu.in); compiled here,
 #                  installed only on GPU machines (UNVERIFIED on the CPU machines this project runs on)
 # Both carry sha256 hashes. Run after editing pyproject.toml or locks/*.in|txt inputs, commit the result;
-# tests/unit/test_lock.py fails when a lock no longer satisfies pyproject.toml.
+# tests/packaging/test_lock.py fails when a lock no longer satisfies pyproject.toml.
 #   bash scripts/lock.sh            # refresh both
 #   bash scripts/lock.sh --upgrade  # extra args go to `uv pip compile` (e.g. --upgrade-package ray)
 set -euo pipefail
@@ -16,7 +16,7 @@ EXTRAS=(--extra dev --extra engines --extra mssql --extra oracle --extra ray --e
 COMMON=(--python-version 3.11 --python-platform x86_64-manylinux_2_28 --generate-hashes --quiet
         --override locks/overrides.txt --custom-compile-command "bash scripts/lock.sh")
 "$UV" pip compile pyproject.toml locks/cpu.in "${EXTRAS[@]}" "${COMMON[@]}" --override locks/overrides-cpu.txt \
-  -c locks/constraints-cpu.txt --find-links "$PIP_FIND_LINKS" --no-emit-find-links -o locks/cpu.txt "$@"
+  -c locks/constraints-cpu.txt --find-links "$(sqlrl_torch_links)" --no-emit-find-links -o locks/cpu.txt "$@"
 "$UV" pip compile pyproject.toml locks/gpu.in "${EXTRAS[@]}" "${COMMON[@]}" -o locks/gpu.txt "$@"
 echo "lock: wrote locks/cpu.txt ($(grep -c '^[a-z0-9]' locks/cpu.txt) packages), locks/gpu.txt ($(grep -c '^[a-z0-9]' locks/gpu.txt) packages)"
 if [ -x "$SQLRL_VENV/bin/python" ]; then "$SQLRL_VENV/bin/python" scripts/check_lock.py

@@ -6,6 +6,8 @@
 #   SQLRL_VENV, SQLRL_TOOLS      see scripts/common.sh (CI points both at fresh temporary folders)
 # Steps: Python check → Debian packages for the SQL Server driver → uv (pinned, from PyPI) → venv →
 # `uv pip sync locks/cpu.txt` (exact versions, hashes checked) + the project itself (editable) → imports.
+# The CPU torch wheel comes from PIP_FIND_LINKS when it is there, else from PyTorch's CPU wheel index
+# (SQLRL_TORCH_CPU_INDEX; scripts/common.sh, sqlrl_torch_links).
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 cd "$SQLRL_ROOT"
@@ -29,16 +31,15 @@ sqlrl_bootstrap_uv "$PY"
 if [ ! -x "$SQLRL_VENV/bin/python" ]; then
   "$UV" venv -q --python "$PY" "$SQLRL_VENV" || sqlrl_die "could not create the environment $SQLRL_VENV with $PY"
 fi
-ls "$PIP_FIND_LINKS"/torch-2.13.0* >/dev/null 2>&1 \
-  || sqlrl_die "the CPU wheel torch-2.13.0+cpu is not in PIP_FIND_LINKS=$PIP_FIND_LINKS: put it there (or point PIP_FIND_LINKS at its folder)"
+torch_links=$(sqlrl_torch_links)  # the local wheel's folder, else PyTorch's CPU index (scripts/common.sh)
 
 # Exactly the lock (plus the project, editable); packages not in it are removed. A failure leaves the
 # environment reported as not set up (exit 1): nothing half-installed is reported as done.
 t_sync=$(ms)
 printf -- '-e .\n' > "$SQLRL_VENV/.sqlrl-project.txt"
-"$UV" pip sync -q --python "$SQLRL_VENV/bin/python" --find-links "$PIP_FIND_LINKS" \
+"$UV" pip sync -q --python "$SQLRL_VENV/bin/python" --find-links "$torch_links" \
     locks/cpu.txt "$SQLRL_VENV/.sqlrl-project.txt" \
-  || sqlrl_die "installing locks/cpu.txt failed (above): is the package registry reachable? A lock out of date with pyproject.toml is refreshed with 'bash scripts/lock.sh'"
+  || sqlrl_die "installing locks/cpu.txt failed (above): is the package registry reachable (torch: $torch_links)? A lock out of date with pyproject.toml is refreshed with 'bash scripts/lock.sh'"
 sync_ms=$(( $(ms) - t_sync ))
 
 # Import the main packages once per lock: the stamp records the lock that passed, so a second run

@@ -8,7 +8,7 @@
 #   PYTHON=/path/to/python3.11   the interpreter the environment is made from (default: python3, >= 3.11)
 #   SQLRL_VENV, SQLRL_TOOLS      see scripts/common.sh
 # UNVERIFIED: never run to the end on these CPU machines (the lock's CUDA wheels are several GB and
-# nothing here could use them); its error cases are tested (tests/unit/test_cluster_files.py).
+# nothing here could use them); its error cases are tested (tests/packaging/test_cluster_files.py).
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 cd "$SQLRL_ROOT"

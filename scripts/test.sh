@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The README's test command: set up (scripts/setup.sh, into .venv), start real PostgreSQL + MariaDB on
 # loopback, run the whole suite against them with the project's environment, and stop the servers again
-# (also when tests fail). Extra args go to pytest.
+# (also when tests fail). Extra args go to pytest: `-m "not slow"` is the fast tier for local work
+# (docs/install.md, "Tests"); with none, every test runs, as CI does. Tests run in a random order
+# (pytest-randomly): the seed is printed first and last, `--randomly-seed=N` repeats it.
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 cd "$SQLRL_ROOT"

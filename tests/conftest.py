@@ -3,6 +3,8 @@
 Server URLs come from the environment that scripts/dbservers.sh writes (SQLRL_PG_ADMIN_URL,
 SQLRL_MYSQL_ADMIN_URL). Without them the server tests skip and say why — unless
 SQLRL_REQUIRE_SERVERS=1 (set by scripts/test.sh, so CI), where a missing server is a failure.
+Tests run in a random order (pytest-randomly); the seed is printed first and last, so an order
+that fails can be repeated. Fixtures prepare what they use: no test relies on an earlier one.
 """
 
 from __future__ import annotations
@@ -19,6 +21,41 @@ ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 SHARED_DATA = Path(os.environ.get("SQLRL_SHARED_DATA", ROOT.parent / "shared" / "data"))
+
+
+def _order_line(config: pytest.Config) -> str | None:
+    """The line that repeats this run's test order (pytest-randomly shuffles modules, then the tests
+    in each; its own header line is hidden under ``-q``, which scripts/test.sh uses)."""
+    if not config.pluginmanager.hasplugin("randomly"):
+        return None
+    seed = config.getoption("randomly_seed")
+    return (f"random test order: --randomly-seed={seed} repeats it "
+            f"(-p no:randomly runs the files in order)")
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    line = _order_line(session.config)
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if line and reporter is not None:
+        reporter.write_line(line)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    line = _order_line(config)
+    if line:
+        terminalreporter.write_line(line)
+
+
+# Every test in these folders starts a Ray cluster, a model or a whole job: all are in the slow tier.
+SLOW_FOLDERS = ("actors", "e2e", "integration")
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m "not slow"` deselects by marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    tests = ROOT / "tests"
+    for item in items:
+        if item.path.is_relative_to(tests) and item.path.relative_to(tests).parts[0] in SLOW_FOLDERS:
+            item.add_marker(pytest.mark.slow)
 
 
 def _server_url(var: str, what: str) -> str:
@@ -62,10 +99,12 @@ def scratch_names(admin_url: str) -> set[str]:
 
 def sealed_base(admin_url: str, name: str, statements: list[str]):
     """A base `name` (replaced if it exists) built by the admin with `statements`, then sealed:
-    yields (the admin URL of the base, its session URL); drops the base afterwards."""
+    yields (the admin URL of the base, its session URL); drops the base afterwards. Prepares the
+    server first (PostgreSQL's owner role), so it works on a fresh server in any test order."""
     from sqlrl.db import provision
     from sqlrl.db.url import dialect_name, parse_url
 
+    provision.prepare_server(admin_url)
     admin_db = provision.create_database(admin_url, name, replace=True)
     ops = provision.admin_ops(dialect_name(parse_url(admin_url)))
     conn = ops.connect(parse_url(admin_url), name)

@@ -3,7 +3,10 @@
 Registered with verl through ``actor_rollout_ref.rollout.agent.agent_loop_config_path`` pointing at
 ``jobs/configs/verl/agent_loop.yaml`` (``name: sqlrl_agent``, ``_target_`` this class, and its
 keyword arguments); nothing is copied into verl. verl's ``AgentLoopWorker`` instantiates the class
-once per trajectory (``hydra.utils.instantiate``), so the instance *is* the trajectory.
+once per trajectory (``hydra.utils.instantiate``), so the instance *is* the trajectory. The YAML is
+the only registration: verl's ``@register`` at import would replace the YAML's entry (keyword
+arguments and all) when the worker's first trajectory imports this module, and every later
+trajectory of that worker would get no ``pool``/``catalog`` (tests/verl/test_agent_loop_registry.py).
 
 What it changes in verl's ``ToolAgentLoop`` (its state machine, chat template, tool parser and
 token bookkeeping are used as they are):
@@ -42,7 +45,7 @@ import asyncio
 import uuid
 from typing import Any, Mapping
 
-from verl.experimental.agent_loop.agent_loop import AgentLoopOutput, register
+from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
 from verl.experimental.agent_loop.tool_agent_loop import AgentData, AgentState, ToolAgentLoop
 from verl.tools.schemas import ToolResponse
 
@@ -50,7 +53,7 @@ from sqlrl.db.source import SessionRequest, SessionSource
 from sqlrl.tools import TOOLS
 
 from .sessions import worker_sessions
-from .tools import AGENT_NAME, SqlrlTool
+from .tools import SqlrlTool
 from .trajectory import TrajectorySession
 
 STOP_SUBMITTED, STOP_DEADLINE, STOP_ENDED = "submitted", "deadline", "ended"
@@ -69,7 +72,6 @@ def session_request(kwargs: Mapping[str, Any], key: str) -> SessionRequest:
                           tuple(str(s) for s in (create.get("preprocess_sql") or ())), key=key)
 
 
-@register(AGENT_NAME)
 class SqlrlAgentLoop(ToolAgentLoop):
     """verl's ``ToolAgentLoop`` whose tools run on one trajectory-scoped sqlrl session.
 

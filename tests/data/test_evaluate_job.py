@@ -26,6 +26,7 @@ def labelled(spider_dir):
     return systems, summary
 
 
+@pytest.mark.slow
 def test_the_job_reproduces_the_official_spider_ex_of_four_systems(labelled, spider_dir, tmp_path) -> None:
     systems, summary = labelled
     assert len(systems) == 4

@@ -16,6 +16,7 @@ pytestmark = pytest.mark.spider
 DBS = ("concert_singer", "pets_1", "flight_2", "dog_kennels")
 
 
+@pytest.mark.slow
 def test_spider_dev_critic_tasks_are_verified(spider_dir: Path) -> None:
     tasks, report = spider_critic_tasks(spider_dir, "dev", seed=0, per_task=2, db_ids=DBS)
     catalog = load_spider(spider_dir, "dev").catalog

@@ -33,6 +33,7 @@ def loaded(request, demo_db_path):
     provision.drop_database(admin, name)
 
 
+@pytest.mark.slow
 def test_generation_verifies_on_the_server(loaded) -> None:
     dialect, url = loaded
     info = schema_from_url(url)

@@ -80,6 +80,7 @@ def test_tables_and_row_counts_match_the_source(loaded, spider_dir):
                 assert s.execute(f"SELECT count(*) FROM {quoted}").rows == ((n,),), (db, table)
 
 
+@pytest.mark.slow
 def test_gold_queries_give_the_same_results(loaded, spider_dir):
     dialect, reports = loaded
     gold = [x for x in json.loads((spider_dir / "dev.json").read_text()) if x["db_id"] in reports]

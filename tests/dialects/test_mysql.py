@@ -274,6 +274,7 @@ def _random_statement(rng, base):
     ])
 
 
+@pytest.mark.slow
 def test_a_thousand_random_ddl_dml_sessions_leave_the_base_unchanged(db):
     before = checksum(db.server, db.name)
     rng = random.Random(11)

@@ -287,6 +287,7 @@ def _random_statement(rng):
     ])
 
 
+@pytest.mark.slow
 def test_a_thousand_random_ddl_dml_sessions_leave_the_base_unchanged(db):
     before = checksum(db.admin)
     rng = random.Random(11)

@@ -168,7 +168,7 @@ RULES: list[tuple[str, Here | Elsewhere | NotHere]] = [
         "CI runs the README's test command (extra arguments only select tests)", run_by=(CI_TESTS,))),
     (r"bash scripts/setup\.sh", Elsewhere(
         "CI builds the environment with it from nothing; its error cases have a test",
-        run_by=(CI_SETUP, ("tests/unit/test_setup_script.py", ('"scripts/setup.sh"',))))),
+        run_by=(CI_SETUP, ("tests/packaging/test_setup_script.py", ('"scripts/setup.sh"',))))),
     (r"python -m jobs\.main", Elsewhere("the main job, tiny model at micro sizes", run_by=(MAIN_TEST,))),
     (r"python -m jobs\.main --preset long --spider-eval \.\./shared/data/spider", Elsewhere(
         "the long preset (both variants, the Spider subset, the figures), tiny model at micro sizes",

@@ -219,6 +219,7 @@ def test_phrasing_patterns_and_errors():
 
 # --- the default dataset -----------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_default_dataset_layout_splits_and_manifest(tmp_path):
     out = tmp_path / "ds"
     m = build_default_dataset(out, seed=1, n_per_domain=24, domains=["shop", "library", "clinic"])

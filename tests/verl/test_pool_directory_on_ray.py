@@ -33,6 +33,7 @@ class FakeWorker:
         return source.client.worker, session.lease.shard
 
 
+@pytest.mark.slow
 def test_each_worker_process_claims_its_own_partition(ray_local, demo_db_path):
     ray = ray_local
     from actors.db_pool import DBPoolConfig, DBPoolGroup

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -36,6 +38,7 @@ def test_missing_modules_are_skips(monkeypatch):
             raise AssertionError(f"{check.__name__} passed without its modules")
 
 
+@pytest.mark.slow
 def test_the_quick_checks_rehearse_on_the_cpu(tmp_path):
     """--device cpu runs the same check code without a GPU (gloo for NCCL), so a broken check is
     caught here, not in a GPU lease. verl is in the CPU lock, so grpo runs too."""

@@ -4,6 +4,7 @@ slow happens (no install is attempted against the real registry)."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -78,11 +79,58 @@ def test_no_registry_for_the_lock_leaves_the_environment_not_reported_as_done(tm
     shutil.rmtree(tmp_path / "venv")
 
 
-def test_a_missing_cpu_torch_wheel_names_the_folder(tmp_path: Path) -> None:
-    tools = Path(os.environ.get("SQLRL_TOOLS", ROOT / ".cache" / "tools"))
-    if not any(tools.glob("uv-*/bin/uv")):
-        pytest.skip(f"needs uv bootstrapped by scripts/setup.sh in {tools}")
+def _stub_tools(tmp_path: Path) -> tuple[Path, Path]:
+    """A stub uv (at the path setup.sh bootstraps it to) that records each call's arguments, one
+    line each, and whose ``venv`` makes a stub interpreter that imports anything; a stub ldconfig
+    that reports the ODBC library. Returns (the SQLRL_TOOLS folder, the PATH folder)."""
+    log = tmp_path / "uv-calls.txt"
+    tools = tmp_path / "tools"
+    uv = tools / "uv-0.13.9" / "bin" / "uv"  # scripts/common.sh: SQLRL_UV_VERSION
+    uv.parent.mkdir(parents=True)
+    python = '#!/bin/sh\n[ "$1" = --version ] && echo "Python 3.11.0"\nexit 0\n'
+    _exe(uv, f'echo "$*" >> {log}\n'
+             'if [ "$1" = venv ]; then for a; do dir=$a; done; mkdir -p "$dir/bin"\n'
+             f"  printf '{python}' > \"$dir/bin/python\"; chmod +x \"$dir/bin/python\"; fi\nexit 0\n")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _exe(bin_dir / "ldconfig", 'echo "libodbc.so.2 (libc6,x86-64) => /usr/lib/libodbc.so.2"\n')
+    return tools, bin_dir
+
+
+def _sync_find_links(tmp_path: Path, wheels: Path) -> tuple[list[str], subprocess.CompletedProcess]:
+    tools, bin_dir = _stub_tools(tmp_path)
+    out = _setup(tmp_path, PYTHON=sys.executable, SQLRL_TOOLS=str(tools), PIP_FIND_LINKS=str(wheels),
+                 PATH=f"{bin_dir}:{os.environ['PATH']}")
+    assert out.returncode == 0, out.stdout + out.stderr
+    syncs = [line.split() for line in (tmp_path / "uv-calls.txt").read_text().splitlines()
+             if line.startswith("pip sync")]
+    assert len(syncs) == 1, syncs
+    args = syncs[0]
+    assert "locks/cpu.txt" in args
+    return [args[i + 1] for i, a in enumerate(args) if a == "--find-links"], out
+
+
+def test_the_local_cpu_torch_wheel_is_used_when_the_folder_has_it(tmp_path: Path) -> None:
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    (wheels / "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl").write_bytes(b"")
+    links, out = _sync_find_links(tmp_path, wheels)
+    assert links == [str(wheels)]
+    assert "download.pytorch.org" not in out.stdout + out.stderr
+
+
+def test_without_the_local_wheel_torch_comes_from_pytorchs_cpu_index(tmp_path: Path) -> None:
+    """No route to that index here: the command line is what is checked. The lock pins torch with
+    its sha256 (uv checks it), so only the same file can install."""
     empty = tmp_path / "wheels"
     empty.mkdir()
-    out = _setup(tmp_path, PYTHON=sys.executable, SQLRL_TOOLS=str(tools), PIP_FIND_LINKS=str(empty))
-    _failed_with(out, "torch-2.13.0+cpu", f"PIP_FIND_LINKS={empty}")
+    (empty / "torch-2.12.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl").write_bytes(b"")  # another version
+    links, out = _sync_find_links(tmp_path, empty)
+    assert links == ["https://download.pytorch.org/whl/cpu/torch/"]
+    assert "https://download.pytorch.org/whl/cpu/torch/" in out.stderr and str(empty) in out.stderr
+    assert "setup: ok" in out.stdout
+    lock = (ROOT / "locks/cpu.txt").read_text()
+    pinned = re.search(r"^torch==(\S+) \\\n((?:\s+--hash=sha256:\w+ ?\\?\n)+)", lock, re.M)
+    assert pinned and "--hash=sha256:" in pinned.group(2)
+    # the wheel setup.sh looks for is the lock's version (a torch bump in the lock must change both)
+    assert f"SQLRL_TORCH_WHEEL=torch-{pinned.group(1)}\n" in (ROOT / "scripts/common.sh").read_text()
