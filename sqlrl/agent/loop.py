@@ -11,8 +11,10 @@ coroutine: generate (``await engine.generate(ids, sampling)``: ONE sequence, the
 whatever is in flight) -> parse -> tool -> observe -> generate ..., so a rollout whose turn ended
 early runs its tool call and starts its next turn while others are still generating; nobody waits
 for a round. ``AgentLoop.run()`` is the synchronous wrapper (``run_sync``). The backend may be an
-``AsyncEngine`` (``sqlrl.policy.engine``) or a sync batch ``GenerationBackend``, which is wrapped
-in ``BatchedEngine`` (``sqlrl.policy.batched``, transitional) for the run and closed after it.
+``AsyncEngine`` (``sqlrl.policy.engine``) or a sync batch ``GenerationBackend``: one that provides
+a native engine (``ProvidesEngine``: an ``HFBackend`` gives its ``HFEngine``) runs on it, any other
+is wrapped in ``BatchedEngine`` (``sqlrl.policy.batched``, transitional); either is made for the
+run and closed after it.
 
 Tool calls run off the event loop (sessions are sync) through ``ToolBatcher``
 (``sqlrl.agent.toolrun``): calls ready within ``LoopConfig.tool_window_s`` of each other form one
