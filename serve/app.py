@@ -32,8 +32,10 @@ import weakref
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from ray import serve
+from starlette.exceptions import HTTPException
 
 from . import metrics
 from .config import ServeConfig, load_serve_config
@@ -41,8 +43,25 @@ from .engine import SQL_BODIES
 from .limits import Admission, RateLimiter, check_api_key
 from .model_server import ModelServer
 from .openai_chat import APIError, ChatRequest, error_body
+from .resources import fit
 
 api = FastAPI(title="sqlrl serve", docs_url=None, redoc_url=None)
+
+
+@api.exception_handler(HTTPException)
+async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
+    """Unknown routes (404) and methods (405) in OpenAI's error shape, not FastAPI's ``detail``."""
+    where = f"{request.method} {request.url.path}"
+    message = {404: f"Invalid URL ({where})",
+               405: f"Method not allowed ({where})"}.get(exc.status_code, str(exc.detail))
+    return JSONResponse(error_body(exc.status_code, message), status_code=exc.status_code,
+                        headers=dict(exc.headers or {}))
+
+
+@api.exception_handler(RequestValidationError)
+async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    msg, param = _validation_message(exc)
+    return JSONResponse(error_body(400, msg, param=param), status_code=400)
 
 
 def _error(exc: APIError) -> JSONResponse:
@@ -203,6 +222,7 @@ class Ingress:
             except Exception as exc:
                 msg, param = _validation_message(exc)
                 raise APIError(400, msg, param=param) from None
+            req.refuse_unsupported()
             handle = self._handle(req.model)
             deadline = self._deadline()
             if req.stream:
@@ -237,19 +257,28 @@ class Ingress:
             raise
 
         async def events():
+            finished = False
             try:
                 while True:
                     try:
                         item = await self._call(gen.__anext__(), gen.cancel, deadline)
                     except StopAsyncIteration:
                         break
+                    if isinstance(item, tuple) and item and item[0] == "error":  # the replica's timeout, a failure
+                        yield f"data: {json.dumps(item[2])}\n\n"
+                        break
                     yield f"data: {json.dumps(item, ensure_ascii=False)}\n\n"
+                finished = True
             except APIError as exc:
+                finished = True
                 yield f"data: {json.dumps(exc.body())}\n\n"
             except Exception as exc:  # the replica failed mid-stream
+                finished = True
                 yield f"data: {json.dumps(error_body(500, f'{type(exc).__name__}: {exc}'))}\n\n"
             finally:
                 release()
+                if not finished:  # the client went away: stop the generation in the engine
+                    gen.cancel()
             yield "data: [DONE]\n\n"
         stream = events()
         weakref.finalize(stream, release)
@@ -285,21 +314,35 @@ class Ingress:
         return await self._sql("generate", request)
 
 
-def model_deployment(name: str, config: ServeConfig, raw: dict[str, Any]) -> Any:
+def model_deployment(name: str, config: ServeConfig, raw: dict[str, Any], num_cpus: float) -> Any:
     spec = config.models[name]
     return serve.deployment(ModelServer).options(
         name=f"model-{name}", num_replicas=spec.num_replicas,
         max_ongoing_requests=spec.max_ongoing_requests,
         max_queued_requests=-1,  # the ingress's Admission enforces the queue limit exactly
-        ray_actor_options={"num_cpus": spec.num_cpus, "num_gpus": spec.num_gpus},
+        ray_actor_options={"num_cpus": num_cpus, "num_gpus": spec.num_gpus},
     ).bind(name, raw)
 
 
-def build_app(args: dict[str, Any]) -> Any:
-    """The application for ``serve run`` / ``serve.run``: ``args`` is a ``ServeConfig`` mapping."""
+def cluster_totals() -> tuple[float | None, float | None]:
+    """The connected Ray cluster's CPUs and GPUs (None, None when no Ray is connected)."""
+    import ray
+
+    if not ray.is_initialized():
+        return None, None
+    total = ray.cluster_resources()
+    return float(total.get("CPU", 0.0)), float(total.get("GPU", 0.0))
+
+
+def build_app(args: dict[str, Any], resources: tuple[float | None, float | None] | None = None) -> Any:
+    """The application for ``serve run`` / ``serve.run``: ``args`` is a ``ServeConfig`` mapping.
+    Resource asks are fitted to ``resources`` (CPUs, GPUs; default: the connected cluster's), or
+    ``serve.resources.ResourceError`` (one line) says what does not fit and which setting fixes it."""
     config = load_serve_config(args)
+    asks = fit(config, *(resources if resources is not None else cluster_totals()))
     raw = json.loads(json.dumps(args))  # plain values for the replicas
+    ingress = Ingress.options(ray_actor_options={"num_cpus": asks.ingress_cpus})
     if config.colocate:  # the ingress replicas load the models themselves
-        return Ingress.bind(raw, {})
-    models = {name: model_deployment(name, config, raw) for name in config.models}
-    return Ingress.bind(raw, models)
+        return ingress.bind(raw, {})
+    models = {name: model_deployment(name, config, raw, asks.model_cpus[name]) for name in config.models}
+    return ingress.bind(raw, models)

@@ -199,9 +199,11 @@ def test_a_stream_holds_its_admission_until_its_body_ends_or_is_dropped():
 @pytest.mark.parametrize("style", ["compact", "create"])
 def test_a_served_model_is_prompted_with_the_schema_style_its_checkpoint_records(tiny, tmp_path, style):
     from serve.config import load_serve_config
+    import asyncio
+
     from serve.engine import ModelEngine
     from sqlrl.agent.prompts import checkpoint_schema_style, record_schema_style
-    from sqlrl.policy.backends import make_backend
+    from sqlrl.policy.backends import make_engine
     from sqlrl.tasks.demo_db import build_demo_database
 
     db = tmp_path / "shop.sqlite"
@@ -209,9 +211,9 @@ def test_a_served_model_is_prompted_with_the_schema_style_its_checkpoint_records
     record_schema_style(tmp_path, style)  # what the curriculum writes next to the weights
     config = load_serve_config({"models": {"t": {"path": str(tmp_path)}}, "databases": {"shop": {"url": f"sqlite:///{db}"}}})
     script = [{"match": "How many customers", "turns": [call("submit_solution", "SELECT count(*) FROM customers")]}]
-    backend = make_backend("scripted", tiny, script=script)
-    engine = ModelEngine("t", tiny, backend, config, schema_style=checkpoint_schema_style(tmp_path))  # as ModelServer does
-    (t,) = engine.agent.run([GenerateRequest("r", "shop", "How many customers?")])
+    engine = ModelEngine("t", tiny, make_engine("scripted", tiny, script=script), config,
+                         schema_style=checkpoint_schema_style(tmp_path))  # as ModelServer does
+    (t,) = asyncio.run(engine.run_agent([GenerateRequest("r", "shop", "How many customers?")], engine.loop))
     system = t.messages[0]["content"]
     assert t.stop_reason == "submitted"
     assert ("CREATE TABLE" in system) == (style == "create") and ("PK = primary key" in system) == (style == "compact")
