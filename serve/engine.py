@@ -221,12 +221,32 @@ class ModelEngine:
 
     # -- chat completions ------------------------------------------------------------------------
 
+    def plan(self, ids: list[int], *, n: int, max_tokens: int | None, temperature: float, top_p: float,
+             stop: tuple[str, ...], seed: int | None, logprobs: bool = False, prefix: str = "",
+             end_stops: tuple[str, ...] = (), tool_names: tuple[str, ...] = ()) -> ChatPlan:
+        """A prompt's plan: ``n`` within ``limits.max_n`` (else 400 naming it), ``max_tokens``
+        clamped, prompt + ``max_tokens`` within the context window (else 400
+        ``context_length_exceeded``), one ``SamplingParams`` per choice, choice ``i`` seeded
+        ``choice_seed(seed, i)``."""
+        self.check_n(n)
+        max_tokens = clamp(max_tokens, self.limits.max_tokens, self.limits.default_max_tokens)
+        if self.window is not None and len(ids) + max_tokens > self.window:
+            raise context_error(ValueError(
+                f"this model's context window is {self.window} tokens, but the prompt has {len(ids)} "
+                f"and max_tokens is {max_tokens}: shorten the prompt or lower max_tokens"))
+        samplings = tuple(SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=max_tokens,
+                                         stop=stop, seed=choice_seed(seed, i)) for i in range(n))
+        return ChatPlan(ids, samplings, prefix, stop + end_stops, tool_names, logprobs)
+
+    def check_n(self, n: int) -> None:
+        if n > self.limits.max_n:
+            raise APIError(400, f"n={n} is above this server's limit of {self.limits.max_n} "
+                           "choices per request (limits.max_n)", param="n")
+
     def chat_plan(self, req: ChatRequest) -> ChatPlan:
         """The prompt and per-choice sampling of a chat completion (400s: module docstring)."""
         req.refuse_unsupported()
-        if req.n > self.limits.max_n:
-            raise APIError(400, f"n={req.n} is above this server's limit of {self.limits.max_n} "
-                           "choices per request (limits.max_n)", param="n")
+        self.check_n(req.n)  # before rendering: the cheap check first
         p = prepare(req)
         try:
             ids = self.chat_format.prompt_ids(p.messages, p.tools)
@@ -235,18 +255,11 @@ class ModelEngine:
                            f"template: {exc}", param="messages") from None
         if p.prefix:
             ids = ids + list(self.policy.tokenizer.encode(p.prefix, add_special_tokens=False))
-        max_tokens = clamp(req.max_completion_tokens or req.max_tokens, self.limits.max_tokens,
-                           self.limits.default_max_tokens)
-        if self.window is not None and len(ids) + max_tokens > self.window:
-            raise context_error(ValueError(
-                f"this model's context window is {self.window} tokens, but the prompt has {len(ids)} "
-                f"and max_tokens is {max_tokens}: shorten the messages or lower max_tokens"))
-        samplings = tuple(SamplingParams(temperature=req.temperature, top_p=req.top_p,
-                                         max_new_tokens=max_tokens, stop=p.stop,
-                                         seed=choice_seed(req.seed, i)) for i in range(req.n))
         eot = self.chat_format.end_of_turn
-        return ChatPlan(ids, samplings, p.prefix, p.stop + ((eot,) if eot else ()), p.tool_names,
-                        req.logprobs)
+        return self.plan(ids, n=req.n, max_tokens=req.max_completion_tokens or req.max_tokens,
+                         temperature=req.temperature, top_p=req.top_p, stop=p.stop, seed=req.seed,
+                         logprobs=req.logprobs, prefix=p.prefix, end_stops=(eot,) if eot else (),
+                         tool_names=p.tool_names)
 
     async def generate(self, plan: ChatPlan) -> list[Generation]:
         """The plan's choices, one engine request each (all in flight at once)."""
@@ -261,7 +274,7 @@ class ModelEngine:
     async def chat(self, plan: ChatPlan) -> dict[str, Any]:
         return self.chat_result(plan, await self.generate(plan))
 
-    def _logprobs(self, plan: ChatPlan, token_ids: Sequence[int], logprobs: Sequence[float]) -> Any:
+    def logprobs_of(self, plan: ChatPlan, token_ids: Sequence[int], logprobs: Sequence[float]) -> Any:
         return token_logprobs(self.policy.tokenizer, token_ids, logprobs) if plan.logprobs else None
 
     def chat_result(self, plan: ChatPlan, gens: Sequence[Generation]) -> dict[str, Any]:
@@ -271,14 +284,15 @@ class ModelEngine:
             text, stopped = visible(plan.prefix + g.text, plan.stops)
             content, calls = split_reply(text, plan.tool_names)
             choices.append({"index": i, "message": message(content, calls),
-                            "logprobs": self._logprobs(plan, g.token_ids, g.logprobs),
+                            "logprobs": self.logprobs_of(plan, g.token_ids, g.logprobs),
                             "finish_reason": finish_reason(g.finish_reason, stopped, bool(calls))})
         return completion(self.name, choices, len(plan.ids), sum(len(g.token_ids) for g in gens))
 
-    async def chat_chunks(self, plan: ChatPlan, include_usage: bool = False) -> AsyncIterator[dict[str, Any]]:
+    async def chat_chunks(self, plan: ChatPlan, include_usage: bool = False,
+                          on_done: Callable[[int], None] | None = None) -> AsyncIterator[dict[str, Any]]:
         """The streamed completion (module docstring): role chunks once the first token is there,
         then content / tool-call deltas as they can no longer change, each choice's finish chunk,
-        and the usage chunk if asked."""
+        and the usage chunk if asked; ``on_done(generated tokens)`` once every choice finished."""
         n = len(plan.samplings)
         deltas = merged([self.engine.stream(plan.ids, s) for s in plan.samplings])
         async with contextlib.aclosing(deltas):
@@ -298,7 +312,7 @@ class ModelEngine:
             tokenizer = self.policy.tokenizer
 
             def logprobs(i: int) -> Any:
-                out = self._logprobs(plan, ids[i][sent[i]:], lps[i][sent[i]:])
+                out = self.logprobs_of(plan, ids[i][sent[i]:], lps[i][sent[i]:])
                 sent[i] = len(ids[i])
                 return out
 
@@ -326,6 +340,8 @@ class ModelEngine:
                     item = None
                 except EngineError as exc:
                     raise APIError(500, f"generation failed: {exc}", code="engine_error") from None
+            if on_done is not None:
+                on_done(generated)
             if include_usage:
                 yield chunk(cid, created, self.name, None, None, usage={
                     "prompt_tokens": len(plan.ids), "completion_tokens": generated,

@@ -22,10 +22,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from typing import Any, AsyncIterator
+
+from pydantic import ValidationError
 
 from . import metrics
 from .config import ServeConfig, load_serve_config
+from .completions import CompletionRequest, text_chunk, text_plan, text_result
 from .engine import SQL_BODIES, ModelEngine
 from .engines import KINDS, resolve
 from .openai_chat import APIError, ChatRequest, error_body
@@ -56,6 +60,17 @@ class ModelServer:
         self.timeout_s = self.config.limits.request_timeout_s
         self.inflight = 0  # requests inside chat()/sql()/chat_stream() now (tests wait on it)
 
+    def _enter(self) -> float:
+        self.inflight += 1
+        metrics.record("batch", self.inflight, model=self.name)
+        return time.perf_counter()
+
+    def _generated(self, tokens: int, t0: float) -> None:
+        metrics.record("tokens", tokens, model=self.name)
+        dt = time.perf_counter() - t0
+        if dt > 0:
+            metrics.record("tps", tokens / dt, model=self.name)
+
     async def _bounded(self, coro: Any) -> Any:
         """``coro`` within ``request_timeout_s`` (cancelled past it: its engine requests abort)."""
         try:
@@ -65,20 +80,31 @@ class ModelServer:
 
     # -- endpoints (called by the ingress through handles) --------------------------------------
 
-    async def chat(self, body: dict[str, Any]) -> tuple:
-        self.inflight += 1
+    async def _whole(self, make_plan: Any, result: Any) -> tuple:
+        t0 = self._enter()
         try:
-            plan = self.model.chat_plan(ChatRequest.model_validate(body))
-            result = await self._bounded(self.model.chat(plan))
-            metrics.record("tokens", result["usage"]["completion_tokens"], model=self.name)
-            return ("ok", 200, result)
+            plan = make_plan()
+            out = result(plan, await self._bounded(self.model.generate(plan)))
+            self._generated(out["usage"]["completion_tokens"], t0)
+            return ("ok", 200, out)
         except APIError as exc:
             return ("error", exc.status, exc.body())
+        except ValidationError as exc:  # the ingress validated already
+            return ("error", 400, error_body(400, str(exc)))
         finally:
             self.inflight -= 1
 
+    async def chat(self, body: dict[str, Any]) -> tuple:
+        return await self._whole(lambda: self.model.chat_plan(ChatRequest.model_validate(body)),
+                                 self.model.chat_result)
+
+    async def completions(self, body: dict[str, Any]) -> tuple:
+        """``/v1/completions`` (``serve/completions.py``), like ``chat``."""
+        return await self._whole(lambda: text_plan(self.model, CompletionRequest.model_validate(body)),
+                                 lambda plan, gens: text_result(self.model, plan, gens))
+
     async def sql(self, kind: str, body: dict[str, Any]) -> tuple:
-        self.inflight += 1
+        t0 = self._enter()
         try:
             try:
                 parsed = SQL_BODIES[kind].model_validate(body)
@@ -86,6 +112,7 @@ class ModelServer:
                 return ("error", 400, error_body(400, str(exc)))
             result = await self._bounded(self.model.sql(kind, parsed))
             usage = result["usage"]
+            self._generated(usage["generated_tokens"], t0)
             metrics.record("turns", usage["turns"], model=self.name)
             metrics.record("tool_calls", usage["tool_calls"], model=self.name)
             return ("ok", 200, result)
@@ -99,22 +126,44 @@ class ModelServer:
         ``chat.completion.chunk`` dicts as tokens are generated, the finish chunks and, if asked,
         the usage chunk. Past ``request_timeout_s``, an ``("error", 504, body)`` item ends it;
         closing it early (the client went away) aborts the engine requests."""
-        self.inflight += 1
+        def make() -> tuple[Any, bool]:
+            req = ChatRequest.model_validate(body)
+            return self.model.chat_plan(req), bool((req.stream_options or {}).get("include_usage"))
+        async with contextlib.aclosing(self._stream(make, None)) as items:
+            async for item in items:
+                yield item
+
+    async def completions_stream(self, body: dict[str, Any]) -> AsyncIterator[Any]:
+        """Streamed ``/v1/completions``: as ``chat_stream``, with ``text_completion`` chunks."""
+        def make() -> tuple[Any, bool]:
+            req = CompletionRequest.model_validate(body)
+            return text_plan(self.model, req), bool((req.stream_options or {}).get("include_usage"))
+        async with contextlib.aclosing(self._stream(make, text_chunk)) as items:
+            async for item in items:
+                yield item
+
+    async def _stream(self, make: Any, convert: Any) -> AsyncIterator[Any]:
+        t0 = self._enter()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout_s
         chunks: Any = None
         try:
             try:
-                req = ChatRequest.model_validate(body)
-                plan = self.model.chat_plan(req)
-                chunks = self.model.chat_chunks(plan, bool((req.stream_options or {}).get("include_usage")))
+                plan, include_usage = make()
+                chunks = self.model.chat_chunks(plan, include_usage,
+                                                on_done=lambda tokens: self._generated(tokens, t0))
                 first = await self._bounded(anext(chunks))
             except APIError as exc:
                 yield ("error", exc.status, exc.body())
                 return
+            except ValidationError as exc:  # the ingress validated already
+                yield ("error", 400, error_body(400, str(exc)))
+                return
             yield ("ok", 200, None)
-            yield first
+            item = first
             while True:
+                if (out := convert(item) if convert is not None else item) is not None:
+                    yield out
                 try:
                     item = await asyncio.wait_for(anext(chunks), max(0.0, deadline - loop.time()))
                 except StopAsyncIteration:
@@ -125,7 +174,6 @@ class ModelServer:
                 except APIError as exc:
                     yield ("error", exc.status, exc.body())
                     break
-                yield item
         finally:
             self.inflight -= 1
             if chunks is not None:

@@ -494,6 +494,17 @@ def test_unknown_routes_and_methods_answer_openai_errors(server):
     assert "GET" in err["message"]
 
 
+def test_text_completions(server):
+    c = client(server, "k-chat")
+    r = c.completions.create(model="script", prompt="weather in Paris:", max_tokens=64)
+    assert r.object == "text_completion" and r.choices[0].text.startswith("Let me check.")
+    streamed = "".join(ch.text for chunk in c.completions.create(
+        model="script", prompt="weather in Paris:", max_tokens=64, stream=True) for ch in chunk.choices)
+    assert streamed == r.choices[0].text
+    assert_openai_error(post(server, "/v1/completions", {"model": "script", "prompt": "x", "echo": True},
+                             "k-bad"), 400)
+
+
 def test_logprobs_are_the_sampled_tokens(server):
     c = client(server, "k-chat")
     msgs = [{"role": "user", "content": "hello"}]

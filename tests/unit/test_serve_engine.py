@@ -204,3 +204,38 @@ def test_unknown_routes_and_methods_are_openai_errors():
     r = c.post("/v1/nope", json={})
     assert r.status_code == 404 and set(r.json()["error"]) == {"message", "type", "param", "code"}
     assert "POST /v1/nope" in r.json()["error"]["message"]
+
+
+# -- /v1/completions ------------------------------------------------------------------------------
+
+def test_text_completions_use_the_raw_prompt_and_stream_the_same_text(tiny, tmp_path):
+    from serve.completions import CompletionRequest, text_chunk, text_plan, text_result
+
+    model, engine = served(tiny, tmp_path)
+    req = CompletionRequest.model_validate({"model": "m", "prompt": "weather report:", "max_tokens": 40,
+                                            "n": 2, "seed": 5, "logprobs": 0})
+    plan = text_plan(model, req)
+    assert plan.ids == list(tiny.tokenizer.encode("weather report:", add_special_tokens=False))
+    out = text_result(model, plan, asyncio.run(model.generate(plan)))
+    assert out["object"] == "text_completion" and len(out["choices"]) == 2
+    assert [s.seed for s in engine.samplings] == [choice_seed(5, 0), choice_seed(5, 1)]
+    text = out["choices"][0]["text"]
+    assert text.startswith("Let me check.") and len(out["choices"][0]["logprobs"]["tokens"]) == out["usage"]["completion_tokens"] // 2
+
+    async def streamed():
+        chunks = [text_chunk(c) async for c in model.chat_chunks(text_plan(model, req))]
+        return "".join(ch["text"] for c in chunks if c for ch in c["choices"] if ch["index"] == 0)
+
+    assert asyncio.run(streamed()) == text
+
+
+@pytest.mark.parametrize("body,param", [({"echo": True}, "echo"), ({"suffix": "x"}, "suffix"),
+                                        ({"best_of": 3}, "best_of"), ({"logprobs": 2}, "logprobs"),
+                                        ({"prompt": ["a", "b"]}, "prompt"), ({"n": 9}, "n")])
+def test_bad_text_completion_input_is_a_400(tiny, tmp_path, body, param):
+    from serve.completions import CompletionRequest, text_plan
+
+    model, _ = served(tiny, tmp_path)
+    with pytest.raises(APIError) as e:
+        text_plan(model, CompletionRequest.model_validate({"model": "m", "prompt": "x", **body}))
+    assert e.value.status == 400 and e.value.param == param
