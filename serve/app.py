@@ -43,7 +43,7 @@ from starlette.exceptions import HTTPException
 from . import metrics
 from .completions import CompletionRequest
 from .config import ServeConfig, load_serve_config
-from .engine import SQL_BODIES
+from .sql_agent import SQL_BODIES
 from .limits import Admission, RateLimiter, check_api_key
 from .model_server import ModelServer
 from .openai_chat import APIError, ChatRequest, error_body

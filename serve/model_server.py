@@ -30,7 +30,8 @@ from pydantic import ValidationError
 from . import metrics
 from .config import ServeConfig, load_serve_config
 from .completions import CompletionRequest, text_chunk, text_plan, text_result
-from .engine import SQL_BODIES, ModelEngine
+from .engine import ModelEngine
+from .sql_agent import SQL_BODIES
 from .engines import KINDS, resolve
 from .openai_chat import APIError, ChatRequest, error_body
 

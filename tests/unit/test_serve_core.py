@@ -213,7 +213,8 @@ def test_a_served_model_is_prompted_with_the_schema_style_its_checkpoint_records
     script = [{"match": "How many customers", "turns": [call("submit_solution", "SELECT count(*) FROM customers")]}]
     engine = ModelEngine("t", tiny, make_engine("scripted", tiny, script=script), config,
                          schema_style=checkpoint_schema_style(tmp_path))  # as ModelServer does
-    (t,) = asyncio.run(engine.run_agent([GenerateRequest("r", "shop", "How many customers?")], engine.loop))
+    agent = engine.agent
+    (t,) = asyncio.run(agent.run_agent([GenerateRequest("r", "shop", "How many customers?")], agent.loop))
     system = t.messages[0]["content"]
     assert t.stop_reason == "submitted"
     assert ("CREATE TABLE" in system) == (style == "create") and ("PK = primary key" in system) == (style == "compact")

@@ -10,7 +10,8 @@ import json
 import pytest
 
 from serve.config import load_serve_config
-from serve.engine import GenerateBody, ModelEngine, choice_seed
+from serve.engine import ModelEngine, choice_seed
+from serve.sql_agent import GenerateBody
 from serve.openai_chat import APIError, ChatRequest
 from serve.resources import ResourceError, fit
 from sqlrl.policy.engine import check_engine_class
