@@ -566,7 +566,8 @@ def test_a_client_that_disconnects_mid_stream_frees_its_sequence(server):
     with httpx.stream("POST", server["url"] + "/v1/chat/completions", json=body, timeout=120,
                       headers={"Authorization": "Bearer k-stream"}) as r:
         assert r.status_code == 200
-        for line in r.iter_lines():
+        lines = r.iter_lines()  # kept: a dropped line iterator closes the connection (httpcore)
+        for line in lines:
             if '"content": "' in line and '"content": ""' not in line:
                 break  # a token arrived: the generation is held at the gate now
         assert stats(server, "trickle")["running"] == 1
