@@ -218,3 +218,36 @@ def test_a_served_model_is_prompted_with_the_schema_style_its_checkpoint_records
     system = t.messages[0]["content"]
     assert t.stop_reason == "submitted"
     assert ("CREATE TABLE" in system) == (style == "create") and ("PK = primary key" in system) == (style == "compact")
+
+
+def test_the_ingress_cancels_the_replica_stream_when_the_client_goes_away():
+    """A dropped client (the body iterator closed mid-stream) cancels the replica's stream, which
+    aborts its engine requests; a stream read to its end, or ended by an error item, is not."""
+    import asyncio
+    import types
+
+    from serve.app import Ingress
+
+    cls = Ingress.func_or_class
+    ing = types.SimpleNamespace(admission=Admission({"m": None}))
+    ing._call = lambda aw, cancel, deadline: cls._call(ing, aw, cancel, deadline)
+    chunk = {"choices": [{"delta": {"content": "hi"}}]}
+
+    async def main():
+        handle = _FakeHandle([("ok", 200, None), chunk, chunk, chunk])
+        stream = handle.remote(None)
+        handle.remote = lambda data: stream
+        resp = await cls._stream(ing, "m", handle, {}, deadline=1e18)
+        body = resp.body_iterator
+        assert json.loads((await anext(body)).removeprefix("data: ")) == chunk
+        await body.aclose()  # the client went away
+        assert stream.cancelled and ing.admission.inflight["m"] == 0
+        timeout = ("error", 504, {"error": {"message": "late", "type": "timeout", "param": None, "code": "timeout"}})
+        handle = _FakeHandle([("ok", 200, None), chunk, timeout, chunk])
+        stream = handle.remote(None)
+        handle.remote = lambda data: stream
+        parts = [p async for p in (await cls._stream(ing, "m", handle, {}, deadline=1e18)).body_iterator]
+        assert json.loads(parts[1].removeprefix("data: "))["error"]["code"] == "timeout"
+        assert parts[2:] == ["data: [DONE]\n\n"] and not stream.cancelled
+
+    asyncio.run(main())
