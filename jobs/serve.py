@@ -11,7 +11,10 @@ MariaDB base), ``--config FILE`` (a YAML mapping of ``serve.config.ServeConfig``
 it), ``--backend hf|vllm`` (vLLM: GPU machines, unverified here). API keys come from
 ``SQLRL_SERVE_API_KEYS`` (comma-separated) unless ``--no-auth``. It connects to the running Ray
 cluster (``ray job submit``) or starts a local one, deploys the app and keeps serving until
-interrupted (``--once``: deploy, print the address, and return -- for tests).
+interrupted (``--once``: deploy, print the address, and return -- for tests). The app's CPU asks
+are fitted to the cluster (``serve/resources.py``: models without ``num_cpus`` share what the
+ingress leaves); asks that cannot fit are refused before anything deploys, in one line naming the
+setting to change (exit status 2).
 Reads top to bottom: parse -> config -> start Serve -> deploy -> wait.
 """
 
@@ -77,11 +80,17 @@ def main(argv: list[str] | None = None) -> int:
     from ray import serve
 
     from serve.app import build_app
+    from serve.resources import ResourceError
 
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     ray.init(ignore_reinit_error=True)
+    try:
+        app = build_app(args)  # resource asks fitted to the cluster, or one line saying what to change
+    except ResourceError as exc:
+        print(exc, file=sys.stderr)
+        return 2
     serve.start(http_options={"host": a.host, "port": a.port})
-    serve.run(build_app(args), name="sqlrl", route_prefix="/")
+    serve.run(app, name="sqlrl", route_prefix="/")
     print(f"serve: models {', '.join(config.models)} at http://{a.host}:{a.port}/v1", flush=True)
     if a.once:
         return 0

@@ -6,8 +6,9 @@ wrong types are errors naming the dotted key).
 
 - ``models``: the registry of served models, name -> ``ModelSpec`` (a checkpoint folder the
   curriculum writes, ``<run_dir>/<stage>/final``, or a named model such as ``tiny``; the backend
-  name from ``sqlrl.policy.backends``; dynamic-batching and queue sizes). Adding a served model is
-  one entry here, nothing else.
+  name (``serve/engines.py``: hf, vllm, auto, scripted); the engine's running-batch bound and the
+  queue sizes; CPUs per replica, unset = a share of the cluster, ``serve/resources.py``). Adding a
+  served model is one entry here, nothing else.
 - ``databases``: name -> ``DatabaseSpec``: a SQLite path, or for PostgreSQL / MariaDB the session
   URL of a sealed base (``sqlrl.db.provision.session_url``: every session gets its own clone and
   role). Clients name a database; they never pass a path or DSN.
@@ -37,12 +38,11 @@ class ModelSpec:
     backend: str = "hf"  # "hf" (CPU default), "vllm" (GPU, unverified here), "scripted" (tests)
     backend_options: dict[str, Any] = field(default_factory=dict)
     dtype: str = "float32"
-    max_batch_size: int = 16  # prompts merged into one generation call (@serve.batch)
-    batch_wait_timeout_s: float = 0.0  # Serve's window; requests arriving while the model works are merged anyway
-    max_ongoing_requests: int = 32  # per replica; >= max_batch_size so a batch can fill
+    max_batch_size: int = 16  # sequences the replica's engine runs at once (hf max_batch, vLLM max_num_seqs)
+    max_ongoing_requests: int = 32  # per replica; >= max_batch_size so the running batch can fill
     max_queued_requests: int = 64  # waiting beyond the replicas' slots; more get 503 (-1: no limit)
     num_replicas: int = 1
-    num_cpus: float = 1.0
+    num_cpus: float | None = None  # per replica; None: a share of the cluster (serve/resources.py)
     num_gpus: float = 0.0
     torch_threads: int = 1
     # where hf generation runs: auto = the GPU when the replica sees one (num_gpus > 0) and the
@@ -57,7 +57,9 @@ class ModelSpec:
             raise ValueError("max_batch_size and num_replicas must be >= 1")
         if self.max_ongoing_requests < self.max_batch_size:
             raise ValueError(f"max_ongoing_requests ({self.max_ongoing_requests}) must be >= "
-                             f"max_batch_size ({self.max_batch_size}) or batches never fill")
+                             f"max_batch_size ({self.max_batch_size}) or the running batch never fills")
+        if self.num_cpus is not None and self.num_cpus < 0:
+            raise ValueError(f"num_cpus must be >= 0 (or unset), got {self.num_cpus}")
         if self.max_queued_requests < -1:
             raise ValueError(f"max_queued_requests must be >= 0, or -1 for no limit; got "
                              f"{self.max_queued_requests}")
@@ -117,6 +119,7 @@ class ServeConfig:
     # models on one machine). False: one ModelServer deployment per model (own replicas, GPUs and
     # replica counts -- num_replicas and num_gpus apply only here).
     colocate: bool = False
+    ingress_num_cpus: float = 0.25  # per ingress replica (it parses and forwards; serve/resources.py)
 
     def __post_init__(self) -> None:
         if not self.models:

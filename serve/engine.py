@@ -1,150 +1,163 @@
-"""``ModelEngine``: one served model's work, without Ray -- chat completions and the SQL agent.
+"""``ModelEngine``: one served model's work on its async engine, without Ray -- chat completions
+(whole or streamed) and the SQL agent.
 
-The Serve deployment (``serve/model_server.py``) owns an engine and gives it a ``generate``
-function that goes through its dynamic-batching queue; the benchmark and unit tests give it the
-backend directly. Everything here is synchronous and thread-safe as long as ``generate`` is.
+The Serve deployment (``serve/model_server.py``) owns one ``ModelEngine`` over ONE ``AsyncEngine``
+(``serve/engines.py`` builds it); the unit tests build one directly. Every method is a coroutine
+on the caller's event loop: each chat choice and each agent turn is its own engine request, which
+the engine admits into its running batch at its next step (no batch runner here).
 
-- ``chat_plan(req)`` + ``chat(req, generate)``: an OpenAI chat completion (``serve.openai_chat``): messages rendered
-  with the model's tool chat template (+ the forced tool-call prefix), one generation call for
-  all ``n`` choices, hermes tool calls returned as structured ``tool_calls``, ``usage`` counted
-  in tokens.
-- ``sql(kind, body, generate)``: ``/v1/sql/debug`` (Talon) and ``/v1/sql/generate`` (Zeno): the
-  multi-turn agent (``sqlrl.agent.Agent``) on the named database from the config, each
-  trajectory in its own fresh session (discarded afterwards); ``samples: k`` runs k trajectories
-  and votes over result sets (``sqlrl.eval.vote``, the infer job's rule). Returns the final SQL,
-  a capped preview of its result (on another fresh session), the trajectories and timings.
-
-Guarantees: clients name databases, never paths or DSNs; ``max_tokens``/``samples``/turns were
-clamped by the ingress and are clamped again here; SQL runs under the session layer's limits
-(``sql_timeout_s``, ``sql_max_rows``) and sandbox; one request's sessions are never shared.
+- ``chat_plan(req)``: an OpenAI chat completion (``serve.openai_chat``) as a prompt and one
+  ``SamplingParams`` per choice: messages rendered with the model's tool chat template (+ the
+  forced tool-call prefix); choice ``i`` samples with ``row_seed(seed, 0, i)`` (None: fresh draws),
+  so the ``n`` choices are different samples and a seeded request is reproducible. 400 for: ``n``
+  above ``limits.max_n`` (named, never clamped), unsupported parameters, messages the template
+  refuses, prompt + ``max_tokens`` over the model's context window (``context_length_exceeded``).
+- ``chat(plan)``: the ``chat.completion`` (hermes tool calls as ``tool_calls``, ``usage`` in
+  tokens, per-choice ``logprobs`` when asked); ``chat_chunks(plan, include_usage)``: the same
+  answer as ``chat.completion.chunk`` dicts, token by token from ``engine.stream`` on every
+  backend. An engine error before the first token raises ``APIError`` from the first step (so the
+  caller can still answer with a plain error); closing the iterator (a dropped client, a
+  timeout) closes the engine streams, which aborts their requests in the engine.
+- ``sql(kind, body)``: ``/v1/sql/debug`` (Talon) and ``/v1/sql/generate`` (Zeno): the SQL agent
+  (``serve/sql_agent.py``'s ``SQLAgent``, ``agent``) on the same engine.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 import uuid
-from dataclasses import dataclass, replace
-from typing import Any, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Callable, Sequence
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from sqlrl.agent import Agent, DebugRequest, GenerateRequest, LocalSessions, LoopConfig
 from sqlrl.agent.chat_format import HFChatFormat
-from sqlrl.db.dialects.descriptor import dialect_of
-from sqlrl.db.types import Limits
-from sqlrl.db.url import dialect_name, parse_url
-from sqlrl.eval.vote import vote
-from sqlrl.policy.types import Generation, SamplingParams
-from sqlrl.tasks.schema import DatabaseSchema
-from sqlrl.tasks.types import TaskError
+from sqlrl.policy.engine import AsyncEngine, EngineError, TokenDelta
+from sqlrl.policy.types import Generation, SamplingParams, row_seed
 
 from .config import LimitsSpec, ServeConfig
 from .limits import clamp
-from .openai_chat import APIError, ChatRequest, completion, prepare
-from .streaming import finish_reason, message, split_reply, visible
+from .openai_chat import APIError, ChatRequest, chunk, completion, prepare, token_logprobs
+from .sql_agent import SQLAgent, SQLBody
+from .streaming import ChoiceStream, finish_reason, message, split_reply, visible
 
-Generate = Callable[[Sequence[Sequence[int]], SamplingParams], list[Generation]]
+__all__ = ["ChatPlan", "ModelEngine", "choice_seed", "context_error", "gather_all", "merged"]
 
 
 @dataclass(frozen=True)
 class ChatPlan:
     ids: list[int]  # the rendered prompt (+ the forced tool-call prefix)
-    params: SamplingParams
+    samplings: tuple[SamplingParams, ...]  # one per choice (n == 1 each, own seed)
     prefix: str  # text the turn is forced to start with (tool_choice)
     stops: tuple[str, ...]  # the client's stop strings + the end-of-turn text
     tool_names: tuple[str, ...]
+    logprobs: bool = False
+
+
+def choice_seed(seed: int | None, choice: int) -> int | None:
+    """The seed of choice ``choice`` of a request seeded ``seed`` (None: fresh draws)."""
+    return None if seed is None else row_seed(seed, 0, choice)
+
+
+async def merged(streams: Sequence[AsyncIterator[TokenDelta]]) -> AsyncIterator[tuple[int, TokenDelta]]:
+    """``(i, delta)`` from every stream as it comes, until each has given its final delta. An
+    error in one stream is raised here; closing this iterator (or an error) cancels the others,
+    which closes their engine requests."""
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i: int, stream: AsyncIterator[TokenDelta]) -> None:
+        try:
+            async with contextlib.aclosing(stream):  # type: ignore[type-var]
+                async for delta in stream:
+                    queue.put_nowait((i, delta, None))
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # handed to the consumer, which raises it
+            queue.put_nowait((i, None, exc))
+
+    tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        ended = 0
+        while ended < len(tasks):
+            i, delta, exc = await queue.get()
+            if exc is not None:
+                raise exc
+            ended += delta.final is not None
+            yield i, delta
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def gather_all(coros: Sequence[Any]) -> list[Any]:
+    """``asyncio.gather`` that cancels the others when one fails (their engine requests abort)."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
 
 
 def context_error(exc: Exception) -> APIError:
     return APIError(400, str(exc), param="messages", code="context_length_exceeded")
 
 
-class SQLBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    model: str | None = None
-    database: str = Field(min_length=1)
-    dialect: str | None = None
-    samples: int = Field(1, ge=1)
-    max_turns: int | None = Field(None, ge=1)
-    max_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0.0, le=2.0)
-    seed: int | None = None
-
-
-class DebugBody(SQLBody):
-    issue_sql: str | list[str]
-    problem: str = Field(min_length=1)
-
-
-class GenerateBody(SQLBody):
-    question: str = Field(min_length=1)
-    evidence: str = ""
-
-
-SQL_BODIES: dict[str, type[SQLBody]] = {"debug": DebugBody, "generate": GenerateBody}
-
-
-def load_databases(config: ServeConfig) -> tuple[dict[str, dict[str, str]], dict[str, DatabaseSchema]]:
-    """``{name: {dialect: url}}`` and the schemas that can be read (SQLite files: a file-based
-    engine's database, or ``schema_sqlite``)."""
-    catalog, schemas = {}, {}
-    for name, spec in config.databases.items():
-        url = parse_url(spec.url)
-        dialect = dialect_name(url)
-        catalog[name] = {dialect: spec.url}
-        source = spec.schema_sqlite or (url.database if dialect_of(dialect).file_based else None)
-        if source:
-            schemas[name] = DatabaseSchema.from_sqlite(source, db_id=name)
-    return catalog, schemas
-
-
-def trajectory_view(t: Any) -> dict[str, Any]:
-    """The trajectory as a client reads it: per turn the assistant text, its tool call, the
-    observation it got, timings."""
-    msgs = [m for m in t.messages if m.get("role") in ("assistant", "tool")]
-    turns, k = [], 0
-    for i, m in enumerate(msgs):
-        if m["role"] != "assistant":
-            continue
-        nxt = msgs[i + 1] if i + 1 < len(msgs) and msgs[i + 1]["role"] == "tool" else None
-        call = (m.get("tool_calls") or [None])[0]
-        timing = t.turns[k] if k < len(t.turns) else None
-        k += 1
-        turns.append({"assistant": m.get("content") or "",
-                      "tool_call": call["function"] if call else None,
-                      "observation": nxt["content"] if nxt else None,
-                      "error": timing.error if timing else None,
-                      "gen_ms": timing.gen_ms if timing else None,
-                      "tool_ms": timing.tool_ms if timing else None})
-    return {"stop_reason": t.stop_reason, "error": t.error, "submitted_sql": t.submitted_sql,
-            "n_turns": len(t.turns), "n_tool_calls": t.n_tool_calls,
-            "n_tool_errors": t.n_tool_errors, "n_malformed": t.n_malformed,
-            "generated_tokens": t.n_generated, "turns": turns}
-
-
 class ModelEngine:
-    def __init__(self, name: str, policy: Any, backend: Any, config: ServeConfig,
-                 schema_style: str | None = None) -> None:
-        """``schema_style``: how agent prompts render the schema -- the style the checkpoint
-        records (``sqlrl.agent.prompts.checkpoint_schema_style``), so it is prompted as trained."""
-        self.name, self.policy, self.backend, self.config = name, policy, backend, config
+    def __init__(self, name: str, policy: Any, engine: AsyncEngine, config: ServeConfig,
+                 schema_style: str | None = None, *, window: int | None = None,
+                 too_long: Callable[[BaseException], bool] = lambda exc: False) -> None:
+        """``engine``: the model's ``AsyncEngine``; ``window``: its context window in tokens (None:
+        unchecked here); ``too_long(exc)``: the engine's own context-window error
+        (``serve.engines.EngineKind``). ``schema_style``: how agent prompts render the schema --
+        the style the checkpoint records (``sqlrl.agent.prompts.checkpoint_schema_style``)."""
+        self.name, self.policy, self.engine, self.config = name, policy, engine, config
+        self.window, self._too_long = window, too_long
         self.limits: LimitsSpec = config.limits
         self.chat_format = HFChatFormat(policy.tokenizer)
-        catalog, schemas = load_databases(config)
-        self.catalog = catalog
-        self.sessions = LocalSessions(catalog, Limits(timeout_s=self.limits.sql_timeout_s,
-                                                      max_rows=self.limits.sql_max_rows))
-        loop = LoopConfig(max_turns=self.limits.max_turns,
-                          max_total_tokens=self.limits.max_total_tokens,
-                          sampling=SamplingParams(max_new_tokens=self.limits.default_max_tokens,
-                                                  temperature=0.0),
-                          schema_style=schema_style)
-        self.agent = Agent(policy, backend, self.chat_format, loop, self.sessions, schemas)
+        self.agent = SQLAgent(name, engine, self.chat_format, config, schema_style)
+
+    def engine_error(self, exc: BaseException) -> APIError | None:
+        """The client error an engine failure of one request means (None: not a client error)."""
+        if self._too_long(exc):
+            return context_error(exc)  # type: ignore[arg-type]
+        if isinstance(exc, ValueError):  # the engine refused the prompt (bad ids, ...)
+            return APIError(400, f"the model refused the request: {exc}", param="messages")
+        if isinstance(exc, EngineError):
+            return APIError(500, f"generation failed: {exc}", code="engine_error")
+        return None
 
     # -- chat completions ------------------------------------------------------------------------
 
+    def plan(self, ids: list[int], *, n: int, max_tokens: int | None, temperature: float, top_p: float,
+             stop: tuple[str, ...], seed: int | None, logprobs: bool = False, prefix: str = "",
+             end_stops: tuple[str, ...] = (), tool_names: tuple[str, ...] = ()) -> ChatPlan:
+        """A prompt's plan: ``n`` within ``limits.max_n`` (else 400 naming it), ``max_tokens``
+        clamped, prompt + ``max_tokens`` within the context window (else 400
+        ``context_length_exceeded``), one ``SamplingParams`` per choice, choice ``i`` seeded
+        ``choice_seed(seed, i)``."""
+        self.check_n(n)
+        max_tokens = clamp(max_tokens, self.limits.max_tokens, self.limits.default_max_tokens)
+        if self.window is not None and len(ids) + max_tokens > self.window:
+            raise context_error(ValueError(
+                f"this model's context window is {self.window} tokens, but the prompt has {len(ids)} "
+                f"and max_tokens is {max_tokens}: shorten the prompt or lower max_tokens"))
+        samplings = tuple(SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=max_tokens,
+                                         stop=stop, seed=choice_seed(seed, i)) for i in range(n))
+        return ChatPlan(ids, samplings, prefix, stop + end_stops, tool_names, logprobs)
+
+    def check_n(self, n: int) -> None:
+        if n > self.limits.max_n:
+            raise APIError(400, f"n={n} is above this server's limit of {self.limits.max_n} "
+                           "choices per request (limits.max_n)", param="n")
+
     def chat_plan(self, req: ChatRequest) -> ChatPlan:
-        """The prompt and sampling of a chat completion (400 for messages the template refuses)."""
+        """The prompt and per-choice sampling of a chat completion (400s: module docstring)."""
+        req.refuse_unsupported()
+        self.check_n(req.n)  # before rendering: the cheap check first
         p = prepare(req)
         try:
             ids = self.chat_format.prompt_ids(p.messages, p.tools)
@@ -153,115 +166,99 @@ class ModelEngine:
                            f"template: {exc}", param="messages") from None
         if p.prefix:
             ids = ids + list(self.policy.tokenizer.encode(p.prefix, add_special_tokens=False))
-        n = clamp(req.n, self.limits.max_n)
-        max_tokens = clamp(req.max_completion_tokens or req.max_tokens, self.limits.max_tokens,
-                           self.limits.default_max_tokens)
-        params = SamplingParams(n=n, temperature=req.temperature, top_p=req.top_p,
-                                max_new_tokens=max_tokens, stop=p.stop, seed=req.seed)
         eot = self.chat_format.end_of_turn
-        return ChatPlan(ids, params, p.prefix, p.stop + ((eot,) if eot else ()), p.tool_names)
+        return self.plan(ids, n=req.n, max_tokens=req.max_completion_tokens or req.max_tokens,
+                         temperature=req.temperature, top_p=req.top_p, stop=p.stop, seed=req.seed,
+                         logprobs=req.logprobs, prefix=p.prefix, end_stops=(eot,) if eot else (),
+                         tool_names=p.tool_names)
 
-    def chat(self, req: ChatRequest, generate: Generate) -> dict[str, Any]:
-        plan = self.chat_plan(req)
+    async def generate(self, plan: ChatPlan) -> list[Generation]:
+        """The plan's choices, one engine request each (all in flight at once)."""
         try:
-            gens = generate([plan.ids], plan.params)
-        except ValueError as exc:  # prompt too long for the model, bad ids
-            raise context_error(exc) from None
-        return self.chat_result(plan, gens)
+            return await gather_all([self.engine.generate(plan.ids, s) for s in plan.samplings])
+        except Exception as exc:
+            api = self.engine_error(exc)
+            if api is None:
+                raise
+            raise api from None
+
+    async def chat(self, plan: ChatPlan) -> dict[str, Any]:
+        return self.chat_result(plan, await self.generate(plan))
+
+    def logprobs_of(self, plan: ChatPlan, token_ids: Sequence[int], logprobs: Sequence[float]) -> Any:
+        return token_logprobs(self.policy.tokenizer, token_ids, logprobs) if plan.logprobs else None
 
     def chat_result(self, plan: ChatPlan, gens: Sequence[Generation]) -> dict[str, Any]:
-        """The ``chat.completion`` for the ``n`` generations of ``plan``."""
+        """The ``chat.completion`` for the generations of ``plan``'s choices."""
         choices = []
         for i, g in enumerate(gens):
             text, stopped = visible(plan.prefix + g.text, plan.stops)
             content, calls = split_reply(text, plan.tool_names)
-            choices.append({"index": i, "message": message(content, calls), "logprobs": None,
+            choices.append({"index": i, "message": message(content, calls),
+                            "logprobs": self.logprobs_of(plan, g.token_ids, g.logprobs),
                             "finish_reason": finish_reason(g.finish_reason, stopped, bool(calls))})
         return completion(self.name, choices, len(plan.ids), sum(len(g.token_ids) for g in gens))
 
+    async def chat_chunks(self, plan: ChatPlan, include_usage: bool = False,
+                          on_done: Callable[[int], None] | None = None) -> AsyncIterator[dict[str, Any]]:
+        """The streamed completion (module docstring): role chunks once the first token is there,
+        then content / tool-call deltas as they can no longer change, each choice's finish chunk,
+        and the usage chunk if asked; ``on_done(generated tokens)`` once every choice finished."""
+        n = len(plan.samplings)
+        deltas = merged([self.engine.stream(plan.ids, s) for s in plan.samplings])
+        async with contextlib.aclosing(deltas):
+            try:
+                first = await anext(deltas)
+            except Exception as exc:
+                api = self.engine_error(exc)
+                if api is None:
+                    raise
+                raise api from None
+            cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+            streams = [ChoiceStream(plan.prefix, plan.stops, plan.tool_names) for _ in range(n)]
+            ids: list[list[int]] = [[] for _ in range(n)]
+            lps: list[list[float]] = [[] for _ in range(n)]
+            sent = [0] * n  # tokens whose log-probs went out
+            generated = 0
+            tokenizer = self.policy.tokenizer
+
+            def logprobs(i: int) -> Any:
+                out = self.logprobs_of(plan, ids[i][sent[i]:], lps[i][sent[i]:])
+                sent[i] = len(ids[i])
+                return out
+
+            for i in range(n):
+                yield chunk(cid, created, self.name, i, {"role": "assistant", "content": ""})
+            item: tuple[int, TokenDelta] | None = first
+            while item is not None:
+                i, d = item
+                if d.final is None:
+                    ids[i].append(int(d.token_id))  # type: ignore[arg-type]
+                    lps[i].append(float(d.logprob) if d.logprob is not None else float("nan"))
+                    for delta in streams[i].update(tokenizer.decode(ids[i], skip_special_tokens=True)):
+                        yield chunk(cid, created, self.name, i, delta, logprobs=logprobs(i))
+                else:
+                    g = d.final
+                    ids[i], lps[i] = list(g.token_ids), list(g.logprobs)
+                    generated += len(g.token_ids)
+                    last, reason = streams[i].finish(g.text, g.finish_reason)
+                    for delta in last:
+                        yield chunk(cid, created, self.name, i, delta, logprobs=logprobs(i))
+                    yield chunk(cid, created, self.name, i, {}, reason, logprobs=logprobs(i) if sent[i] < len(ids[i]) else None)
+                try:
+                    item = await anext(deltas)
+                except StopAsyncIteration:
+                    item = None
+                except EngineError as exc:
+                    raise APIError(500, f"generation failed: {exc}", code="engine_error") from None
+            if on_done is not None:
+                on_done(generated)
+            if include_usage:
+                yield chunk(cid, created, self.name, None, None, usage={
+                    "prompt_tokens": len(plan.ids), "completion_tokens": generated,
+                    "total_tokens": len(plan.ids) + generated})
+
     # -- the SQL agent ---------------------------------------------------------------------------
 
-    def make_request(self, kind: str, body: SQLBody) -> Any:
-        urls = self.catalog.get(body.database)
-        if not urls:
-            raise APIError(404, f"unknown database {body.database!r}; this server has: "
-                           f"{', '.join(sorted(self.catalog)) or 'none'}", param="database",
-                           code="database_not_found")
-        dialect = next(iter(urls))
-        try:
-            if body.dialect is not None and body.dialect not in urls:
-                from sqlrl.tasks.types import norm_dialect
-
-                if norm_dialect(body.dialect) not in urls:
-                    raise APIError(400, f"database {body.database!r} is {dialect}, not "
-                                   f"{body.dialect}", param="dialect")
-            rid = f"sql-{uuid.uuid4().hex[:16]}"
-            if kind == "debug":
-                assert isinstance(body, DebugBody)
-                return DebugRequest(rid, body.database, body.problem, tuple(
-                    [body.issue_sql] if isinstance(body.issue_sql, str) else body.issue_sql),
-                    dialect=dialect)
-            assert isinstance(body, GenerateBody)
-            return GenerateRequest(rid, body.database, body.question, dialect=dialect,
-                                   evidence=body.evidence)
-        except TaskError as exc:
-            raise APIError(400, str(exc), param="issue_sql" if "issue_sql" in str(exc) else None) from None
-
-    def sql(self, kind: str, body: SQLBody, generate: Generate) -> dict[str, Any]:
-        t0 = time.perf_counter()
-        request = self.make_request(kind, body)
-        k = clamp(body.samples, self.limits.max_samples)
-        temperature = body.temperature if body.temperature is not None else (0.8 if k > 1 else 0.0)
-        sampling = SamplingParams(temperature=temperature, seed=body.seed,
-                                  max_new_tokens=clamp(body.max_tokens, self.limits.max_tokens,
-                                                       self.limits.default_max_tokens))
-        loop = replace(self.agent.loop, sampling=sampling,
-                       max_turns=clamp(body.max_turns, self.limits.max_turns))
-        agent = self.agent.with_backend(_Adapter(generate))
-        trajectories = agent.run([request] * k, loop=loop)
-        t1 = time.perf_counter()
-        url = self.sessions.url(request.db_id, request.dialect)
-
-        def execute(sql: str) -> Any:
-            from sqlrl.db import open_session
-
-            with open_session(url, limits=self.sessions.limits) as s:
-                return s.execute(sql)
-
-        candidates = [t.submitted_sql for t in trajectories]
-        chosen: dict[str, Any] | None = None
-        if k > 1:
-            lps = [sum(t.old_logprobs) / t.n_generated if t.n_generated else None for t in trajectories]
-            v = vote(candidates, execute, logprobs=lps)
-            final, index = v.sql, v.index
-            chosen = {"index": v.index, "votes": v.votes, "groups": v.groups, "failed": v.failed,
-                      "unanimous_failure": v.unanimous_failure}
-        else:
-            final, index = candidates[0], 0
-        preview = None
-        if final:
-            r = execute(final)
-            n = self.limits.preview_rows
-            preview = {"columns": list(r.columns), "rows": [list(row) for row in r.rows[:n]],
-                       "row_count": r.row_count, "truncated": bool(r.truncated or len(r.rows) > n),
-                       "error": None if r.error is None else {"kind": str(r.error.kind.value),
-                                                              "message": r.error.message}}
-        t2 = time.perf_counter()
-        return {"id": request.request_id, "object": f"sql.{kind}", "model": self.name,
-                "database": request.db_id, "dialect": request.dialect, "sql": final,
-                "result": preview, "chosen": index, "vote": chosen,
-                "trajectories": [trajectory_view(t) for t in trajectories],
-                "timings": {"agent_ms": (t1 - t0) * 1000.0, "result_ms": (t2 - t1) * 1000.0,
-                            "total_ms": (t2 - t0) * 1000.0,
-                            "gen_ms": sum(x.gen_ms for t in trajectories for x in t.turns),
-                            "tool_ms": sum(x.tool_ms for t in trajectories for x in t.turns)},
-                "usage": {"generated_tokens": sum(t.n_generated for t in trajectories),
-                          "turns": sum(len(t.turns) for t in trajectories),
-                          "tool_calls": sum(t.n_tool_calls for t in trajectories)}}
-
-
-class _Adapter:
-    """A ``generate`` function as a ``GenerationBackend``."""
-
-    def __init__(self, generate: Generate) -> None:
-        self.generate = generate
+    async def sql(self, kind: str, body: SQLBody) -> dict[str, Any]:
+        return await self.agent.sql(kind, body)

@@ -3,8 +3,10 @@
 Next to Serve's own request metrics (``ray_serve_*``: request counts, latencies, queue lengths)
 these say what the model did: ``sqlrl_serve_requests`` (counter: endpoint, model, status),
 ``sqlrl_serve_latency_ms`` (histogram: endpoint, model), ``sqlrl_serve_generated_tokens``
-(counter: model), ``sqlrl_serve_tokens_per_s`` (gauge: model, of the last generation call),
-``sqlrl_serve_batch_size`` (histogram: model, prompts per generation call),
+(counter: model), ``sqlrl_serve_tokens_per_s`` (gauge: model, of the last request),
+``sqlrl_serve_batch_size`` (histogram: model, requests in the replica when one starts -- the
+engine's running batch it joins), ``sqlrl_serve_tokens_per_s`` per request (its generated tokens
+over its own wall time),
 ``sqlrl_serve_agent_turns`` and ``sqlrl_serve_tool_calls`` (histograms per SQL request).
 
 Guarantees: created lazily once per process; recording never raises (a metrics failure must not
@@ -30,9 +32,9 @@ def _metrics() -> dict[str, Any]:
             latency=Histogram("sqlrl_serve_latency_ms", "end-to-end latency in the ingress (ms)",
                               boundaries=_MS_BOUNDS, tag_keys=("endpoint", "model")),
             tokens=Counter("sqlrl_serve_generated_tokens", "tokens generated", tag_keys=("model",)),
-            tps=Gauge("sqlrl_serve_tokens_per_s", "tokens/s of the last generation call",
+            tps=Gauge("sqlrl_serve_tokens_per_s", "tokens/s of the last request",
                       tag_keys=("model",)),
-            batch=Histogram("sqlrl_serve_batch_size", "prompts per generation call",
+            batch=Histogram("sqlrl_serve_batch_size", "requests in the replica when one starts",
                             boundaries=_SIZE_BOUNDS, tag_keys=("model",)),
             turns=Histogram("sqlrl_serve_agent_turns", "agent turns per SQL request",
                             boundaries=_SIZE_BOUNDS, tag_keys=("model",)),

@@ -5,7 +5,12 @@
   429, 503, 504).
 - ``ChatRequest`` (pydantic): ``model``, ``messages``, ``tools``, ``tool_choice``
   (``auto``/``none``/``required``/named), ``temperature``, ``top_p``, ``max_tokens`` (or
-  ``max_completion_tokens``), ``n``, ``stop``, ``seed``, ``stream`` (+ ``stream_options``).
+  ``max_completion_tokens``), ``n``, ``stop``, ``seed``, ``stream`` (+ ``stream_options``; a
+  strict boolean: ``"yes"`` is a 400), ``logprobs`` (the sampled token's log-probability under the
+  sampling distribution; ``top_logprobs`` above 0 is refused: the engines give only that one).
+  Parameters sqlrl does not implement are refused with 400 naming them, never silently ignored:
+  ``response_format`` other than ``{"type": "text"}``, a non-empty ``logit_bias``,
+  ``ignore_eos: true`` (``UNSUPPORTED``).
 - ``prepare(req)``: the messages for the template (assistant ``tool_calls`` arguments back to
   objects, ``tool`` messages checked against the ``tool_call_id``s the assistant issued), the
   tools to render, and the **forced prefix**: ``tool_choice="required"`` starts the assistant
@@ -27,12 +32,13 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from .streaming import TOOL_OPEN
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-               404: "not_found_error", 408: "timeout", 413: "invalid_request_error",
+               404: "not_found_error", 405: "invalid_request_error", 408: "timeout",
+               413: "invalid_request_error",
                429: "rate_limit_exceeded", 500: "server_error", 503: "server_overloaded",
                504: "timeout"}
 
@@ -67,10 +73,30 @@ class ChatRequest(BaseModel):
     n: int = Field(1, ge=1)
     stop: str | list[str] | None = None
     seed: int | None = None
-    stream: bool = False
+    stream: StrictBool = False
     stream_options: dict[str, Any] | None = None
+    logprobs: StrictBool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    response_format: dict[str, Any] | None = None
+    logit_bias: dict[str, Any] | None = None
+    ignore_eos: StrictBool = False
+
+    def refuse_unsupported(self) -> None:
+        """``APIError(400)`` naming the first parameter given a value sqlrl does not implement."""
+        for name, (is_default, why) in UNSUPPORTED.items():
+            if not is_default(getattr(self, name)):
+                raise APIError(400, f"{name}: {why}", param=name, code="unsupported_parameter")
 
 
+# parameter -> (is the value one sqlrl honours?, why another is refused)
+UNSUPPORTED: dict[str, tuple[Any, str]] = {
+    "response_format": (lambda v: v is None or v == {"type": "text"},
+                        "only {'type': 'text'} is supported (no JSON mode or JSON schema output)"),
+    "logit_bias": (lambda v: not v, "not supported"),
+    "ignore_eos": (lambda v: not v, "not supported: generation always ends at the end-of-turn token"),
+    "top_logprobs": (lambda v: not v, "not supported: the engines return the sampled token's "
+                                      "log-probability only (logprobs: true)"),
+}
 
 
 @dataclass(frozen=True)
@@ -113,6 +139,8 @@ def _messages(raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
     issued: set[str] = set()
     for i, m in enumerate(raw):
         where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise APIError(400, f"{where} must be an object", param=where)
         role = m.get("role")
         if role in ("system", "developer", "user"):
             out.append({"role": "system" if role == "developer" else role,
@@ -120,7 +148,11 @@ def _messages(raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
         elif role == "assistant":
             msg: dict[str, Any] = {"role": "assistant", "content": _text(m.get("content"), where)}
             calls = []
-            for j, c in enumerate(m.get("tool_calls") or []):
+            raw_calls = m.get("tool_calls") or []
+            if not isinstance(raw_calls, list):
+                raise APIError(400, f"{where}.tool_calls must be a list of tool calls, got "
+                               f"{type(raw_calls).__name__}", param=f"{where}.tool_calls")
+            for j, c in enumerate(raw_calls):
                 fn = c.get("function") if isinstance(c, dict) else None
                 if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
                     raise APIError(400, f"{where}.tool_calls[{j}] needs function.name",
@@ -182,13 +214,25 @@ def completion(model: str, choices: list[dict[str, Any]], prompt_tokens: int,
                       "total_tokens": prompt_tokens + completion_tokens}}
 
 
+def token_logprobs(tokenizer: Any, token_ids: Any, logprobs: Any) -> dict[str, Any]:
+    """OpenAI's ``logprobs`` object for generated tokens: one entry per token (the end-of-turn token
+    included), its text, UTF-8 bytes and the sampling distribution's log-probability."""
+    content = []
+    for tok, lp in zip(token_ids, logprobs):
+        text = tokenizer.decode([int(tok)], skip_special_tokens=False)
+        content.append({"token": text, "logprob": float(lp), "bytes": list(text.encode("utf-8")),
+                        "top_logprobs": []})
+    return {"content": content}
+
+
 def chunk(completion_id: str, created: int, model: str, index: int | None, delta: dict[str, Any] | None,
-          reason: str | None = None, usage: dict[str, int] | None = None) -> dict[str, Any]:
+          reason: str | None = None, usage: dict[str, int] | None = None,
+          logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
     """One ``chat.completion.chunk``: a choice's delta (``index``), or the usage chunk (no choices)."""
     out: dict[str, Any] = {"id": completion_id, "object": "chat.completion.chunk", "created": created,
                            "model": model, "system_fingerprint": None, "choices": []}
     if index is not None:
-        out["choices"] = [{"index": index, "delta": delta or {}, "logprobs": None, "finish_reason": reason}]
+        out["choices"] = [{"index": index, "delta": delta or {}, "logprobs": logprobs, "finish_reason": reason}]
     if usage is not None:
         out["usage"] = usage
     return out

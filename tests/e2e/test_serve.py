@@ -5,14 +5,17 @@ Models: ``tiny`` (the random-init tiny model's checkpoint folder on the HF backe
 generation, batching),
 ``smol`` (SmolLM2-135M: a real instruct model, chat and the SQL agent), ``script`` (the scripted
 backend over the tiny tokenizer: deterministic tool calls and SQL agents, serving as Talon and
-Zeno), ``gated`` (scripted, waits for a gate file: holds requests in flight so queue limits and
-batching are checked by events, never by wall time) and ``trickle`` (scripted, stops after three
-tokens until its gate opens: streaming is shown token by token by an event, not a clock). The
-gated model admits 8 requests at once (4 for a full batch, room for the test's own ``stats``
-calls); its batch waits up to 20 s to fill, so four requests sent one after another form one
-batch. A second application (``/short``) has a 1 s end-to-end timeout and a model that never
-answers: the 504 path. Databases: a generated SQLite ``shop`` and, with the servers of
-scripts/dbservers.sh, the same data loaded into sealed PostgreSQL and MariaDB bases.
+Zeno), ``gated`` (scripted, waits for a gate file: holds requests in flight so queue limits are
+checked by events, never by wall time), ``trickle`` (scripted, stops after three tokens until its
+gate opens: streaming is shown token by token by an event, not a clock; a dropped client is shown
+to free its sequence in the engine) and ``merge`` (scripted, holds prompts with "LONG" after two
+tokens: a request that arrives meanwhile joins the running engine and finishes first). Every
+model replica runs ONE async engine (serve/engines.py); ``stats`` reads the requests inside the
+replica and the sequences its engine holds. The gated model admits 8 requests at once (room for
+the test's own ``stats`` calls). A second application (``/short``) has a 3 s end-to-end timeout
+and a model that never answers prompts with "LONG": the 504 path, after which the engine holds
+nothing and a short request is answered. Databases: a generated SQLite ``shop`` and, with the
+servers of scripts/dbservers.sh, the same data loaded into sealed PostgreSQL and MariaDB bases.
 """
 
 from __future__ import annotations
@@ -105,13 +108,13 @@ def server():
                        "num_cpus": 0.1},
             "gated": {"path": "tiny", "backend": "scripted", "num_cpus": 0.1,
                       "backend_options": {"script": SCRIPT, "gate_file": str(gate)},
-                      "max_batch_size": 4, "max_ongoing_requests": 8, "max_queued_requests": 2,
-                      "batch_wait_timeout_s": 20.0},
+                      "max_batch_size": 4, "max_ongoing_requests": 8, "max_queued_requests": 2},
             "trickle": {"path": "tiny", "backend": "scripted", "num_cpus": 0.1, "backend_options": {
                 "script": SCRIPT, "gate_file": str(trickle), "gate_after_tokens": 3}},
             "merge": {"path": "tiny", "backend": "scripted", "num_cpus": 0.1, "max_batch_size": 8,
-                      "max_ongoing_requests": 8, "backend_options": {"script": SCRIPT,
-                                                                     "gate_file": str(tmp / "merge-gate")}},
+                      "max_ongoing_requests": 8, "backend_options": {
+                          "script": SCRIPT, "gate_file": str(tmp / "merge-gate"), "gate_after_tokens": 2,
+                          "gate_match": "LONG"}},
         },
         "databases": databases,
         "sql_models": {"debug": "script", "generate": "script"},
@@ -121,10 +124,10 @@ def server():
         "auth": {"api_keys": KEYS},
     }
     short = {"models": {"stuck": {"path": "tiny", "backend": "scripted", "num_cpus": 0.1, "backend_options": {
-                 "gate_file": str(tmp / "never"), "gate_timeout_s": 30.0}}},
+                 "gate_file": str(tmp / "never"), "gate_match": "LONG"}}},
              "databases": {"shop": {"url": f"sqlite:///{db}"}},
              "sql_models": {"debug": "stuck", "generate": "stuck"},
-             "limits": {"request_timeout_s": 1.0}, "auth": {"api_keys": KEYS}}
+             "limits": {"request_timeout_s": 3.0}, "auth": {"api_keys": KEYS}}
     colo = {"models": {"script": {"path": "tiny", "backend": "scripted", "backend_options": {"script": SCRIPT}}},
             "databases": {"shop": {"url": f"sqlite:///{db}"}}, "colocate": True,
             "sql_models": {"debug": "script", "generate": "script"}, "auth": {"api_keys": KEYS}}
@@ -134,9 +137,9 @@ def server():
              namespace="sqlrl-serve-tests", _temp_dir=f"/tmp/sqlrl-srv-{os.getpid()}")
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
-    serve.run(build_app(args), name="sqlrl", route_prefix="/")
-    serve.run(build_app(short), name="short", route_prefix="/short")
-    serve.run(build_app(colo), name="colo", route_prefix="/colo")
+    serve.run(build_app(args, (4.0, 0.0)), name="sqlrl", route_prefix="/")
+    serve.run(build_app(short, (4.0, 0.0)), name="short", route_prefix="/short")
+    serve.run(build_app(colo, (4.0, 0.0)), name="colo", route_prefix="/colo")
     yield {"url": f"http://127.0.0.1:{port}", "db": db, "gate": gate, "trickle": trickle,
            "merge_gate": tmp / "merge-gate",
            "serve": serve, "servers": servers}
@@ -167,8 +170,8 @@ def assert_openai_error(r: httpx.Response, status: int) -> dict:
     return err
 
 
-def stats(server, model: str) -> dict:
-    h = server["serve"].get_deployment_handle(f"model-{model}", app_name="sqlrl")
+def stats(server, model: str, app: str = "sqlrl") -> dict:
+    h = server["serve"].get_deployment_handle(f"model-{model}", app_name=app)
     return h.stats.remote().result()
 
 
@@ -314,13 +317,20 @@ def test_stream_errors_before_the_first_token_are_plain_errors(server):
     assert err["code"] == "context_length_exceeded"
 
 
-def test_end_to_end_timeout_gives_504(server):
-    msgs = [{"role": "user", "content": "hello"}]
+def test_end_to_end_timeout_gives_504_and_aborts_the_work_in_the_engine(server):
+    """Each timed-out request is aborted in the engine (it holds no sequence afterwards), so the
+    short request after it is answered instead of waiting behind abandoned work."""
+    msgs = [{"role": "user", "content": "LONG hello"}]
     for path, body in (("/short/v1/chat/completions", {"model": "stuck", "messages": msgs}),
                        ("/short/v1/chat/completions", {"model": "stuck", "messages": msgs, "stream": True}),
-                       ("/short/v1/sql/generate", {"database": "shop", "question": "How many?"})):
+                       ("/short/v1/sql/generate", {"database": "shop", "question": "LONG How many?",
+                                                    "samples": 3})):
         err = assert_openai_error(post(server, path, body, "k-bad"), 504)
         assert err["code"] == "timeout" and err["type"] == "timeout"
+        wait_for(lambda: stats(server, "stuck", "short")["running"] == 0, "the engine freed the timed-out work")
+        r = post(server, "/short/v1/chat/completions", {"model": "stuck", "messages": [
+            {"role": "user", "content": "hi"}]}, "k-bad")
+        assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"], r.text
 
 
 # -- SQL endpoints ------------------------------------------------------------------------------
@@ -449,6 +459,21 @@ def test_rate_limit(server):
                               "tool_choice": "required"}, 400, "tool_choice"),
     ("/v1/chat/completions", {"model": "script", "messages": [{"role": "wizard", "content": "x"}]},
      400, "messages[0].role"),
+    ("/v1/chat/completions", {"model": "script", "messages": [
+        {"role": "user", "content": "x"}, {"role": "assistant", "content": "", "tool_calls": 5}]},
+     400, "messages[1].tool_calls"),
+    ("/v1/chat/completions", {"model": "script", "messages": [{"role": "user", "content": "x"}],
+                              "stream": "yes"}, 400, "stream"),
+    ("/v1/chat/completions", {"model": "script", "messages": [{"role": "user", "content": "x"}],
+                              "n": 3}, 400, "n"),  # above limits.max_n (2): refused, not clamped
+    ("/v1/chat/completions", {"model": "script", "messages": [{"role": "user", "content": "x"}],
+                              "response_format": {"type": "json_object"}}, 400, "response_format"),
+    ("/v1/chat/completions", {"model": "script", "messages": [{"role": "user", "content": "x"}],
+                              "logit_bias": {"42": 5}}, 400, "logit_bias"),
+    ("/v1/chat/completions", {"model": "script", "messages": [{"role": "user", "content": "x"}],
+                              "ignore_eos": True}, 400, "ignore_eos"),
+    ("/v1/chat/completions", {"model": "script", "messages": [{"role": "user", "content": "x"}],
+                              "logprobs": True, "top_logprobs": 3}, 400, "top_logprobs"),
     ("/v1/sql/generate", {"database": "nope", "question": "q"}, 404, "database"),
     ("/v1/sql/generate", {"database": "shop"}, 400, "question"),
     ("/v1/sql/generate", {"database": "shop", "question": "q", "dsn": "postgresql://x"}, 400, "dsn"),
@@ -459,6 +484,37 @@ def test_rate_limit(server):
 def test_bad_input_gets_an_openai_error(server, path, body, status, param):
     err = assert_openai_error(post(server, path, body, "k-bad"), status)
     assert err["param"] == param
+
+
+def test_unknown_routes_and_methods_answer_openai_errors(server):
+    err = assert_openai_error(post(server, "/v1/nope", {"model": "script"}, "k-bad"), 404)
+    assert "/v1/nope" in err["message"]
+    err = assert_openai_error(httpx.get(server["url"] + "/v1/chat/completions",
+                                        headers={"Authorization": "Bearer k-bad"}), 405)
+    assert "GET" in err["message"]
+
+
+def test_text_completions(server):
+    c = client(server, "k-chat")
+    r = c.completions.create(model="script", prompt="weather in Paris:", max_tokens=64)
+    assert r.object == "text_completion" and r.choices[0].text.startswith("Let me check.")
+    streamed = "".join(ch.text for chunk in c.completions.create(
+        model="script", prompt="weather in Paris:", max_tokens=64, stream=True) for ch in chunk.choices)
+    assert streamed == r.choices[0].text
+    assert_openai_error(post(server, "/v1/completions", {"model": "script", "prompt": "x", "echo": True},
+                             "k-bad"), 400)
+
+
+def test_logprobs_are_the_sampled_tokens(server):
+    c = client(server, "k-chat")
+    msgs = [{"role": "user", "content": "hello"}]
+    r = c.chat.completions.create(model="tiny", messages=msgs, max_tokens=5, logprobs=True, seed=1)
+    lp = r.choices[0].logprobs.content
+    assert len(lp) == r.usage.completion_tokens and all(t.logprob <= 0.0 for t in lp)
+    streamed = [t for chunk in c.chat.completions.create(model="tiny", messages=msgs, max_tokens=5,
+                                                         logprobs=True, seed=1, stream=True)
+                for ch in chunk.choices if ch.logprobs for t in ch.logprobs.content]
+    assert [t.token for t in streamed] == [t.token for t in lp]  # same seed: same tokens, all reported
 
 
 def wait_for(predicate, what: str, limit_s: float = 120.0):
@@ -481,35 +537,43 @@ def hold(server, ex, n_inside: int, body: dict, key: str, strict: bool = True) -
     return futures
 
 
-def test_dynamic_batching_merges_concurrent_requests(server):
-    server["gate"].touch()  # open: the batch is held by its wait for a full batch instead
-    before = len(stats(server, "gated")["batch_sizes"])
-    body = {"model": "gated", "messages": [{"role": "user", "content": "weather"}]}
-    with ThreadPoolExecutor(4) as ex:
-        # the batch (max 4, wait up to 20 s) is released when the 4th request is in
-        futures = hold(server, ex, 4, body, "k-burst", strict=False)
-        codes = [f.result().status_code for f in futures]
-    assert codes == [200] * 4
-    sizes = stats(server, "gated")["batch_sizes"][before:]
-    # usually [4]; in one of five runs a request finished before the 4th arrived (Ray released its
-    # batch before the 20 s wait or the 4 items; cause not established), so assert merging only
-    assert sum(sizes) == 4 and max(sizes) > 1, sizes
+def test_a_request_joins_the_running_engine_and_finishes_before_a_long_one(server):
+    """While a LONG request is mid-generation (held after two tokens), another request to the same
+    replica is admitted into the running engine and answered; no batch waits for another."""
+    server["merge_gate"].unlink(missing_ok=True)
+    c = client(server, "k-burst")
+    msgs = [{"role": "user", "content": "LONG: weather in Paris"}]
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]
+    stream = iter(c.chat.completions.create(model="merge", stream=True, tools=tools, messages=msgs))
+    early = ""
+    for chunk in stream:
+        early += "".join(ch.delta.content or "" for ch in chunk.choices)
+        if early:
+            break
+    assert stats(server, "merge")["running"] == 1  # the LONG one, held mid-generation
+    short = c.chat.completions.create(model="merge", tools=tools,
+                                      messages=[{"role": "user", "content": "weather in Paris"}])
+    assert short.choices[0].message.tool_calls[0].function.name == "get_weather"
+    assert not server["merge_gate"].exists()  # answered while the LONG request still generates
+    server["merge_gate"].touch()
+    rest = early + "".join(ch.delta.content or "" for chunk in stream for ch in chunk.choices)
+    assert rest == "Let me check."
 
 
-def test_requests_arriving_during_a_generation_share_the_next_call(server):
-    """Serve's own @serve.batch would queue them as separate batches behind the running one; the
-    replica's runner merges every pending batch into the next generation call."""
-    body = {"model": "merge", "messages": [{"role": "user", "content": "weather"}]}
-    before = len(stats(server, "merge")["batch_sizes"])
-    with ThreadPoolExecutor(4) as ex:
-        first = ex.submit(post, server, "/v1/chat/completions", body, "k-burst")
-        wait_for(lambda: len(stats(server, "merge")["batch_sizes"]) > before, "the first generation started")
-        rest = [ex.submit(post, server, "/v1/chat/completions", body, "k-burst") for _ in range(3)]
-        wait_for(lambda: stats(server, "merge")["pending"] == 3, "three requests waiting for the model")
-        server["merge_gate"].touch()
-        codes = [f.result().status_code for f in [first, *rest]]
-    assert codes == [200] * 4
-    assert stats(server, "merge")["batch_sizes"][before:] == [1, 3]
+def test_a_client_that_disconnects_mid_stream_frees_its_sequence(server):
+    server["trickle"].unlink(missing_ok=True)
+    body = {"model": "trickle", "stream": True, "messages": [{"role": "user", "content": "weather in Paris"}]}
+    with httpx.stream("POST", server["url"] + "/v1/chat/completions", json=body, timeout=120,
+                      headers={"Authorization": "Bearer k-stream"}) as r:
+        assert r.status_code == 200
+        lines = r.iter_lines()  # kept: a dropped line iterator closes the connection (httpcore)
+        for line in lines:
+            if '"content": "' in line and '"content": ""' not in line:
+                break  # a token arrived: the generation is held at the gate now
+        assert stats(server, "trickle")["running"] == 1
+    # the connection is closed; the gate is still shut, so only an abort can free the sequence
+    wait_for(lambda: stats(server, "trickle")["running"] == 0, "the engine aborted the dropped stream")
+    assert not server["trickle"].exists()
 
 
 def test_queue_full_gives_503_and_the_rest_are_answered(server):

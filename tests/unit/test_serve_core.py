@@ -199,9 +199,11 @@ def test_a_stream_holds_its_admission_until_its_body_ends_or_is_dropped():
 @pytest.mark.parametrize("style", ["compact", "create"])
 def test_a_served_model_is_prompted_with_the_schema_style_its_checkpoint_records(tiny, tmp_path, style):
     from serve.config import load_serve_config
+    import asyncio
+
     from serve.engine import ModelEngine
     from sqlrl.agent.prompts import checkpoint_schema_style, record_schema_style
-    from sqlrl.policy.backends import make_backend
+    from sqlrl.policy.backends import make_engine
     from sqlrl.tasks.demo_db import build_demo_database
 
     db = tmp_path / "shop.sqlite"
@@ -209,9 +211,43 @@ def test_a_served_model_is_prompted_with_the_schema_style_its_checkpoint_records
     record_schema_style(tmp_path, style)  # what the curriculum writes next to the weights
     config = load_serve_config({"models": {"t": {"path": str(tmp_path)}}, "databases": {"shop": {"url": f"sqlite:///{db}"}}})
     script = [{"match": "How many customers", "turns": [call("submit_solution", "SELECT count(*) FROM customers")]}]
-    backend = make_backend("scripted", tiny, script=script)
-    engine = ModelEngine("t", tiny, backend, config, schema_style=checkpoint_schema_style(tmp_path))  # as ModelServer does
-    (t,) = engine.agent.run([GenerateRequest("r", "shop", "How many customers?")])
+    engine = ModelEngine("t", tiny, make_engine("scripted", tiny, script=script), config,
+                         schema_style=checkpoint_schema_style(tmp_path))  # as ModelServer does
+    agent = engine.agent
+    (t,) = asyncio.run(agent.run_agent([GenerateRequest("r", "shop", "How many customers?")], agent.loop))
     system = t.messages[0]["content"]
     assert t.stop_reason == "submitted"
     assert ("CREATE TABLE" in system) == (style == "create") and ("PK = primary key" in system) == (style == "compact")
+
+
+def test_the_ingress_cancels_the_replica_stream_when_the_client_goes_away():
+    """A dropped client (the body iterator closed mid-stream) cancels the replica's stream, which
+    aborts its engine requests; a stream read to its end, or ended by an error item, is not."""
+    import asyncio
+    import types
+
+    from serve.app import Ingress
+
+    cls = Ingress.func_or_class
+    ing = types.SimpleNamespace(admission=Admission({"m": None}))
+    ing._call = lambda aw, cancel, deadline: cls._call(ing, aw, cancel, deadline)
+    chunk = {"choices": [{"delta": {"content": "hi"}}]}
+
+    async def main():
+        handle = _FakeHandle([("ok", 200, None), chunk, chunk, chunk])
+        stream = handle.remote(None)
+        handle.remote = lambda data: stream
+        resp = await cls._stream(ing, "m", handle, {}, deadline=1e18)
+        body = resp.body_iterator
+        assert json.loads((await anext(body)).removeprefix("data: ")) == chunk
+        await body.aclose()  # the client went away
+        assert stream.cancelled and ing.admission.inflight["m"] == 0
+        timeout = ("error", 504, {"error": {"message": "late", "type": "timeout", "param": None, "code": "timeout"}})
+        handle = _FakeHandle([("ok", 200, None), chunk, timeout, chunk])
+        stream = handle.remote(None)
+        handle.remote = lambda data: stream
+        parts = [p async for p in (await cls._stream(ing, "m", handle, {}, deadline=1e18)).body_iterator]
+        assert json.loads(parts[1].removeprefix("data: "))["error"]["code"] == "timeout"
+        assert parts[2:] == ["data: [DONE]\n\n"] and not stream.cancelled
+
+    asyncio.run(main())
