@@ -5,13 +5,13 @@
 Three variants of the same chat completion (the tiny model, greedy, ``max_tokens`` tokens, the
 prompt rendered with the tool chat template) are interleaved in every round:
 
-- ``direct``: ``serve.engine.ModelEngine.chat`` called in this process, the HF backend behind a
-  lock -- one generation at a time, no HTTP, no Ray (the peer: what a user's own loop does);
-- ``serve``: the Serve app (``serve.app:build_app``) over loopback HTTP, dynamic batching on
-  (``max_batch_size`` 16);
+- ``direct``: ``serve.engine.ModelEngine.chat`` called in this process on the HF engine
+  (HFEngine: continuous batching across the clients), no HTTP, no Ray;
+- ``serve``: the Serve app (``serve.app:build_app``) over loopback HTTP (``max_batch_size`` 16:
+  the engine's running batch);
 - ``serve-colo``: the same app with ``colocate: true`` (the model inside the ingress replica: one
   Ray hop less per request);
-- ``serve-1``: the same app with ``max_batch_size`` 1 -- one-at-a-time serving through Serve.
+- ``serve-1``: the same app with ``max_batch_size`` 1 -- one sequence at a time in the engine.
 
 Each variant runs with C concurrent closed-loop clients (a client sends its next request when
 the previous one is answered) for ``--requests`` requests per client. Reported per variant and C:
@@ -71,26 +71,24 @@ def closed_loop(call, clients: int, per_client: int) -> dict:
 
 
 def direct_caller(max_tokens: int):
+    import asyncio
+
     import torch
 
     from serve.config import load_serve_config
     from serve.engine import ModelEngine
     from serve.openai_chat import ChatRequest
-    from sqlrl.policy.backends import make_backend
+    from sqlrl.policy.backends import make_engine
     from sqlrl.policy.load import load_policy
 
     torch.set_num_threads(1)
     policy = load_policy("tiny")
-    backend = make_backend("hf", policy)
-    engine = ModelEngine("tiny", policy, backend, load_serve_config({"models": {"tiny": {"path": "tiny"}}}))
-    lock = threading.Lock()
+    engine = make_engine("hf", policy)  # HFEngine: every client's request joins the running batch
+    model = ModelEngine("tiny", policy, engine, load_serve_config({"models": {"tiny": {"path": "tiny"}}}))
 
-    def generate(prompts, params):
-        with lock:
-            return backend.generate(prompts, params)
-
-    def call(i: int) -> int:
-        return engine.chat(ChatRequest.model_validate(body(i, max_tokens)), generate)["usage"]["completion_tokens"]
+    def call(i: int) -> int:  # from each client thread: its own event loop, one engine for all
+        plan = model.chat_plan(ChatRequest.model_validate(body(i, max_tokens)))
+        return asyncio.run(model.chat(plan))["usage"]["completion_tokens"]
     return call
 
 
