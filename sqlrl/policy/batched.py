@@ -20,6 +20,10 @@ Guarantees (``sqlrl.policy.engine``'s contract, with the limits of a batch call)
   So a seeded workload gets one call per seed on a seeded backend (HF; vLLM on GPU): exact, not
   batched -- the native engines batch it.
 - ``versions``: every token of a call carries the version loaded when the call started.
+- a backend that declares ``thread_bound`` (``VLLMBackend`` with its engine in this process, on
+  CPU: vLLM's CPU attention checks the OpenMP thread count of the thread that calls it) is called
+  on the requests' event-loop thread (``inline``), the thread that runs ``AgentLoop.run``, instead
+  of the worker thread; the loop is blocked for the call (a lock-step call anyway).
 - an exception from a call (or a call returning the wrong number of generations) fails every
   request of that call with ``EngineError`` (the message names the cause); other calls go on.
 - ``abort``/cancel of a queued request removes it at once (``generate`` returns ``"abort"`` with no
@@ -72,8 +76,13 @@ class BatchedEngine:
     def __init__(self, backend: GenerationBackend, *, merge_seeds: bool = False,
                  load_weights: Callable[[Mapping[str, Any]], None] | None = None,
                  weight_shapes: Callable[[], Mapping[str, Sequence[int]]] | None = None,
-                 close_backend: Callable[[], None] | None = None, version: int = 0) -> None:
+                 close_backend: Callable[[], None] | None = None, version: int = 0,
+                 inline: bool = False) -> None:
         self.backend = backend
+        # inline: batch calls run on the caller's event-loop thread (blocking it for the call), for a
+        # backend bound to the thread that made it (``thread_bound``: an in-process vLLM engine on
+        # CPU, whose attention kernels check the OpenMP thread count of the calling thread)
+        self.inline = inline
         self._close_backend = close_backend  # the registry's engines own their backend
         self.merge_seeds = merge_seeds
         self._load, self._shapes = load_weights, weight_shapes
@@ -174,7 +183,10 @@ class BatchedEngine:
             self._running, self._busy = group, True
             version = self._version
             self.batch_sizes.append(len(group))
-        self._worker.submit(self._call, group, version)
+        if self.inline:  # on the requests' loop, as its own step (no recursion through _call's _kick)
+            group[0].loop.call_soon_threadsafe(self._call, group, version)
+        else:
+            self._worker.submit(self._call, group, version)
 
     def _call(self, group: list[_Request], version: int) -> None:
         results: list[Generation | BaseException]
@@ -286,4 +298,6 @@ def as_engine(backend: Any, **options: Any) -> tuple[AsyncEngine, bool]:
     # a backend that declares it ignores per-call seeds (VLLMBackend on vLLM's CPU build, the
     # scripted one) loses nothing by merging requests of different seeds into one call
     options.setdefault("merge_seeds", not getattr(backend, "per_request_seeds", True))
+    # a backend bound to the thread that made it (an in-process vLLM engine on CPU) is called there
+    options.setdefault("inline", bool(getattr(backend, "thread_bound", False)))
     return BatchedEngine(backend, **options), True

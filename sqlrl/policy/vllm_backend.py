@@ -185,6 +185,9 @@ class VLLMBackend:
         from vllm import LLM
 
         self.in_process = in_process
+        # an in-process engine on CPU must be called from the thread that made it (its attention
+        # kernels bind OpenMP threads there): BatchedEngine then calls it inline (sqlrl.policy.batched)
+        self.thread_bound = in_process
         self.model_path = os.fspath(model_path)
         self.eos_token_ids = [int(t) for t in eos_token_ids]  # stop tokens beyond generation_config's
         self.on_cpu = bool(current_platform.is_cpu())

@@ -386,6 +386,38 @@ def test_the_adapter_merges_a_steps_requests_and_keeps_seeds_apart():
     assert merging.calls == [(3, 1)]  # a backend that ignores seeds: one call
 
 
+class ThreadBound(Recorder):
+    """A backend that must be called from the thread that made it (as an in-process vLLM engine on
+    CPU): it records the thread of every call."""
+
+    thread_bound = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.threads: list[int] = []
+
+    def generate(self, prompts, params):
+        self.threads.append(threading.get_ident())
+        return super().generate(prompts, params)
+
+
+def test_a_thread_bound_backend_is_called_on_the_loops_thread():
+    from sqlrl.policy.batched import as_engine
+
+    async def main(backend):
+        engine, _ = as_engine(backend)
+        assert engine.inline
+        gens = await asyncio.gather(*(engine.generate([i], SamplingParams(seed=i)) for i in range(3)))
+        await engine.close()
+        return gens
+
+    backend = ThreadBound()
+    gens = asyncio.run(main(backend))  # the loop runs on this thread
+    assert [g.token_ids for g in gens] == [(7, 8)] * 3 and len(backend.calls) == 3
+    assert set(backend.threads) == {threading.get_ident()}
+    assert not as_engine(Recorder())[0].inline
+
+
 def test_the_adapter_aborts_a_queued_request_at_once_and_a_running_one_after_its_call():
     from sqlrl.policy.batched import BatchedEngine
 
