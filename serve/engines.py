@@ -50,9 +50,9 @@ def _positions(engine: Any, policy: Any) -> int | None:
 
 
 def _build_hf(policy: Any, spec: Any) -> AsyncEngine:
-    from sqlrl.policy.hf_engine import make_hf_engine
+    from sqlrl.policy.backends import make_engine
 
-    return make_hf_engine(policy, max_batch=spec.max_batch_size, **dict(spec.backend_options))
+    return make_engine("hf", policy, max_batch=spec.max_batch_size, **dict(spec.backend_options))
 
 
 async def _running_hf(engine: Any) -> int:
@@ -61,9 +61,9 @@ async def _running_hf(engine: Any) -> int:
 
 
 def _build_vllm(policy: Any, spec: Any) -> AsyncEngine:
-    from sqlrl.policy.vllm_engine import make_vllm_engine
+    from sqlrl.policy.backends import make_engine
 
-    return make_vllm_engine(policy, **{"max_num_seqs": spec.max_batch_size, **dict(spec.backend_options)})
+    return make_engine("vllm", policy, **{"max_num_seqs": spec.max_batch_size, **dict(spec.backend_options)})
 
 
 async def _running_vllm(engine: Any) -> int:
