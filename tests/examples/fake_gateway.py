@@ -72,6 +72,20 @@ class FakeGateway:
         finally:
             conn.close()
 
+    def session_sql(self, r: Rollout, sql: str) -> tuple[dict[str, Any], int]:
+        self.sql.append((r.rollout_id, sql))
+        rows, error = self.run_sql(sql)
+        return {"observation": f"Error: {error}" if error else json.dumps(rows), "is_error": error is not None}, 200
+
+    def complete(self, r: Rollout, sql: str) -> tuple[dict[str, Any], int]:
+        if r.task["question"] in self.expire:
+            r.status = "expired"
+            return {"error": {"message": "the rollout expired"}}, 409
+        got, _ = self.run_sql(sql)
+        r.status, r.reward = "completed", float(got is not None and got == self.run_sql(GOLD)[0])
+        self.completed.append((r.rollout_id, sql, r.reward))
+        return {"rollout_id": r.rollout_id, "status": "completed", "reward": r.reward}, 200
+
     def app(self, base: str) -> FastAPI:
         app = FastAPI()
 
@@ -80,6 +94,13 @@ class FakeGateway:
 
         def rollout(rid: str) -> Rollout | None:
             return self.rollouts.get(rid)
+
+        async def running(rid: str, request: Request) -> tuple[Rollout | None, Any]:
+            """The running rollout and the request's body, or (None, the 409 to answer)."""
+            r = rollout(rid)
+            if not authorised(request) or r is None or r.status != "running":
+                return None, JSONResponse({"error": {"message": "no such running rollout"}}, status_code=409)
+            return r, await request.json()
 
         @app.post("/v1/rollouts")
         async def claim(request: Request) -> Response:
@@ -108,10 +129,9 @@ class FakeGateway:
 
         @app.post("/rollouts/{rid}/v1/chat/completions")
         async def chat(rid: str, request: Request) -> Response:
-            r = rollout(rid)
-            if not authorised(request) or r is None or r.status != "running":
-                return JSONResponse({"error": {"message": "no such running rollout"}}, status_code=409)
-            body = await request.json()
+            r, body = await running(rid, request)
+            if r is None:
+                return body
             if r.task["question"] in self.fail_chat:
                 return JSONResponse({"error": {"message": "engine failed", "type": "server_error"}},
                                     status_code=500)
@@ -131,30 +151,16 @@ class FakeGateway:
                                      "finish_reason": "tool_calls" if "tool_calls" in answer else "stop"}],
                                  "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
 
-        @app.post("/rollouts/{rid}/sql")
-        async def session(rid: str, request: Request) -> Response:
-            r = rollout(rid)
-            if not authorised(request) or r is None or r.status != "running":
-                return JSONResponse({"error": {"message": "rollout not running"}}, status_code=409)
-            sql = (await request.json())["sql"]
-            self.sql.append((rid, sql))
-            rows, error = self.run_sql(sql)
-            return JSONResponse({"observation": f"Error: {error}" if error else json.dumps(rows),
-                                 "is_error": error is not None})
-
-        @app.post("/rollouts/{rid}/complete")
-        async def complete(rid: str, request: Request) -> Response:
-            r = rollout(rid)
-            if not authorised(request) or r is None or r.status != "running":
-                return JSONResponse({"error": {"message": "rollout not running"}}, status_code=409)
-            sql = (await request.json())["sql"]
-            if r.task["question"] in self.expire:
-                r.status = "expired"
-                return JSONResponse({"error": {"message": "the rollout expired"}}, status_code=409)
-            got, _ = self.run_sql(sql)
-            r.status, r.reward = "completed", float(got is not None and got == self.run_sql(GOLD)[0])
-            self.completed.append((rid, sql, r.reward))
-            return JSONResponse({"rollout_id": rid, "status": "completed", "reward": r.reward})
+        @app.post("/rollouts/{rid}/{action}")
+        async def rollout_action(rid: str, action: str, request: Request) -> Response:
+            """``session_url`` (``sql``) and ``complete_url`` (``complete``): ``{"sql"}`` on a running rollout."""
+            if action not in ("sql", "complete"):
+                return JSONResponse({"error": {"message": f"no route {action}"}}, status_code=404)
+            r, body = await running(rid, request)
+            if r is None:
+                return body
+            body, status = (self.session_sql if action == "sql" else self.complete)(r, body["sql"])
+            return JSONResponse(body, status_code=status)
 
         return app
 

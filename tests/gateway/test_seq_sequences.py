@@ -63,13 +63,13 @@ def test_append_only_calls_merge_into_one_token_exact_sequence():
     assert seq.policy_version == 0  # the oldest version among trained tokens
 
 
-@pytest.mark.parametrize("edit,cause", [
-    ("repeat", "repeated_prompt"),
-    ("rerender", "response_rerendered"),
-    ("system", "different_first_message"),
-    ("history", "history_edited"),
-])
-def test_a_call_that_does_not_extend_starts_a_sequence_and_counts_its_cause(edit, cause):
+EDITS = {"repeat": "repeated_prompt", "rerender": "response_rerendered", "system": "different_first_message",
+         "history": "history_edited"}  # how the second prompt differs -> the cause counted
+
+
+@pytest.mark.parametrize("edit", EDITS)
+def test_a_call_that_does_not_extend_starts_a_sequence_and_counts_its_cause(edit):
+    cause = EDITS[edit]
     c0, c1, _ = multi_turn("r")
     p0, r0 = list(c0.prompt_ids), list(c0.response_ids)
     prompt = {
