@@ -147,10 +147,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--temperature", type=float)
     p.add_argument("--max-tokens", type=int, default=512)
     p.add_argument("--connect-timeout-s", type=float, default=60.0)
+    p.add_argument("--stream", action="store_true", help="streamed calls (the langgraph agent only)")
     args = p.parse_args(argv)
     if args.clients < 1:
         p.error("-k must be >= 1")
+    if args.stream and args.agent != "langgraph":
+        p.error("--stream is an option of the langgraph agent only")
     options = {"max_turns": args.max_turns, "max_tokens": args.max_tokens, "temperature": args.temperature}
+    if args.stream:
+        options["streaming"] = True
     codes = run_clients(args.gateway, args.api_key, args.agent, args.clients, options, args.connect_timeout_s)
     bad = [i for i, c in enumerate(codes) if c]
     if bad:

@@ -8,7 +8,8 @@ sqlrl gateway (training) or at ``jobs.serve`` (serving) is the whole integration
     python -m examples.langgraph_sql_agent.agent --base-url http://127.0.0.1:8000/v1 --api-key KEY \\
         --sqlite shop.sqlite --question "How many customers are there?"
 
-Each node's calls carry their role in the ``X-Sqlrl-Tag`` header (``write``, ``check``, ``rewrite``):
+``streaming=True`` makes every call a streamed one (``stream: true``, SSE chunks joined by
+LangChain); the answers are the same. Each node's calls carry their role in the ``X-Sqlrl-Tag`` header (``write``, ``check``, ``rewrite``):
 the gateway records it, and the training job's ``train_tags`` picks the roles that train (Agent
 Lightning trained ``write`` and ``rewrite``). Other servers ignore the header.
 
@@ -84,7 +85,8 @@ class SQLAgent:
 
     def __init__(self, base_url: str, api_key: str, execute: Callable[[str], tuple[str, bool]], *,
                  model: str | None = None, max_turns: int = 3, temperature: float | None = None,
-                 max_tokens: int = 512, max_retries: int = 8, timeout_s: float = 300.0) -> None:
+                 max_tokens: int = 512, max_retries: int = 8, timeout_s: float = 300.0,
+                 streaming: bool = False) -> None:
         if model is None:  # the server's first model (the gateway serves the one policy)
             model = _first_model(base_url, api_key, timeout_s)
         self.execute, self.max_turns = execute, max_turns
@@ -92,7 +94,7 @@ class SQLAgent:
         def llm(role: str) -> ChatOpenAI:
             return ChatOpenAI(model=model, base_url=base_url, api_key=api_key, temperature=temperature,
                               max_tokens=max_tokens, max_retries=max_retries, timeout=timeout_s,
-                              default_headers={"X-Sqlrl-Tag": role})
+                              streaming=streaming, default_headers={"X-Sqlrl-Tag": role})
 
         self.write_llm, self.check_llm, self.rewrite_llm = llm("write"), llm("check"), llm("rewrite")
 

@@ -77,10 +77,11 @@ def local(served) -> tuple[dict, SQLiteExecutor]:
     return load_task({"question": "How many customers are there?"}, execute), execute
 
 
-def test_the_langgraph_agent_runs_unchanged_on_the_serving_api(served):
+@pytest.mark.parametrize("streaming", [False, True], ids=["whole", "streamed"])
+def test_the_langgraph_agent_runs_unchanged_on_the_serving_api(served, streaming):
     task, execute = local(served)
     before = hashlib.sha256(served["db"].read_bytes()).hexdigest()
-    out = run_langgraph(served["base_url"], KEY, task, execute, model="script")
+    out = run_langgraph(served["base_url"], KEY, task, execute, model="script", streaming=streaming)
     assert out["query"] == GOLD and out["num_turns"] == 2 and out["calls"] == 4  # write, check, rewrite, check
     assert out["execution"].splitlines()[1] == "60"  # the demo database's customers, from the local file
     assert "THE QUERY IS CORRECT." in out["feedback"]
