@@ -58,6 +58,9 @@ def test_a_learner_step_runs_on_traced_rows_and_rescoring_gives_the_sampled_logp
     traces = [agent_rollout(setup, f"r{i}", "g", reward, seed=10 * i) for i, reward in enumerate([1.0, 0.0, 0.0])]
     rows = training_rows(traces, SequenceConfig(turn_end_ids=fmt.turn_end_ids), GRPOConfig())
     assert len(rows.sequences) >= 3  # every rollout trains (merged or split -- counted either way)
+    # these seeds give both: a merged sequence (its observation masked) and a re-rendered reply
+    assert any(len(s.call_indices) == 2 for s in rows.sequences)
+    assert any(r.mismatches.get("response_rerendered") for r in rows.rollouts)
     for r in rows.rollouts:
         assert r.n_merged + sum(r.mismatches.values()) == r.n_calls - 1
     batch = rl_batch(rows.sequences, rows.rewards, rows.group_ids, GRPOConfig(), pad_id=policy.pad_token_id,
