@@ -53,6 +53,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
+from sqlrl.learn.config import GRPOConfig
+
 from .trace import RolloutTrace, TracedCall
 
 MISMATCH_CAUSES = ("repeated_prompt", "response_rerendered", "different_first_message", "history_edited")
@@ -271,8 +273,8 @@ def _group_reward(trace: RolloutTrace, cfg: SequenceConfig) -> float | None:
     return 0.0 if cfg.unfinished == "zero" else None
 
 
-def rollout_advantages(rewards: Sequence[float], group_ids: Sequence[str], loss: object) -> list[float]:
-    """verl's GRPO outcome advantage of each rollout against its group (``loss``: a ``GRPOConfig``)."""
+def rollout_advantages(rewards: Sequence[float], group_ids: Sequence[str], loss: GRPOConfig) -> list[float]:
+    """verl's GRPO outcome advantage of each rollout against its group."""
     import torch
 
     from sqlrl.learn.batch import grpo_advantages
@@ -284,7 +286,7 @@ def rollout_advantages(rewards: Sequence[float], group_ids: Sequence[str], loss:
     return [float(a) for a in adv[:, 0]]
 
 
-def training_rows(traces: Sequence[RolloutTrace], cfg: SequenceConfig, loss: object) -> TraceRows:
+def training_rows(traces: Sequence[RolloutTrace], cfg: SequenceConfig, loss: GRPOConfig) -> TraceRows:
     """A step's traces -> learner rows with one advantage per rollout (module doc). Rollout ids must
     be distinct. ``loss`` is the ``GRPOConfig`` (``norm_adv_by_std_in_grpo``)."""
     ids = [t.rollout_id for t in traces]

@@ -29,6 +29,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from sqlrl.learn.config import GRPOConfig
 from sqlrl.rl.outcome import mean, solved
 
 from .sequences import MISMATCH_CAUSES, SequenceConfig, TraceRows, training_rows
@@ -121,7 +122,7 @@ def step_metrics(traces: Sequence[RolloutTrace], rows: TraceRows, kept: Sequence
             "trained_tokens": sum(s.n_generated for s in kept_seqs)}
 
 
-def build_step(traces: Sequence[RolloutTrace], cfg: TraceTrainConfig, loss: Any, *, pad_id: int,
+def build_step(traces: Sequence[RolloutTrace], cfg: TraceTrainConfig, loss: GRPOConfig, *, pad_id: int,
                max_length: int | None = None) -> StepBuild:
     """A step's traces -> rows, the kept rows' batch (or None) and the metrics. ``loss``: the
     ``GRPOConfig``; ``max_length`` defaults to ``cfg.sequences.max_length``."""
