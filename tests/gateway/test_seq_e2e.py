@@ -14,7 +14,6 @@ import pytest
 pytest.importorskip("langgraph", reason="the agents extra (langgraph, langchain-openai) is not installed")
 pytest.importorskip("serve.gateway", reason="the gateway app (issue 44) is not in this checkout")
 
-import torch  # noqa: E402
 
 from examples.run_clients import run_clients  # noqa: E402
 from sqlrl.gateway.sequences import SequenceConfig  # noqa: E402
@@ -22,6 +21,7 @@ from sqlrl.gateway.train import TraceTrainConfig, build_step  # noqa: E402
 from sqlrl.learn.config import GRPOConfig  # noqa: E402
 
 from .conftest import KEY, gateway, shop_task  # noqa: E402
+from .test_seq_learner import rescore_and_step  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
@@ -29,11 +29,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 @pytest.mark.parametrize("agent,tags", [("langgraph", {"write", "check", "rewrite"}), ("openai", {"agent"})])
 def test_example_clients_train_through_the_gateway(tiny, shop_catalog, agent, tags):
     from sqlrl.agent.chat_format import HFChatFormat
-    from sqlrl.learn.engine import Learner
-    from sqlrl.learn.losses import forward_logprobs
-    from sqlrl.learn.optim import OptimConfig
     from sqlrl.policy.backends import make_engine
-    from sqlrl.policy.load import tiny_path
 
     engine = make_engine("hf", tiny, max_batch=4)
     try:
@@ -74,13 +70,5 @@ def test_example_clients_train_through_the_gateway(tiny, shop_catalog, agent, ta
         last = next(c for t in traces for c in t.calls if c.rollout_id == seq.rollout_id
                     and c.index == seq.call_indices[-1])
         assert seq.token_ids == last.prompt_ids + last.response_ids
-    with torch.no_grad():
-        logprobs, _ = forward_logprobs(tiny.model.eval(), batch)
-    trained = batch.loss_mask.bool()
-    assert torch.allclose(logprobs[trained], batch.old_logprobs[trained], atol=2e-3)
-    learner = Learner(tiny_path(), OptimConfig(lr=1e-3, total_steps=1, micro_batch_size=2))
-    before = {k: v.clone() for k, v in learner.full_state_dict().items()}
-    learner.step(batch, "grpo", GRPOConfig())
-    after = learner.full_state_dict()
-    assert any(not torch.equal(before[k], after[k]) for k in before)
+    rescore_and_step(tiny, batch)
     assert open_sessions.active == 0 and open_sessions.in_flight == 0  # every session released

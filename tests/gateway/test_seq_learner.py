@@ -72,7 +72,12 @@ def test_a_learner_step_runs_on_traced_rows_and_rescoring_gives_the_sampled_logp
         assert torch.equal(batch.advantages[i, :n], mask * rows.rollout_advantage[seq.rollout_id])
         assert torch.equal(batch.input_ids[i, :n], torch.tensor(seq.token_ids))
     assert rows.rollout_advantage["r0"] > 0 > rows.rollout_advantage["r1"]
-    # re-scored by the learner's forward pass: the sampled log-probs, on the trained tokens only
+    rescore_and_step(policy, batch)
+
+
+def rescore_and_step(policy, batch) -> None:
+    """Re-scored by the learner's forward pass, the trained tokens get their sampled log-probs back;
+    one GRPO step on the tiny model's learner changes its weights."""
     with torch.no_grad():
         logprobs, _ = forward_logprobs(policy.model.eval(), batch)
     trained = batch.loss_mask.bool()
