@@ -12,7 +12,7 @@ set -euo pipefail
 source "$(dirname "$0")/common.sh"
 cd "$SQLRL_ROOT"
 sqlrl_bootstrap_uv "${PYTHON:-python3}"
-EXTRAS=(--extra dev --extra engines --extra mssql --extra oracle --extra ray --extra policy --extra learn --extra models)
+EXTRAS=(--extra dev --extra engines --extra mssql --extra oracle --extra ray --extra policy --extra learn --extra models --extra agents)
 COMMON=(--python-version 3.11 --python-platform x86_64-manylinux_2_28 --generate-hashes --quiet
         --override locks/overrides.txt --custom-compile-command "bash scripts/lock.sh")
 "$UV" pip compile pyproject.toml locks/cpu.in "${EXTRAS[@]}" "${COMMON[@]}" --override locks/overrides-cpu.txt \

@@ -28,6 +28,9 @@ Guarantees:
   trajectory's ``loss_mask`` is verl's ``response_mask`` and the scalar reward sits on the last
   generated token, so each sequence's advantage is constant on its generated tokens and 0 elsewhere.
   A trajectory with no generated token still counts in its group's mean and std.
+  With ``advantages=`` (one finite number per row, computed by the caller -- e.g. one GRPO advantage
+  per traced rollout, shared by all of its sequences: ``sqlrl.gateway.sequences``) that number is the
+  row's advantage on its generated tokens (0 elsewhere) and GRPO over the rows is not computed.
 """
 
 from __future__ import annotations
@@ -335,8 +338,10 @@ def grpo_advantages(loss_mask: torch.Tensor, lengths: Sequence[int], rewards: Se
 
 
 def rl_batch(trajectories: Sequence[Any], rewards: Sequence[float], group_ids: Sequence[str], cfg: GRPOConfig, *,
-             pad_id: int, max_length: int | None = None) -> TokenBatch:
-    """Trajectories (``sqlrl.agent.Trajectory``) + their rewards and GRPO groups -> a batch with advantages."""
+             pad_id: int, max_length: int | None = None,
+             advantages: Sequence[float] | None = None) -> TokenBatch:
+    """Trajectories (``sqlrl.agent.Trajectory``) + their rewards and GRPO groups -> a batch with advantages
+    (GRPO over the rows, or the per-row ``advantages`` given)."""
     _check_length(max_length)
     trajectories, rewards, group_ids = list(trajectories), list(rewards), list(group_ids)
     if not trajectories:
@@ -354,6 +359,12 @@ def rl_batch(trajectories: Sequence[Any], rewards: Sequence[float], group_ids: S
             raise ValueError(f"reward {i} must be a finite number, got {reward!r}")
         if not isinstance(g, str):
             raise ValueError(f"group id {i} must be a str, got {g!r}")
+    if advantages is not None:
+        advantages = list(advantages)
+        if len(advantages) != len(trajectories) or any(
+                isinstance(a, bool) or not isinstance(a, numbers.Real) or not math.isfinite(a) for a in advantages):
+            raise ValueError(f"rl_batch's advantages must be {len(trajectories)} finite numbers, one per "
+                             f"trajectory, got {advantages!r}")
     width = max(len(t.token_ids) for t in trajectories)
     loss_mask = _pad([t.loss_mask for t in trajectories], width, 0.0, torch.float32)
     lengths = [len(t.token_ids) for t in trajectories]
@@ -362,5 +373,6 @@ def rl_batch(trajectories: Sequence[Any], rewards: Sequence[float], group_ids: S
         attention_mask=_pad([[1] * n for n in lengths], width, 0, torch.long),
         loss_mask=loss_mask,
         old_logprobs=_pad([t.old_logprobs for t in trajectories], width, 0.0, torch.float32),
-        advantages=grpo_advantages(loss_mask, lengths, rewards, group_ids, cfg),
+        advantages=(grpo_advantages(loss_mask, lengths, rewards, group_ids, cfg) if advantages is None
+                    else loss_mask * torch.tensor([float(a) for a in advantages]).unsqueeze(-1)),
         versions=torch.tensor([int(t.policy_version) for t in trajectories], dtype=torch.long))

@@ -30,6 +30,7 @@ TIERS: tuple[frozenset[str], ...] = (
     frozenset({"rewards"}),  # scorers on the judge (which checks test suites)
     frozenset({"agent"}),  # the loop: policy + tools + tasks + rewards
     frozenset({"rl"}),  # the GRPO step loop over rollout/score/update callables (on learn's group filters)
+    frozenset({"gateway"}),  # external agents: traces, the training sequences and step built from them
 )
 RANK = {unit: i for i, tier in enumerate(TIERS) for unit in tier}
 APP_FOLDERS = {"actors", "bench", "curriculum", "jobs", "serve"}  # above sqlrl; never imported by it
