@@ -119,7 +119,10 @@ class GatewayConfig:
             raise ValueError("gateway: deadline_s must be > 0 and retry_after_s >= 1")
         if self.during_update not in ("wait", "reject"):
             raise ValueError(f"gateway.during_update must be 'wait' or 'reject', got {self.during_update!r}")
-        get_reward(self.reward)  # an unknown reward is an error now, not at the first completion
+        try:
+            get_reward(self.reward)  # an unknown reward is an error now, not at the first completion
+        except KeyError as exc:
+            raise ValueError(f"gateway.reward: {exc.args[0]}") from None
 
 
 class Scorer(Protocol):
@@ -162,7 +165,7 @@ class GatewayStats:
     incomplete: int = 0  # calls that never finished
     prompt_tokens: int = 0
     generated_tokens: int = 0
-    prefix_mismatches: int = 0  # recorded calls whose prompt does not extend the previous call's
+    prefix_mismatches: int = 0  # calls of ended rollouts whose prompt does not extend the previous call's
 
 
 @dataclass(eq=False)
@@ -301,8 +304,6 @@ class Rollouts:
                 r.n_incomplete += 1
                 self._counts["incomplete"] += 1
             else:
-                previous = max(r.captured, key=lambda c: c.seq, default=None)
-                self._counts["prefix_mismatches"] += not extends(previous, call.prompt_ids)
                 r.captured.append(call)
                 self._counts["calls"] += 1
                 self._counts["prompt_tokens"] += len(call.prompt_ids)
@@ -377,7 +378,9 @@ class Rollouts:
             except Exception:
                 pass  # the call is counted incomplete whatever its cancel does
         self.sessions.close_many([r.session])
-        calls = tuple(c.traced(r.id, i) for i, c in enumerate(sorted(r.captured, key=lambda c: c.seq)))
+        captured = sorted(r.captured, key=lambda c: c.seq)
+        calls = tuple(c.traced(r.id, i) for i, c in enumerate(captured))
+        mismatches = sum(not extends(a, b.prompt_ids) for a, b in zip(captured, captured[1:]))
         trace = RolloutTrace(rollout_id=r.id, task_id=r.task.task_id, group_id=r.group_id, calls=calls,
                              status=status, n_incomplete=r.n_incomplete, **fields)
         with self._cond:
@@ -386,6 +389,7 @@ class Rollouts:
             self._done[r.id] = r.key
             self._traces.append(trace)
             self._counts[status] += 1
+            self._counts["prefix_mismatches"] += mismatches
             self._cond.notify_all()
         return trace
 

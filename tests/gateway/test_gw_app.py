@@ -89,6 +89,7 @@ def test_a_call_that_does_not_extend_the_previous_one_is_counted(gw):
     client.chat.completions.create(model="m", messages=MESSAGES, tools=TOOLS)
     edited = [{"role": "system", "content": "Another system prompt."}] + MESSAGES[1:]
     client.chat.completions.create(model="m", messages=edited, tools=TOOLS)
+    gw.post(f"/v1/rollouts/{claim['rollout_id']}/complete", {"sql": GOLD})
     assert gw.rollouts.stats().prefix_mismatches == 1 and gw.rollouts.stats().calls == 2
 
 
