@@ -94,12 +94,13 @@ def claim_view(claim: Claim, base: str) -> dict[str, Any]:
 def build_gateway_app(rollouts: Rollouts, model: ModelEngine, *, keys: frozenset[str],
                       limits: LimitsSpec | None = None, public_url: str | None = None) -> FastAPI:
     """The app (module docstring). ``public_url``: the address clients reach it at (None: the
-    request's own base URL); ``limits``: body, token, rate limits (default: ``model``'s)."""
+    request's own base URL; settable later as ``app.state.public_url``, once a server bound its
+    port); ``limits``: body, token, rate limits (default: ``model``'s)."""
     lim = limits or model.limits
     limiter = RateLimiter(lim.rate_limit_per_minute, lim.rate_limit_burst)
     app = FastAPI(title="sqlrl gateway", docs_url=None, redoc_url=None)
     install_error_handlers(app)
-    app.state.rollouts, app.state.model = rollouts, model
+    app.state.rollouts, app.state.model, app.state.public_url = rollouts, model, public_url
 
     async def key_of(request: Request) -> str:
         key = check_api_key(request.headers.get("authorization"), keys)
@@ -135,7 +136,8 @@ def build_gateway_app(rollouts: Rollouts, model: ModelEngine, *, keys: frozenset
             key, data = await admitted(request)
             _parse(ClaimBody, data)
             got = await asyncio.to_thread(rollouts.claim, key)
-            return JSONResponse(claim_view(got, public_url or str(request.base_url).rstrip("/")))
+            base = app.state.public_url or str(request.base_url).rstrip("/")
+            return JSONResponse(claim_view(got, base))
         return await answer(work)
 
     @app.get("/rollouts/{rollout_id}/v1/models")
