@@ -43,7 +43,6 @@ from serve.config import AuthSpec, LimitsSpec, ModelSpec
 from sqlrl.config import from_mapping, to_dict
 from sqlrl.gateway.rollouts import GatewayConfig, GatewayStats, JudgeScorer, Rollouts
 from sqlrl.gateway.trace import RolloutTrace
-from sqlrl.policy.engine import UpdatePolicy
 from sqlrl.tasks.types import Text2SQLTask
 
 
@@ -193,11 +192,7 @@ class GatewayServer:
 
     async def update_weights(self, weights: Mapping[str, Any], policy: str = "drain") -> int:
         """New weights through the engine's ``update_weights``; returns the new policy version."""
-        self.rollouts.begin_update()
-        try:
-            return await self.engine.update_weights(weights, policy=UpdatePolicy(policy))
-        finally:
-            self.rollouts.end_update()
+        return await self.rollouts.update_weights(self.engine, weights, policy)
 
     async def stop(self) -> int:
         """Stop serving; returns how many live rollouts were failed (their sessions released)."""

@@ -51,6 +51,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from sqlrl.db.source import SessionRequest, SessionSource
 from sqlrl.db.types import Limits
+from sqlrl.policy.engine import AsyncEngine, UpdatePolicy
 from sqlrl.policy.types import Generation
 from sqlrl.rewards.registry import RewardBreakdown, RewardConfig, compute, get_reward
 from sqlrl.tasks.schema import DatabaseSchema
@@ -161,6 +162,7 @@ class GatewayStats:
     failed: int = 0
     active: int = 0
     waiting: int = 0  # rollouts offered and not yet claimed
+    in_flight: int = 0  # calls begun and not yet settled
     calls: int = 0  # calls recorded whole
     incomplete: int = 0  # calls that never finished
     prompt_tokens: int = 0
@@ -291,6 +293,7 @@ class Rollouts:
                            self.config.retry_after_s)
             seq, r.seq = r.seq, r.seq + 1
             r.open_calls[seq] = cancel
+            self._cond.notify_all()
             return CallTicket(self, r, seq)
 
     def _settle(self, r: _Rollout, seq: int, call: CapturedCall | None) -> None:
@@ -401,6 +404,16 @@ class Rollouts:
             out, self._traces = self._traces, []
             return out
 
+    async def update_weights(self, engine: AsyncEngine, weights: Mapping[str, Any],
+                             policy: UpdatePolicy | str = UpdatePolicy.DRAIN) -> int:
+        """``engine.update_weights`` with calls arriving meanwhile waiting for the engine or
+        refused with ``Busy`` (``during_update``); returns the new policy version."""
+        self.begin_update()
+        try:
+            return await engine.update_weights(weights, policy=UpdatePolicy(policy))
+        finally:
+            self.end_update()
+
     def begin_update(self) -> None:
         with self._cond:
             self._updating = True
@@ -425,7 +438,8 @@ class Rollouts:
 
     def stats(self) -> GatewayStats:
         with self._cond:
-            return GatewayStats(active=len(self._live), waiting=len(self._waiting), **self._counts)
+            return GatewayStats(active=len(self._live), waiting=len(self._waiting),
+                                in_flight=sum(len(r.open_calls) for r in self._live.values()), **self._counts)
 
     def close(self) -> int:
         """Fail every live rollout (the gateway stops): their sessions are released; returns how many."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import httpx
+import numpy as np
 import openai
 import pytest
 
@@ -270,6 +271,29 @@ def test_weight_updates_reject_new_calls_with_429_when_configured(tiny, shop_cat
         assert g.post(f"/rollouts/{claim['rollout_id']}/v1/chat/completions",
                       {"model": "m", "messages": MESSAGES}).status_code == 200
         assert g.rollouts.stats().incomplete == 0  # the refused call never began
+
+
+def test_calls_during_a_weight_update_wait_for_it_by_default(gw):
+    import asyncio
+    import concurrent.futures
+
+    claim = gw.claim()
+    client = gw.client(claim["base_url"])
+    gate = gw.engine.hold("How many customers", after_tokens=1)
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        held = pool.submit(client.chat.completions.create, model="m", messages=MESSAGES)
+        assert gate.reached.wait_sync(60)
+        update = pool.submit(asyncio.run, gw.rollouts.update_weights(gw.engine, {"scripted.weight": np.zeros(1)}))
+        waiting = pool.submit(client.chat.completions.create, model="m", max_tokens=3,
+                              messages=[{"role": "user", "content": "hello"}])
+        assert gw.rollouts.wait_until(lambda: gw.rollouts.stats().in_flight == 2, 60)
+        assert not update.done() and not waiting.done()  # draining: the new call waits, it is not refused
+        gate.open()
+        assert update.result(60) == 1 and held.result(60).choices[0].message.content.startswith("Let me look.")
+        assert waiting.result(60).choices[0].message.content
+    gw.post(f"/v1/rollouts/{claim['rollout_id']}/complete", {"sql": GOLD})
+    (trace,) = gw.rollouts.drain()
+    assert [set(c.versions) for c in trace.calls] == [{0}, {1}]  # the held call drained on the old weights
 
 
 def test_client_rewards_when_the_job_allows_them(tiny, shop_catalog):
