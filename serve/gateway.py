@@ -109,10 +109,12 @@ def build_gateway_app(rollouts: Rollouts, model: ModelEngine, *, keys: frozenset
             await asyncio.to_thread(rollouts.expire_due)
         return key
 
-    async def admitted(request: Request) -> tuple[str, dict[str, Any]]:
+    async def admitted(request: Request, body: type[BaseModel]) -> tuple[str, Any, dict[str, Any]]:
+        """Size, key, rate, expiry, JSON, schema: ``(key, parsed body, raw body)``."""
         check_length(request, lim.max_body_bytes)
         key = await key_of(request)
-        return key, await read_json(request, lim.max_body_bytes)
+        data = await read_json(request, lim.max_body_bytes)
+        return key, _parse(body, data), data
 
     async def answer(work: Callable[[], Awaitable[Any]]) -> Any:
         try:
@@ -133,8 +135,7 @@ def build_gateway_app(rollouts: Rollouts, model: ModelEngine, *, keys: frozenset
     @app.post("/v1/rollouts")
     async def claim(request: Request) -> Any:
         async def work() -> Any:
-            key, data = await admitted(request)
-            _parse(ClaimBody, data)
+            key, _, _ = await admitted(request, ClaimBody)
             got = await asyncio.to_thread(rollouts.claim, key)
             base = app.state.public_url or str(request.base_url).rstrip("/")
             return JSONResponse(claim_view(got, base))
@@ -151,8 +152,7 @@ def build_gateway_app(rollouts: Rollouts, model: ModelEngine, *, keys: frozenset
     @app.post("/rollouts/{rollout_id}/v1/chat/completions")
     async def chat(rollout_id: str, request: Request) -> Any:
         async def work() -> Any:
-            key, data = await admitted(request)
-            req = _parse(ChatRequest, data)
+            key, req, data = await admitted(request, ChatRequest)
             if req.n != 1:
                 raise APIError(400, "n: the gateway traces one choice per call; n must be 1", param="n")
             try:
@@ -223,8 +223,7 @@ def build_gateway_app(rollouts: Rollouts, model: ModelEngine, *, keys: frozenset
     @app.post("/v1/rollouts/{rollout_id}/sql")
     async def sql(rollout_id: str, request: Request) -> Any:
         async def work() -> Any:
-            key, data = await admitted(request)
-            body = _parse(SQLBody, data)
+            key, body, _ = await admitted(request, SQLBody)
             observation, is_error = await asyncio.to_thread(rollouts.execute_sql, key, rollout_id, body.sql)
             return JSONResponse({"observation": observation, "is_error": is_error})
         return await answer(work)
@@ -232,8 +231,7 @@ def build_gateway_app(rollouts: Rollouts, model: ModelEngine, *, keys: frozenset
     @app.post("/v1/rollouts/{rollout_id}/complete")
     async def complete(rollout_id: str, request: Request) -> Any:
         async def work() -> Any:
-            key, data = await admitted(request)
-            body = _parse(CompleteBody, data)
+            key, body, _ = await admitted(request, CompleteBody)
             trace = await asyncio.to_thread(rollouts.complete, key, rollout_id, sql=body.sql,
                                             reward=None if body.reward is None else float(body.reward))
             return JSONResponse({"rollout_id": trace.rollout_id, "status": trace.status,
