@@ -2,6 +2,7 @@
 (issue 44; the contract is docs/gateway.md).
 
     app = build_gateway_app(rollouts, model, keys=frozenset({"key1"}))
+    with serving(app) as url: ...                    # in this process (uvicorn on a thread)
 
 ``rollouts`` is the job's ``sqlrl.gateway.rollouts.Rollouts`` (claims, calls, sessions, deadlines,
 rewards); ``model`` a ``serve.engine.ModelEngine`` over the policy's ``AsyncEngine`` -- the same object
@@ -33,8 +34,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
+import threading
 import weakref
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Iterator
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -239,3 +242,24 @@ def build_gateway_app(rollouts: Rollouts, model: ModelEngine, *, keys: frozenset
         return await answer(work)
 
     return app
+
+
+@contextlib.contextmanager
+def serving(app: FastAPI, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
+    """``app`` served by uvicorn on a thread of this process (tests, benchmarks, a notebook); yields
+    its base URL. The socket listens before the server starts, so a client that connects early
+    waits in the backlog instead of being refused."""
+    import uvicorn
+
+    sock = socket.socket()
+    sock.bind((host, port))
+    sock.listen(64)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="sqlrl-gateway", daemon=True)
+    thread.start()
+    try:
+        yield f"http://{host}:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        sock.close()

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import contextlib
 import json
-import socket
-import threading
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
+from serve.gateway import serving
 from sqlrl.policy.engine import check_engine_class
 
 KEY, OTHER = "gw-key-1", "gw-key-2"
@@ -73,26 +72,6 @@ class Recorder:
 
 
 check_engine_class(Recorder)
-
-
-@contextlib.contextmanager
-def serving(app: Any):
-    """``app`` on a loopback port (uvicorn in a thread); yields its base URL. The socket listens
-    before the server starts, so a client connecting early waits in the backlog (no sleep)."""
-    import uvicorn
-
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(64)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
-        sock.close()
 
 
 @dataclass
