@@ -212,8 +212,10 @@ class GatewayServer:
 
 
 def start_gateway(spec: Mapping[str, Any] | GatewaySpec, *, num_cpus: float = 1.0, num_gpus: float = 0.0,
-                  name: str | None = None) -> tuple[Any, str]:
-    """The gateway as a Ray actor (started, serving): ``(handle, url)``."""
+                  name: str | None = None, sessions: Any = None) -> tuple[Any, str]:
+    """The gateway as a Ray actor (started, serving): ``(handle, url)``. ``sessions``: a picklable
+    ``SessionSource`` for the rollouts (``PoolSessions(db_pool_client)``: leases from the job's DB
+    pool); default: local sessions on the spec's catalog."""
     import ray
 
     spec = spec if isinstance(spec, GatewaySpec) else load_gateway_spec(spec)
@@ -221,5 +223,5 @@ def start_gateway(spec: Mapping[str, Any] | GatewaySpec, *, num_cpus: float = 1.
     actor = ray.remote(GatewayServer).options(
         num_cpus=num_cpus, num_gpus=num_gpus, name=name, max_concurrency=1000,
         runtime_env={"env_vars": env} if env else None)
-    handle = actor.remote(spec)
+    handle = actor.remote(spec, sessions=sessions)
     return handle, ray.get(handle.start.remote())

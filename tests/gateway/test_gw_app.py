@@ -305,3 +305,22 @@ def test_client_rewards_when_the_job_allows_them(tiny, shop_catalog):
         assert g.post(f"/v1/rollouts/{rid}/complete", {"reward": 0.25}).json()["reward"] == 0.25
         (trace,) = g.rollouts.drain()
         assert trace.reward_source == "client" and trace.final_sql is None
+
+
+def test_rate_limits_and_token_clamps_apply_per_key(tiny, shop_catalog):
+    engine = ScriptedEngine(tiny.tokenizer, tiny.eos_token_ids, script=SCRIPT)
+    limits = {"rate_limit_per_minute": 1, "rate_limit_burst": 3, "max_tokens": 4}
+    with gateway(tiny, engine, shop_catalog, limits=limits) as g:
+        g.rollouts.offer("g", shop_task(), 2)
+        claim = g.claim()
+        r = g.client(claim["base_url"]).chat.completions.create(
+            model="m", messages=MESSAGES, max_tokens=100)
+        assert r.usage.completion_tokens == 4 and r.choices[0].finish_reason == "length"
+        g.post(f"/v1/rollouts/{claim['rollout_id']}/sql", {"sql": "SELECT 1"})
+        limited = g.post(f"/v1/rollouts/{claim['rollout_id']}/sql", {"sql": "SELECT 1"})
+        assert limited.status_code == 429 and int(limited.headers["retry-after"]) >= 1
+        assert g.claim(OTHER)["rollout_id"]  # another key has its own bucket
+    # the gateway stopped: its live rollouts failed; the clamped call was traced with its 4 tokens
+    traces = {t.rollout_id: t for t in g.rollouts.drain()}
+    assert [len(c.response_ids) for c in traces[claim["rollout_id"]].calls] == [4]
+    assert {t.status for t in traces.values()} == {"failed"} and g.pool.stats().in_use == 0
