@@ -44,7 +44,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
 
 from sqlrl.gateway.capture import TAG_HEADER, call_tag
-from sqlrl.gateway.rollouts import Claim, GatewayError, RolloutClosed, Rollouts
+from sqlrl.gateway.rollouts import Claim, GatewayError, NoWorkNow, RolloutClosed, Rollouts
 
 from .config import LimitsSpec
 from .engine import ModelEngine
@@ -123,7 +123,7 @@ def build_gateway_app(rollouts: Rollouts, model: ModelEngine, *, keys: frozenset
         try:
             return await work()
         except GatewayError as exc:
-            if exc.status == 204:
+            if isinstance(exc, NoWorkNow):  # not an error: nothing to hand out yet
                 return Response(status_code=204, headers={"Retry-After": str(exc.retry_after_s)})
             return error_response(_api_error(exc))
         except APIError as exc:

@@ -276,7 +276,8 @@ class Rollouts:
                 cancel()
             except Exception:
                 pass  # the call is counted incomplete whatever its cancel does
-        self.sessions.close_many([r.session])
+        with r.sql_lock:  # a statement running on the session finishes first (bounded by its timeout)
+            self.sessions.close_many([r.session])
         captured = sorted(r.captured, key=lambda c: c.seq)
         calls = tuple(c.traced(r.id, i) for i, c in enumerate(captured))
         mismatches = sum(not extends(a, b.prompt_ids) for a, b in zip(captured, captured[1:]))
