@@ -12,7 +12,7 @@ from sqlrl.tools import tool_schemas
 
 from .conftest import GOLD, QUESTION, gateway, shop_task
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.slow]
 
 
 def test_traces_on_the_tiny_hf_engine_are_token_exact(tiny, shop_catalog):

@@ -33,6 +33,7 @@ def server_shop(request, demo_db_path):
     provision.drop_database(admin, name)
 
 
+@pytest.mark.slow
 def test_rollout_sessions_on_servers_are_sealed_clones(tiny, server_shop):
     dialect, admin, catalog = server_shop
     before = scratch_names(admin)
