@@ -35,50 +35,22 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from ray import serve
-from starlette.exceptions import HTTPException
 
 from . import metrics
 from .completions import CompletionRequest
 from .config import ServeConfig, load_serve_config
 from .sql_agent import SQL_BODIES
+from .http import check_length, error_response, install_error_handlers, read_json, validation_message
 from .limits import Admission, RateLimiter, check_api_key
 from .model_server import ModelServer
 from .openai_chat import APIError, ChatRequest, error_body
 from .resources import fit
 
 api = FastAPI(title="sqlrl serve", docs_url=None, redoc_url=None)
-
-
-@api.exception_handler(HTTPException)
-async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
-    """Unknown routes (404) and methods (405) in OpenAI's error shape, not FastAPI's ``detail``."""
-    where = f"{request.method} {request.url.path}"
-    message = {404: f"Invalid URL ({where})",
-               405: f"Method not allowed ({where})"}.get(exc.status_code, str(exc.detail))
-    return JSONResponse(error_body(exc.status_code, message), status_code=exc.status_code,
-                        headers=dict(exc.headers or {}))
-
-
-@api.exception_handler(RequestValidationError)
-async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-    msg, param = _validation_message(exc)
-    return JSONResponse(error_body(400, msg, param=param), status_code=400)
-
-
-def _error(exc: APIError) -> JSONResponse:
-    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
-
-
-def _validation_message(exc: Exception) -> tuple[str, str | None]:
-    errors = getattr(exc, "errors", lambda: [])()
-    if errors:
-        e = errors[0]
-        loc = ".".join(str(x) for x in e.get("loc", ()) if x != "body")
-        return f"{loc}: {e.get('msg')}" if loc else str(e.get("msg")), loc or None
-    return str(exc), None
+install_error_handlers(api)
+_error, _validation_message = error_response, validation_message  # the names this module used
 
 
 class _LocalCall:
@@ -161,22 +133,9 @@ class Ingress:
     async def _admit(self, request: Request) -> dict[str, Any]:
         """Size, key, rate, JSON -- the checks every /v1 POST passes before any model work."""
         lim = self.config.limits
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > lim.max_body_bytes:
-            raise APIError(413, f"request body of {length} bytes exceeds {lim.max_body_bytes}")
+        check_length(request, lim.max_body_bytes)
         self._auth(request)
-        body = b""
-        async for part in request.stream():
-            body += part
-            if len(body) > lim.max_body_bytes:
-                raise APIError(413, f"request body exceeds {lim.max_body_bytes} bytes")
-        try:
-            data = json.loads(body or b"null")
-        except ValueError as exc:
-            raise APIError(400, f"the body is not valid JSON: {exc}") from None
-        if not isinstance(data, dict):
-            raise APIError(400, "the body must be a JSON object")
-        return data
+        return await read_json(request, lim.max_body_bytes)
 
     def _auth(self, request: Request) -> None:
         key = check_api_key(request.headers.get("authorization"), self.keys,

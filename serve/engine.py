@@ -200,10 +200,14 @@ class ModelEngine:
         return completion(self.name, choices, len(plan.ids), sum(len(g.token_ids) for g in gens))
 
     async def chat_chunks(self, plan: ChatPlan, include_usage: bool = False,
-                          on_done: Callable[[int], None] | None = None) -> AsyncIterator[dict[str, Any]]:
+                          on_done: Callable[[int], None] | None = None,
+                          on_final: Callable[[int, Generation], None] | None = None,
+                          ) -> AsyncIterator[dict[str, Any]]:
         """The streamed completion (module docstring): role chunks once the first token is there,
         then content / tool-call deltas as they can no longer change, each choice's finish chunk,
-        and the usage chunk if asked; ``on_done(generated tokens)`` once every choice finished."""
+        and the usage chunk if asked; ``on_done(generated tokens)`` once every choice finished;
+        ``on_final(choice, generation)`` with each choice's whole ``Generation`` as the engine
+        returned it (the gateway's token-exact capture), before that choice's last chunks."""
         n = len(plan.samplings)
         deltas = merged([self.engine.stream(plan.ids, s) for s in plan.samplings])
         async with contextlib.aclosing(deltas):
@@ -239,6 +243,8 @@ class ModelEngine:
                         yield chunk(cid, created, self.name, i, delta, logprobs=logprobs(i))
                 else:
                     g = d.final
+                    if on_final is not None:
+                        on_final(i, g)
                     ids[i], lps[i] = list(g.token_ids), list(g.logprobs)
                     generated += len(g.token_ids)
                     last, reason = streams[i].finish(g.text, g.finish_reason)

@@ -1,0 +1,227 @@
+"""The gateway host: one per training job, the HTTP app (``serve/gateway.py``) served by uvicorn
+inside it, on the job's policy engine (thin; the logic is ``sqlrl.gateway``).
+
+    handle, url = start_gateway(spec)              # a Ray actor; url also in <run_dir>/gateway.json
+    ray.get(handle.offer.remote("step0/task7", task, 8))
+    traces = ray.get(handle.drain.remote())        # finished RolloutTrace values
+    ray.get(handle.update_weights.remote(state_dict))
+
+``GatewayServer`` is a plain class (``n=0``: run it in-process with ``await server.start()``); the
+actor is ``ray.remote(GatewayServer)`` with its resources attached by ``start_gateway``. Its
+methods and uvicorn share the actor's event loop (an async actor).
+
+- **Engine**: built from ``GatewaySpec.model`` (``serve.model_server.ModelServer``: the same policy
+  loading and engine registry as serving: hf, vllm, auto, scripted), or given in-process
+  (``GatewayServer(spec, policy=, engine=)``: a job that already holds its engine).
+- **Work in, traces out**: ``offer(group_id, task, n)`` (a ``Text2SQLTask`` or its dict), ``finish()``,
+  ``drain()`` (each ``RolloutTrace`` once), ``stats()``.
+- **Weights**: ``update_weights(weights, policy)`` goes through the engine's own
+  ``update_weights`` (``UpdatePolicy``: drain / abort / continue); calls arriving meanwhile wait for
+  the engine (``gateway.during_update: wait``) or get 429 + ``Retry-After`` (``reject``).
+- **Deadlines and metrics**: every ``tick_s`` the host expires overdue rollouts (wall clock here;
+  the core takes any clock) and sets the Prometheus gauges ``sqlrl_gateway_*`` (Prometheus:
+  ``ray_sqlrl_gateway_*``; ``GatewayStats``' fields plus ``calls_per_s`` and
+  ``generated_tokens_per_s`` over the last tick), tagged with the Ray job id.
+- ``start()`` binds ``host:port`` (port 0: any free port), prints ``sqlrl gateway: <url>`` and writes
+  ``{"url": ...}`` to ``<run_dir>/gateway.json``; ``stop()`` ends the server, fails the rollouts still
+  live (their sessions are released) and closes an engine it built.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from serve.config import AuthSpec, LimitsSpec, ModelSpec
+from sqlrl.config import from_mapping, to_dict
+from sqlrl.gateway.rollouts import GatewayConfig, GatewayStats, JudgeScorer, Rollouts
+from sqlrl.gateway.trace import RolloutTrace
+from sqlrl.tasks.types import Text2SQLTask
+
+
+@dataclass(frozen=True)
+class GatewaySpec:
+    model: ModelSpec  # the policy: a checkpoint folder or a named model, its backend, batch bound
+    catalog: dict[str, dict[str, str]] = field(default_factory=dict)  # db id -> {dialect: url}
+    gateway: GatewayConfig = field(default_factory=GatewayConfig)
+    limits: LimitsSpec = field(default_factory=LimitsSpec)
+    auth: AuthSpec = field(default_factory=lambda: AuthSpec(api_keys_env="SQLRL_GATEWAY_API_KEYS"))
+    name: str = "policy"  # the model id clients see in /v1/models
+    host: str = "127.0.0.1"  # 0.0.0.0 to serve other machines (the URL then names this node's IP)
+    port: int = 0  # 0: any free port
+    run_dir: str = ""  # where gateway.json goes ("" : nowhere)
+    tick_s: float = 1.0  # expiry and metrics period
+
+    def __post_init__(self) -> None:
+        if not self.tick_s > 0:
+            raise ValueError(f"gateway tick_s must be > 0, got {self.tick_s}")
+
+
+def load_gateway_spec(data: Mapping[str, Any]) -> GatewaySpec:
+    return from_mapping(GatewaySpec, data)
+
+
+def _schemas(catalog: Mapping[str, Mapping[str, str]]) -> dict[str, Any]:
+    """What claims show as ``task.schema``: read from each database's SQLite copy, where there is one."""
+    from sqlrl.db.url import parse_url
+    from sqlrl.tasks.schema import DatabaseSchema
+
+    out = {}
+    for db, urls in catalog.items():
+        if "sqlite" in urls:
+            out[db] = DatabaseSchema.from_sqlite(parse_url(urls["sqlite"]).database, db_id=db)
+    return out
+
+
+class _Gauges:
+    """``sqlrl_gateway_*`` Ray gauges from ``GatewayStats`` (module docstring); never raises."""
+
+    def __init__(self) -> None:
+        self._g: dict[str, Any] = {}
+        self._last: tuple[float, GatewayStats] | None = None
+
+    def set(self, stats: GatewayStats, now: float) -> None:
+        try:
+            import ray
+            from ray.util.metrics import Gauge
+
+            job = ray.get_runtime_context().get_job_id() if ray.is_initialized() else ""
+            values = {k: float(v) for k, v in to_dict(stats).items()}
+            if self._last is not None and now > self._last[0]:
+                dt, before = now - self._last[0], self._last[1]
+                values["calls_per_s"] = (stats.calls - before.calls) / dt
+                values["generated_tokens_per_s"] = (stats.generated_tokens - before.generated_tokens) / dt
+            self._last = (now, stats)
+            for name, value in values.items():
+                if name not in self._g:
+                    self._g[name] = Gauge(f"sqlrl_gateway_{name}", f"sqlrl gateway: {name}", tag_keys=("job_id",))
+                self._g[name].set(value, tags={"job_id": job})
+        except Exception:
+            pass  # metrics must never break the gateway
+
+
+class GatewayServer:
+    def __init__(self, spec: Mapping[str, Any] | GatewaySpec, *, policy: Any = None, engine: Any = None,
+                 sessions: Any = None) -> None:
+        """``policy`` + ``engine``: use these (in-process) instead of building them; ``sessions``: a
+        ``SessionSource`` for the rollouts' sessions (default ``LocalSessions`` on the catalog;
+        ``PoolSessions`` over the DB pool in a cluster job)."""
+        from serve.config import load_serve_config
+        from serve.engine import ModelEngine
+        from serve.gateway import build_gateway_app
+        from serve.model_server import ModelServer
+        from sqlrl.db.source import LocalSessions
+        from sqlrl.rewards import Judge
+
+        self.spec = spec if isinstance(spec, GatewaySpec) else load_gateway_spec(spec)
+        s = self.spec
+        keys = s.auth.keys()
+        if not keys:
+            raise ValueError(f"the gateway has no API keys: set auth.api_keys or ${s.auth.api_keys_env}")
+        serve_args = {"models": {s.name: to_dict(s.model)}, "limits": to_dict(s.limits)}
+        if engine is None:
+            server = ModelServer(s.name, serve_args)
+            self.model, self.engine, self._owns_engine = server.model, server.engine, True
+        else:
+            self.model = ModelEngine(s.name, policy, engine, load_serve_config(serve_args))
+            self.engine, self._owns_engine = engine, False
+        if sessions is None:
+            sessions = LocalSessions(s.catalog)
+        self.rollouts = Rollouts(s.gateway, sessions, JudgeScorer(Judge(s.catalog), s.gateway.reward),
+                                 schemas=_schemas(s.catalog))
+        self.app = build_gateway_app(self.rollouts, self.model, keys=keys, limits=s.limits)
+        self.url: str | None = None
+        self._server: Any = None
+        self._tasks: list[asyncio.Task] = []
+        self._gauges = _Gauges()
+
+    async def start(self) -> str:
+        """Serve (module docstring); returns the base URL clients use."""
+        import uvicorn
+
+        if self.url is not None:
+            return self.url
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.spec.host, self.spec.port))
+        sock.listen(256)
+        self._server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning", lifespan="off"))
+        self._tasks = [asyncio.ensure_future(self._server.serve(sockets=[sock])),
+                       asyncio.ensure_future(self._tick())]
+        host = self.spec.host
+        if host in ("0.0.0.0", ""):
+            import ray
+
+            host = ray.util.get_node_ip_address() if ray.is_initialized() else socket.gethostname()
+        self.url = f"http://{host}:{sock.getsockname()[1]}"
+        self.app.state.public_url = self.url
+        if self.spec.run_dir:
+            Path(self.spec.run_dir).mkdir(parents=True, exist_ok=True)
+            Path(self.spec.run_dir, "gateway.json").write_text(json.dumps({"url": self.url}) + "\n")
+        print(f"sqlrl gateway: {self.url}", flush=True)
+        return self.url
+
+    async def _tick(self) -> None:
+        while True:
+            await asyncio.sleep(self.spec.tick_s)  # a period, not a wait for an event
+            if self.rollouts.due():
+                await asyncio.to_thread(self.rollouts.expire_due)
+            self._gauges.set(self.rollouts.stats(), time.monotonic())
+
+    async def address(self) -> str | None:
+        return self.url
+
+    async def offer(self, group_id: str, task: Text2SQLTask | Mapping[str, Any], n: int = 1) -> None:
+        self.rollouts.offer(group_id, task if isinstance(task, Text2SQLTask) else Text2SQLTask.from_dict(dict(task)), n)
+
+    async def finish(self) -> None:
+        self.rollouts.finish()
+
+    async def drain(self) -> list[RolloutTrace]:
+        return self.rollouts.drain()
+
+    async def stats(self) -> GatewayStats:
+        return self.rollouts.stats()
+
+    async def update_weights(self, weights: Mapping[str, Any], policy: str = "drain") -> int:
+        """New weights through the engine's ``update_weights``; returns the new policy version."""
+        return await self.rollouts.update_weights(self.engine, weights, policy)
+
+    async def stop(self) -> int:
+        """Stop serving; returns how many live rollouts were failed (their sessions released)."""
+        if self._server is not None:
+            self._server.should_exit = True
+        for t in self._tasks[1:]:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(BaseException):
+                await t
+        self._tasks = []
+        failed = await asyncio.to_thread(self.rollouts.close)
+        if self._owns_engine:
+            with contextlib.suppress(Exception):
+                await self.engine.close()
+        return failed
+
+
+def start_gateway(spec: Mapping[str, Any] | GatewaySpec, *, num_cpus: float = 1.0, num_gpus: float = 0.0,
+                  name: str | None = None, sessions: Any = None) -> tuple[Any, str]:
+    """The gateway as a Ray actor (started, serving): ``(handle, url)``. ``sessions``: a picklable
+    ``SessionSource`` for the rollouts (``PoolSessions(db_pool_client)``: leases from the job's DB
+    pool); default: local sessions on the spec's catalog."""
+    import ray
+
+    spec = spec if isinstance(spec, GatewaySpec) else load_gateway_spec(spec)
+    env = {k: os.environ[k] for k in (spec.auth.api_keys_env,) if k and k in os.environ}
+    actor = ray.remote(GatewayServer).options(
+        num_cpus=num_cpus, num_gpus=num_gpus, name=name, max_concurrency=1000,
+        runtime_env={"env_vars": env} if env else None)
+    handle = actor.remote(spec, sessions=sessions)
+    return handle, ray.get(handle.start.remote())

@@ -1,0 +1,265 @@
+"""The gateway's HTTP app: OpenAI-compatible, rollout-scoped endpoints for agents written elsewhere
+(issue 44; the contract is docs/gateway.md).
+
+    app = build_gateway_app(rollouts, model, keys=frozenset({"key1"}))
+    with serving(app) as url: ...                    # in this process (uvicorn on a thread)
+
+``rollouts`` is the job's ``sqlrl.gateway.rollouts.Rollouts`` (claims, calls, sessions, deadlines,
+rewards); ``model`` a ``serve.engine.ModelEngine`` over the policy's ``AsyncEngine`` -- the same object
+the serve app uses, so requests are rendered with the policy's chat template, tool calls come back
+as structured ``tool_calls`` and streams are token by token exactly as ``serve/`` answers them
+(``ModelEngine.chat_plan`` / ``generate`` / ``chat_result`` / ``chat_chunks``).
+
+Routes (every one needs ``Authorization: Bearer <key>``; errors are OpenAI's body):
+- ``POST /v1/rollouts`` ``{}`` -> the next rollout (``base_url``, ``task``, ``session_url``,
+  ``complete_url``, ``deadline_s``); 204 + ``Retry-After`` when nothing waits; 410 when the job has
+  finished handing out work.
+- ``POST /rollouts/{id}/v1/chat/completions`` (``n`` must be 1; ``stream`` supported) and
+  ``GET /rollouts/{id}/v1/models``.
+- ``POST /v1/rollouts/{id}/sql`` ``{"sql"}`` -> ``{"observation", "is_error"}``.
+- ``POST /v1/rollouts/{id}/complete`` ``{"sql"}`` or ``{"reward"}`` -> ``{"rollout_id", "status",
+  "reward"}``.
+
+Capture: a chat call is recorded (``CallTicket.commit``) with ``plan.ids`` -- the ids the engine
+generated from -- and the engine's own ``Generation`` (streamed: ``chat_chunks``' ``on_final``),
+only once the answer was produced whole (streamed: after its last chunk); a call that fails, is
+cancelled or whose stream the client drops is abandoned (``n_incomplete``). A bad request
+(validation, context length, ``n`` > 1, a bad tag) is refused before the call begins: it is neither
+recorded nor counted. Order of checks: body size (413), key (401), rate (429), expiry of overdue
+rollouts, JSON and schema (400), the rollout (404 / 409), then the work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+import threading
+import weakref
+from typing import Any, Awaitable, Callable, Iterator
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
+
+from sqlrl.gateway.capture import TAG_HEADER, call_tag
+from sqlrl.gateway.rollouts import Claim, GatewayError, NoWorkNow, RolloutClosed, Rollouts
+
+from .config import LimitsSpec
+from .engine import ModelEngine
+from .http import check_length, error_response, install_error_handlers, read_json, validation_message
+from .limits import RateLimiter, check_api_key
+from .openai_chat import APIError, ChatRequest, error_body
+
+
+class ClaimBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SQLBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    sql: str = Field(min_length=1)
+
+
+class CompleteBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    sql: str | None = None
+    reward: StrictFloat | StrictInt | None = None
+
+
+def _api_error(exc: GatewayError) -> APIError:
+    headers = {"Retry-After": str(exc.retry_after_s)} if exc.retry_after_s else None
+    return APIError(exc.status, str(exc), code=exc.code, headers=headers)
+
+
+def _parse(model: type[BaseModel], data: dict[str, Any]) -> Any:
+    try:
+        return model.model_validate(data)
+    except Exception as exc:
+        msg, param = validation_message(exc)
+        raise APIError(400, msg, param=param) from None
+
+
+def _sse(item: Any) -> str:
+    return f"data: {json.dumps(item, ensure_ascii=False)}\n\n"
+
+
+def claim_view(claim: Claim, base: str) -> dict[str, Any]:
+    t, rid = claim.task, claim.rollout_id
+    return {"rollout_id": rid, "base_url": f"{base}/rollouts/{rid}/v1",
+            "task": {"task_id": t.task_id, "question": t.question, "evidence": t.evidence,
+                     "database": t.db_id, "dialect": t.dialect, "schema": claim.schema},
+            "session_url": f"{base}/v1/rollouts/{rid}/sql",
+            "complete_url": f"{base}/v1/rollouts/{rid}/complete", "deadline_s": claim.deadline_s}
+
+
+def build_gateway_app(rollouts: Rollouts, model: ModelEngine, *, keys: frozenset[str],
+                      limits: LimitsSpec | None = None, public_url: str | None = None) -> FastAPI:
+    """The app (module docstring). ``public_url``: the address clients reach it at (None: the
+    request's own base URL; settable later as ``app.state.public_url``, once a server bound its
+    port); ``limits``: body, token, rate limits (default: ``model``'s)."""
+    lim = limits or model.limits
+    limiter = RateLimiter(lim.rate_limit_per_minute, lim.rate_limit_burst)
+    app = FastAPI(title="sqlrl gateway", docs_url=None, redoc_url=None)
+    install_error_handlers(app)
+    app.state.rollouts, app.state.model, app.state.public_url = rollouts, model, public_url
+
+    async def key_of(request: Request) -> str:
+        key = check_api_key(request.headers.get("authorization"), keys)
+        limiter.take(key)
+        if rollouts.due():
+            await asyncio.to_thread(rollouts.expire_due)
+        return key
+
+    async def admitted(request: Request, body: type[BaseModel]) -> tuple[str, Any, dict[str, Any]]:
+        """Size, key, rate, expiry, JSON, schema: ``(key, parsed body, raw body)``."""
+        check_length(request, lim.max_body_bytes)
+        key = await key_of(request)
+        data = await read_json(request, lim.max_body_bytes)
+        return key, _parse(body, data), data
+
+    async def answer(work: Callable[[], Awaitable[Any]]) -> Any:
+        try:
+            return await work()
+        except GatewayError as exc:
+            if isinstance(exc, NoWorkNow):  # not an error: nothing to hand out yet
+                return Response(status_code=204, headers={"Retry-After": str(exc.retry_after_s)})
+            return error_response(_api_error(exc))
+        except APIError as exc:
+            return error_response(exc)
+        except Exception as exc:  # a bug, a scorer failure: still OpenAI's shape
+            return JSONResponse(error_body(500, f"{type(exc).__name__}: {exc}"), status_code=500)
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.post("/v1/rollouts")
+    async def claim(request: Request) -> Any:
+        async def work() -> Any:
+            key, _, _ = await admitted(request, ClaimBody)
+            got = await asyncio.to_thread(rollouts.claim, key)
+            base = app.state.public_url or str(request.base_url).rstrip("/")
+            return JSONResponse(claim_view(got, base))
+        return await answer(work)
+
+    @app.get("/rollouts/{rollout_id}/v1/models")
+    async def models(rollout_id: str, request: Request) -> Any:
+        async def work() -> Any:
+            rollouts.check(await key_of(request), rollout_id)
+            return JSONResponse({"object": "list", "data": [
+                {"id": model.name, "object": "model", "created": 0, "owned_by": "sqlrl"}]})
+        return await answer(work)
+
+    @app.post("/rollouts/{rollout_id}/v1/chat/completions")
+    async def chat(rollout_id: str, request: Request) -> Any:
+        async def work() -> Any:
+            key, req, data = await admitted(request, ChatRequest)
+            if req.n != 1:
+                raise APIError(400, "n: the gateway traces one choice per call; n must be 1", param="n")
+            try:
+                tag = call_tag(data, request.headers.get(TAG_HEADER))
+            except ValueError as exc:
+                raise APIError(400, str(exc), param="metadata") from None
+            rollouts.check(key, rollout_id)
+            plan = model.chat_plan(req)  # 400s (template, context length) before the call begins
+            runner: dict[str, asyncio.Task] = {"task": asyncio.current_task()}  # type: ignore[dict-item]
+            loop = asyncio.get_running_loop()
+            ticket = rollouts.begin_call(key, rollout_id,
+                                         cancel=lambda: loop.call_soon_threadsafe(runner["task"].cancel))
+            if req.stream:
+                return await _stream(plan, req, ticket, tag, runner)
+            try:
+                gens = await model.generate(plan)
+            except asyncio.CancelledError:
+                ticket.abandon()
+                if rollouts.rollout_status(rollout_id) in ("active", None):
+                    raise  # the server cancelled us, not the rollout's end
+                raise RolloutClosed(f"rollout {rollout_id} ended while this call ran") from None
+            except BaseException:
+                ticket.abandon()
+                raise
+            ticket.commit(plan.ids, gens[0], tag)
+            return JSONResponse(model.chat_result(plan, gens))
+        return await answer(work)
+
+    async def _stream(plan: Any, req: ChatRequest, ticket: Any, tag: str | None,
+                      runner: dict[str, Any]) -> StreamingResponse:
+        finals: list[Any] = []
+        include_usage = bool((req.stream_options or {}).get("include_usage"))
+        chunks = model.chat_chunks(plan, include_usage, on_final=lambda i, g: finals.append(g))
+        try:
+            first = await anext(chunks)  # errors before the first token: a plain error response
+        except BaseException:
+            ticket.abandon()
+            with contextlib.suppress(BaseException):
+                await chunks.aclose()
+            raise
+
+        async def events() -> Any:
+            runner["task"] = asyncio.current_task()
+            whole = False
+            try:
+                yield _sse(first)
+                async for item in chunks:
+                    yield _sse(item)
+                ticket.commit(plan.ids, finals[0], tag)
+                whole = True
+            except APIError as exc:
+                yield _sse(exc.body())
+            except GatewayError as exc:
+                yield _sse(_api_error(exc).body())
+            except Exception as exc:  # the engine failed mid-stream
+                yield _sse(error_body(500, f"{type(exc).__name__}: {exc}"))
+            finally:
+                with contextlib.suppress(BaseException):
+                    await chunks.aclose()  # closes the engine stream: its request aborts
+                if not whole:
+                    ticket.abandon()  # a dropped client, a cancel, a failure: nothing half recorded
+            yield "data: [DONE]\n\n"
+
+        stream = events()
+        weakref.finalize(stream, ticket.abandon)  # a client gone before the body started
+        return StreamingResponse(stream, media_type="text/event-stream")
+
+    @app.post("/v1/rollouts/{rollout_id}/sql")
+    async def sql(rollout_id: str, request: Request) -> Any:
+        async def work() -> Any:
+            key, body, _ = await admitted(request, SQLBody)
+            observation, is_error = await asyncio.to_thread(rollouts.execute_sql, key, rollout_id, body.sql)
+            return JSONResponse({"observation": observation, "is_error": is_error})
+        return await answer(work)
+
+    @app.post("/v1/rollouts/{rollout_id}/complete")
+    async def complete(rollout_id: str, request: Request) -> Any:
+        async def work() -> Any:
+            key, body, _ = await admitted(request, CompleteBody)
+            trace = await asyncio.to_thread(rollouts.complete, key, rollout_id, sql=body.sql,
+                                            reward=None if body.reward is None else float(body.reward))
+            return JSONResponse({"rollout_id": trace.rollout_id, "status": trace.status,
+                                 "reward": trace.reward})
+        return await answer(work)
+
+    return app
+
+
+@contextlib.contextmanager
+def serving(app: FastAPI, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
+    """``app`` served by uvicorn on a thread of this process (tests, benchmarks, a notebook); yields
+    its base URL. The socket listens before the server starts, so a client that connects early
+    waits in the backlog instead of being refused."""
+    import uvicorn
+
+    sock = socket.socket()
+    sock.bind((host, port))
+    sock.listen(64)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="sqlrl-gateway", daemon=True)
+    thread.start()
+    try:
+        yield f"http://{host}:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        sock.close()

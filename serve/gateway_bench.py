@@ -1,0 +1,95 @@
+"""Gateway overhead per call against a direct engine call, paired (issue 44's first measurement).
+
+    python -m serve.gateway_bench --pairs 40 --tokens 16
+
+One process: the tiny HF model on ONE ``HFEngine``; the gateway app served by uvicorn on a loopback
+socket in a thread. Each pair is one direct call (``ModelEngine.chat_plan`` + ``chat``: the same
+rendering and generation the gateway does, without HTTP) and one call through the gateway (the
+official ``openai`` client, keep-alive, a claimed rollout), in alternating order, greedy with a
+fixed ``max_tokens``, so both generate the same tokens. Prints p50/p90 of
+each and of the per-pair difference (what the gateway adds: HTTP, JSON, validation, capture).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import tempfile
+import time
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--pairs", type=int, default=40)
+    p.add_argument("--tokens", type=int, default=16)
+    args = p.parse_args()
+
+    import torch
+
+    from serve.config import load_serve_config
+    from serve.engine import ModelEngine
+    from serve.openai_chat import ChatRequest
+    from sqlrl.db.source import LocalSessions
+    from sqlrl.gateway.rollouts import GatewayConfig, JudgeScorer, Rollouts
+    from sqlrl.policy.backends import make_engine
+    from sqlrl.policy.load import load_policy
+    from sqlrl.rewards import Judge
+    from sqlrl.tasks.demo_db import build_demo_database
+    from sqlrl.tasks.types import Text2SQLTask
+
+    torch.set_num_threads(1)
+    policy = load_policy("tiny")
+    engine = make_engine("hf", policy, max_batch=4)
+    db = build_demo_database(tempfile.mkdtemp() + "/shop.sqlite")
+    catalog = {"shop": {"sqlite": f"sqlite:///{db}"}}
+    model = ModelEngine("policy", policy, engine, load_serve_config({"models": {"policy": {"path": "tiny"}}}))
+    rollouts = Rollouts(GatewayConfig(deadline_s=3600), LocalSessions(catalog), JudgeScorer(Judge(catalog)))
+    rollouts.offer("bench", Text2SQLTask("b", "shop", "How many customers?", "SELECT 1"), 1)
+    from openai import OpenAI
+
+    from serve.gateway import build_gateway_app, serving
+
+    app = build_gateway_app(rollouts, model, keys=frozenset({"k"}))
+    body = {"model": "policy", "messages": [{"role": "user", "content": "How many customers are there?"}],
+            "max_tokens": args.tokens, "temperature": 0.0}
+    loop = asyncio.new_event_loop()
+    direct_ms, gateway_ms = [], []
+    with serving(app) as url:
+        import httpx
+
+        claim = httpx.post(f"{url}/v1/rollouts", json={}, headers={"Authorization": "Bearer k"}).json()
+        client = OpenAI(base_url=claim["base_url"], api_key="k", max_retries=0)
+
+        def direct() -> float:
+            t0 = time.perf_counter()
+            out = loop.run_until_complete(model.chat(model.chat_plan(ChatRequest.model_validate(body))))
+            assert out["usage"]["completion_tokens"] >= 1
+            return (time.perf_counter() - t0) * 1000
+
+        def through() -> float:
+            t0 = time.perf_counter()
+            r = client.chat.completions.create(**body)
+            assert r.usage.completion_tokens >= 1
+            return (time.perf_counter() - t0) * 1000
+
+        direct(), through()  # warm-up
+        for i in range(args.pairs):
+            if i % 2:
+                gateway_ms.append(through()), direct_ms.append(direct())
+            else:
+                direct_ms.append(direct()), gateway_ms.append(through())
+    loop.run_until_complete(engine.close())
+    diff = [g - d for g, d in zip(gateway_ms, direct_ms)]
+
+    def q(xs: list[float], f: float) -> float:
+        return sorted(xs)[min(len(xs) - 1, int(f * len(xs)))]
+
+    print(f"pairs={args.pairs} tokens<={args.tokens} (tiny HF, greedy, one process)")
+    for name, xs in (("direct", direct_ms), ("gateway", gateway_ms), ("added", diff)):
+        print(f"{name:8s} p50 {statistics.median(xs):7.2f} ms   p90 {q(xs, 0.9):7.2f} ms")
+    print(f"calls traced by the gateway: {rollouts.stats().calls} (pairs + the warm-up)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,354 @@
+"""The gateway's rollouts (Ray-free): claim -> calls -> complete | expire | fail.
+
+``Rollouts`` is the whole state of one job's gateway; the HTTP app (``serve/gateway.py``) and the
+Ray actor (``actors/gateway.py``) only translate to and from it.
+
+- **Work**: the job ``offer(group_id, task, n)``s a task to ``n`` rollouts (a GRPO group); a client
+  ``claim(key)``s the next one. Nothing waiting: ``NoWorkNow`` (HTTP 204 + ``Retry-After``); after
+  ``finish()`` and with nothing waiting: ``WorkFinished`` (410).
+- **Ids and keys**: a rollout id is ``secrets.token_urlsafe`` (144 random bits): unguessable. A
+  rollout belongs to the API key that claimed it; any other key gets ``RolloutNotFound`` (404,
+  the same answer as an id that does not exist, so ids do not leak).
+- **Sessions**: claiming leases ONE trajectory-scoped session for the rollout from a
+  ``SessionSource`` (``sqlrl.db.source``: ``LocalSessions``, or ``PoolSessions`` over the DB pool),
+  keyed by the rollout id; ``execute_sql`` runs on it through the built-in tool
+  (``sqlrl.tools.run_raw``: the same executor, validation and observation text as the agent's
+  ``execute_sql``), one statement at a time per rollout. It is released exactly once, when the
+  rollout completes, expires or fails.
+- **Deadlines**: a rollout must complete within ``deadline_s`` of its claim, measured by the
+  injected ``clock`` (tests advance a fake one). ``expire_due()`` ends every rollout past its
+  deadline (status ``expired``, session released, calls in flight cancelled and counted in
+  ``n_incomplete``); the app calls it on every request and the actor on a ticker.
+- **Calls**: ``begin_call`` returns a ``CallTicket``; ``commit(prompt_ids, generation, tag)``
+  records the call whole (``capture.CapturedCall``), ``abandon()`` counts it in ``n_incomplete``
+  (an engine failure, a cancelled stream, a client gone). A ticket is settled once; a commit after
+  its rollout ended raises ``RolloutClosed`` (the call was counted incomplete when it ended).
+- **Completion**: ``complete(key, id, sql=...)`` scores the final SQL with the server's ``Scorer``
+  (``JudgeScorer``: the reward registry's ``compute`` with the job's ``Judge``, which runs the SQL
+  and the gold on fresh sessions of its own -- never the rollout's session); ``reward=`` is taken
+  from the client only when ``GatewayConfig.client_rewards`` is on (else ``NotAllowed``, 403). A
+  scorer that raises ends the rollout ``failed``. Calls, completes and SQL after the end:
+  ``RolloutClosed`` (409).
+- **Weight updates**: between ``begin_update()`` and ``end_update()`` a new call either proceeds
+  (``during_update="wait"``: the engine's update policy makes it wait) or is refused with ``Busy``
+  (429 + ``Retry-After``, ``"reject"``).
+- ``drain()`` hands each finished ``RolloutTrace`` out once; ``wait_until(predicate, timeout)``
+  waits for a state change (every change notifies), for tests and the job.
+
+The values, errors and ``GatewayConfig`` are ``sqlrl.gateway.contract``'s (re-exported here).
+
+Thread-safe: one lock; SQL, session opening/closing and scoring run outside it (the app calls the
+blocking methods -- ``claim``, ``execute_sql``, ``complete``, ``expire_due`` -- in worker threads).
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+from sqlrl.db.source import SessionRequest, SessionSource
+from sqlrl.db.types import Limits
+from sqlrl.policy.engine import AsyncEngine, UpdatePolicy
+from sqlrl.policy.types import Generation
+from sqlrl.tasks.schema import DatabaseSchema
+from sqlrl.tasks.types import Text2SQLTask
+from sqlrl.tools import run_raw
+
+from .capture import CapturedCall, extends
+from .contract import (BadInput, Busy, Claim, GatewayConfig, GatewayError, GatewayStats, JudgeScorer,
+                       NotAllowed, NoWorkNow, RolloutClosed, RolloutNotFound, Scorer, Unavailable,
+                       WorkFinished)
+from .trace import RolloutTrace
+
+
+@dataclass(eq=False)
+class _Rollout:
+    id: str
+    key: str
+    group_id: str
+    task: Text2SQLTask
+    deadline: float
+    session: Any
+    status: str = "active"  # active | closing | completed | expired | failed
+    seq: int = 0
+    captured: list[CapturedCall] = field(default_factory=list)
+    open_calls: dict[int, Callable[[], None] | None] = field(default_factory=dict)  # seq -> cancel
+    n_incomplete: int = 0
+    sql_lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class CallTicket:
+    """One call in flight (module docstring): settle it with ``commit`` or ``abandon``."""
+
+    def __init__(self, rollouts: "Rollouts", rollout: _Rollout, seq: int) -> None:
+        self._rollouts, self._rollout, self.seq = rollouts, rollout, seq
+
+    @property
+    def rollout_id(self) -> str:
+        return self._rollout.id
+
+    def commit(self, prompt_ids: Sequence[int], generation: Generation, tag: str | None) -> None:
+        self._rollouts._settle(self._rollout, self.seq, CapturedCall(
+            self.seq, tag, tuple(int(i) for i in prompt_ids), generation))
+
+    def abandon(self) -> None:
+        self._rollouts._settle(self._rollout, self.seq, None)
+
+
+class Rollouts:
+    def __init__(self, config: GatewayConfig, sessions: SessionSource, scorer: Scorer, *,
+                 schemas: Mapping[str, DatabaseSchema] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """``schemas``: by database id, what claims show clients (``Claim.schema``)."""
+        self.config, self.sessions, self.scorer, self.clock = config, sessions, scorer, clock
+        self.schemas = dict(schemas or {})
+        self.limits = Limits(timeout_s=config.sql_timeout_s, max_rows=config.sql_max_rows)
+        self._cond = threading.Condition()
+        self._waiting: deque[tuple[str, Text2SQLTask]] = deque()
+        self._live: dict[str, _Rollout] = {}
+        self._done: dict[str, str] = {}  # ended rollout id -> its key (409 for its owner)
+        self._traces: list[RolloutTrace] = []
+        self._finished = False
+        self._updating = False
+        self._counts = dict.fromkeys(("claimed", "completed", "expired", "failed", "calls", "incomplete",
+                                      "prompt_tokens", "generated_tokens", "prefix_mismatches"), 0)
+
+    # -- work -------------------------------------------------------------------------------------
+
+    def offer(self, group_id: str, task: Text2SQLTask, n: int = 1) -> None:
+        if not isinstance(task, Text2SQLTask):
+            raise TypeError(f"the gateway hands out text-to-SQL tasks, got {type(task).__name__}")
+        if n < 1:
+            raise ValueError(f"offer: n must be >= 1, got {n}")
+        with self._cond:
+            if self._finished:
+                raise RuntimeError("offer after finish(): the job has finished handing out work")
+            self._waiting.extend([(group_id, task)] * n)
+            self._cond.notify_all()
+
+    def finish(self) -> None:
+        """No more offers: once the waiting rollouts are claimed, claims get ``WorkFinished``."""
+        with self._cond:
+            self._finished = True
+            self._cond.notify_all()
+
+    def claim(self, key: str) -> Claim:
+        """The next waiting rollout for ``key``, with its session leased (blocking)."""
+        with self._cond:
+            if not self._waiting:
+                if self._finished:
+                    raise WorkFinished("the job has finished handing out rollouts")
+                raise NoWorkNow("no task is waiting now", self.config.retry_after_s)
+            group_id, task = self._waiting.popleft()
+        rollout_id = secrets.token_urlsafe(18)
+        try:
+            (session,) = self.sessions.open_many([SessionRequest(
+                task.db_id, task.dialect, limits=self.limits, key=rollout_id)])
+        except Exception as exc:
+            with self._cond:
+                self._waiting.appendleft((group_id, task))  # not handed out: it waits for the next claim
+            raise Unavailable(f"could not open a session on {task.db_id!r}: {exc}",
+                              self.config.retry_after_s) from None
+        with self._cond:
+            self._live[rollout_id] = _Rollout(rollout_id, key, group_id, task,
+                                              self.clock() + self.config.deadline_s, session)
+            self._counts["claimed"] += 1
+            self._cond.notify_all()
+        schema = self.schemas.get(task.db_id)
+        return Claim(rollout_id, group_id, task, self.config.deadline_s,
+                     schema.to_create_sql(task.dialect) if schema is not None else None)
+
+    # -- calls and SQL ----------------------------------------------------------------------------
+
+    def _get(self, key: str, rollout_id: str) -> _Rollout:
+        """The caller's active rollout (lock held): 404 unknown or foreign, 409 ended."""
+        r = self._live.get(rollout_id)
+        if r is None or r.key != key:
+            if self._done.get(rollout_id) == key:
+                raise RolloutClosed(f"rollout {rollout_id} has ended")
+            raise RolloutNotFound(f"no rollout {rollout_id!r} for this API key")
+        if r.status != "active":
+            raise RolloutClosed(f"rollout {rollout_id} has ended ({r.status})")
+        return r
+
+    def check(self, key: str, rollout_id: str) -> Text2SQLTask:
+        with self._cond:
+            return self._get(key, rollout_id).task
+
+    def begin_call(self, key: str, rollout_id: str, cancel: Callable[[], None] | None = None) -> CallTicket:
+        """A call starts; ``cancel`` (thread-safe) stops it if the rollout expires meanwhile."""
+        with self._cond:
+            r = self._get(key, rollout_id)
+            if self._updating and self.config.during_update == "reject":
+                raise Busy("the policy's weights are being updated; retry shortly",
+                           self.config.retry_after_s)
+            seq, r.seq = r.seq, r.seq + 1
+            r.open_calls[seq] = cancel
+            self._cond.notify_all()
+            return CallTicket(self, r, seq)
+
+    def _settle(self, r: _Rollout, seq: int, call: CapturedCall | None) -> None:
+        with self._cond:
+            if seq not in r.open_calls:
+                if r.status != "active" and call is not None:
+                    raise RolloutClosed(f"rollout {r.id} ended while this call ran")
+                return  # settled already (abandon is idempotent)
+            del r.open_calls[seq]
+            if call is None:
+                r.n_incomplete += 1
+                self._counts["incomplete"] += 1
+            else:
+                r.captured.append(call)
+                self._counts["calls"] += 1
+                self._counts["prompt_tokens"] += len(call.prompt_ids)
+                self._counts["generated_tokens"] += len(call.generation.token_ids)
+            self._cond.notify_all()
+
+    def execute_sql(self, key: str, rollout_id: str, sql: Any) -> tuple[str, bool]:
+        """``(observation, is_error)`` of the built-in ``execute_sql`` tool on the rollout's own
+        session (blocking; one statement at a time per rollout)."""
+        with self._cond:
+            r = self._get(key, rollout_id)
+        with r.sql_lock:
+            with self._cond:
+                self._get(key, rollout_id)  # it may have ended while we waited for the lock
+            outcome = run_raw("execute_sql", {"sql": sql}, r.session)
+        return outcome.observation, outcome.is_error
+
+    # -- ending -----------------------------------------------------------------------------------
+
+    def complete(self, key: str, rollout_id: str, *, sql: str | None = None,
+                 reward: float | None = None) -> RolloutTrace:
+        if (sql is None) == (reward is None):
+            raise BadInput("complete takes exactly one of 'sql' (the final SQL) or 'reward'")
+        if reward is not None:
+            if not self.config.client_rewards:
+                raise NotAllowed("this job does not accept client rewards: send the final 'sql'")
+            if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
+                raise BadInput(f"reward must be a finite number, got {reward!r}")
+        elif not isinstance(sql, str):
+            raise BadInput(f"sql must be a string, got {type(sql).__name__}")
+        with self._cond:
+            r = self._get(key, rollout_id)
+            r.status = "closing"
+        if reward is not None:
+            trace = self._end(r, "completed", reward=float(reward), reward_source="client")
+        else:
+            try:
+                b = self.scorer.score(r.task, sql)
+            except Exception as exc:  # the server's fault, not the client's: the rollout fails
+                self._end(r, "failed", final_sql=sql, error=f"scoring failed: {type(exc).__name__}: {exc}")
+                raise
+            trace = self._end(r, "completed", reward=float(b.score), reward_source="judge",
+                              reward_parts=dict(b.parts), final_sql=sql)
+        return trace
+
+    def due(self) -> bool:
+        """Whether some active rollout is past its deadline (cheap: no I/O)."""
+        now = self.clock()
+        with self._cond:
+            return any(r.status == "active" and r.deadline <= now for r in self._live.values())
+
+    def expire_due(self) -> int:
+        """End every active rollout past its deadline (blocking: sessions are released)."""
+        now = self.clock()
+        with self._cond:
+            due = [r for r in self._live.values() if r.status == "active" and r.deadline <= now]
+            for r in due:
+                r.status = "closing"
+        for r in due:
+            self._end(r, "expired", error=f"no completion within {self.config.deadline_s:g} s")
+        return len(due)
+
+    def _end(self, r: _Rollout, status: str, **fields: Any) -> RolloutTrace:
+        with self._cond:
+            cancels = [c for c in r.open_calls.values() if c is not None]
+            r.n_incomplete += len(r.open_calls)
+            self._counts["incomplete"] += len(r.open_calls)
+            r.open_calls.clear()
+        for cancel in cancels:
+            try:
+                cancel()
+            except Exception:
+                pass  # the call is counted incomplete whatever its cancel does
+        with r.sql_lock:  # a statement running on the session finishes first (bounded by its timeout)
+            self.sessions.close_many([r.session])
+        captured = sorted(r.captured, key=lambda c: c.seq)
+        calls = tuple(c.traced(r.id, i) for i, c in enumerate(captured))
+        mismatches = sum(not extends(a, b.prompt_ids) for a, b in zip(captured, captured[1:]))
+        trace = RolloutTrace(rollout_id=r.id, task_id=r.task.task_id, group_id=r.group_id, calls=calls,
+                             status=status, n_incomplete=r.n_incomplete, **fields)
+        with self._cond:
+            r.status = status
+            del self._live[r.id]
+            self._done[r.id] = r.key
+            self._traces.append(trace)
+            self._counts[status] += 1
+            self._counts["prefix_mismatches"] += mismatches
+            self._cond.notify_all()
+        return trace
+
+    # -- the job's side ---------------------------------------------------------------------------
+
+    def drain(self) -> list[RolloutTrace]:
+        """The rollouts that ended since the last drain, each handed out once."""
+        with self._cond:
+            out, self._traces = self._traces, []
+            return out
+
+    async def update_weights(self, engine: AsyncEngine, weights: Mapping[str, Any],
+                             policy: UpdatePolicy | str = UpdatePolicy.DRAIN) -> int:
+        """``engine.update_weights`` with calls arriving meanwhile waiting for the engine or
+        refused with ``Busy`` (``during_update``); returns the new policy version."""
+        self.begin_update()
+        try:
+            return await engine.update_weights(weights, policy=UpdatePolicy(policy))
+        finally:
+            self.end_update()
+
+    def begin_update(self) -> None:
+        with self._cond:
+            self._updating = True
+
+    def end_update(self) -> None:
+        with self._cond:
+            self._updating = False
+            self._cond.notify_all()
+
+    def wait_until(self, predicate: Callable[[], bool], timeout: float | None = None) -> bool:
+        """Wait until ``predicate()`` (checked on every state change) or ``timeout``."""
+        with self._cond:
+            return self._cond.wait_for(predicate, timeout)
+
+    def rollout_status(self, rollout_id: str) -> str | None:
+        """``active``/``closing`` while live, the final status once ended, None if unknown."""
+        with self._cond:
+            r = self._live.get(rollout_id)
+            if r is not None:
+                return r.status
+            return "ended" if rollout_id in self._done else None
+
+    def stats(self) -> GatewayStats:
+        with self._cond:
+            return GatewayStats(active=len(self._live), waiting=len(self._waiting),
+                                in_flight=sum(len(r.open_calls) for r in self._live.values()), **self._counts)
+
+    def close(self) -> int:
+        """Fail every live rollout (the gateway stops): their sessions are released; returns how many."""
+        with self._cond:
+            live = [r for r in self._live.values() if r.status == "active"]
+            for r in live:
+                r.status = "closing"
+        for r in live:
+            self._end(r, "failed", error="the gateway stopped")
+        return len(live)
+
+
+__all__ = ["BadInput", "Busy", "CallTicket", "Claim", "GatewayConfig", "GatewayError", "GatewayStats",
+           "JudgeScorer", "NotAllowed", "NoWorkNow", "RolloutClosed", "RolloutNotFound", "Rollouts", "Scorer",
+           "Unavailable", "WorkFinished"]

@@ -1,0 +1,97 @@
+"""The gateway host (``actors/gateway.py``): in-process (``n=0``, no Ray) and as a Ray actor --
+started from a spec on a scripted policy, its address in the run dir, tasks offered, a rollout
+driven over HTTP, traces drained, weights pushed through the engine, gauges on Prometheus."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+from actors.gateway import GatewayServer, load_gateway_spec
+from tests.actors.conftest import ray_session  # noqa: F401  (the one local Ray of the session)
+
+from .conftest import GOLD, KEY, SCRIPT, shop_task
+
+
+def spec(catalog, run_dir, **kw):
+    return {"model": {"path": "tiny", "backend": "scripted", "backend_options": {"script": SCRIPT}},
+            "catalog": catalog, "auth": {"api_keys": [KEY]}, "run_dir": str(run_dir),
+            "gateway": {"deadline_s": 60}, **kw}
+
+
+def rollout(client, url) -> dict:
+    """One rollout through HTTP: claim, a chat call, SQL, complete."""
+    h = {"Authorization": f"Bearer {KEY}"}
+    claim = client.post(f"{url}/v1/rollouts", json={}, headers=h).json()
+    chat = client.post(f"{claim['base_url']}/chat/completions", headers=h, json={
+        "model": "m", "messages": [{"role": "user", "content": "How many customers are there?"}]})
+    assert chat.status_code == 200, chat.text
+    assert client.post(claim["session_url"], json={"sql": GOLD}, headers=h).json()["is_error"] is False
+    done = client.post(claim["complete_url"], json={"sql": GOLD}, headers=h).json()
+    assert done["status"] == "completed" and done["reward"] == 1.0
+    return claim
+
+
+def test_the_spec_is_strict(shop_catalog, tmp_path):
+    with pytest.raises(ValueError, match="unknown"):
+        load_gateway_spec({**spec(shop_catalog, tmp_path), "nonsense": 1})
+    with pytest.raises(ValueError, match="no API keys"):
+        GatewayServer({**spec(shop_catalog, tmp_path), "auth": {"api_keys": [], "api_keys_env": ""}})
+
+
+def test_in_process_host(shop_catalog, tmp_path):
+    server = GatewayServer(spec(shop_catalog, tmp_path))
+
+    async def main():
+        url = await server.start()
+        assert json.loads((tmp_path / "gateway.json").read_text()) == {"url": url}
+        await server.offer("g", shop_task().to_dict(), 1)
+        with httpx.Client(timeout=60) as client:  # blocking HTTP in a thread; the server runs on this loop
+            claim = await asyncio.to_thread(rollout, client, url)
+        (trace,) = await server.drain()
+        assert trace.rollout_id == claim["rollout_id"] and len(trace.calls) == 1 and trace.reward == 1.0
+        assert await server.update_weights({"scripted.weight": np.zeros(1)}) == 1
+        with pytest.raises(ValueError):
+            await server.update_weights({"nope": np.zeros(1)})
+        await server.offer("g", shop_task(), 1)
+        async with httpx.AsyncClient(timeout=60) as client:
+            await client.post(f"{url}/v1/rollouts", json={}, headers={"Authorization": f"Bearer {KEY}"})
+        stats = await server.stats()
+        assert stats.completed == 1 and stats.active == 1 and stats.calls == 1
+        assert await server.stop() == 1  # the live rollout failed, its session released
+        (failed,) = await server.drain()
+        assert failed.status == "failed"
+
+    asyncio.run(main())
+
+
+@pytest.mark.slow
+def test_the_ray_actor_hosts_the_gateway(ray_session, shop_catalog, tmp_path):  # noqa: F811
+    from actors.gateway import start_gateway
+
+    handle, url = start_gateway(spec(shop_catalog, tmp_path, tick_s=0.5), num_cpus=0.5)
+    try:
+        assert json.loads((tmp_path / "gateway.json").read_text())["url"] == url
+        ray_session.get(handle.offer.remote("g", shop_task(), 2))
+        with httpx.Client(timeout=60) as client:
+            rollout(client, url)
+        (trace,) = ray_session.get(handle.drain.remote())
+        assert trace.status == "completed" and len(trace.calls) == 1 and trace.calls[0].response_ids
+        assert ray_session.get(handle.update_weights.remote({"scripted.weight": np.zeros(1)})) == 1
+        port = ray_session.nodes()[0]["MetricsExportPort"]
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:  # the metrics agent exports every second
+            text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+            if "ray_sqlrl_gateway_calls{" in text and "ray_sqlrl_gateway_generated_tokens{" in text:
+                break
+            time.sleep(0.5)
+        else:
+            raise AssertionError("the gateway's gauges never reached the Prometheus endpoint")
+    finally:
+        ray_session.get(handle.stop.remote())
+        ray_session.kill(handle)
