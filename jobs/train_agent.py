@@ -1,0 +1,216 @@
+"""python -m jobs.train_agent: train an agent written elsewhere through the OpenAI-compatible gateway.
+
+    python -m jobs.train_agent --config jobs/configs/agent.yaml [key=value ...]
+    ray job submit --working-dir . -- python -m jobs.train_agent --config jobs/configs/agent.yaml ray=true
+    python -m examples.run_clients --gateway $(jq -r .url runs/agent/gateway.json) --api-key KEY -k 4
+
+Reads top to bottom: config -> tasks -> DB pool -> learner -> engine + gateway (address printed and
+written to ``<run_dir>/gateway.json``) -> ``cfg.steps`` steps (``sqlrl.gateway.job.run_steps``:
+offer ``group_size`` rollouts per task, wait for every one to complete or expire, drain, build,
+one GRPO update, push the weights to the gateway's engine) -> ``<run_dir>/final`` -> summary.
+
+Guarantees:
+- The gateway's engine is the policy the learner trains: both start from ``model``; after each
+  update the learner's weights go to that engine with ``update_policy`` (``drain`` by default).
+- The gateway and its engine run in this process (an event-loop thread); the learner ranks and the
+  DB pool are Ray actors with ``ray=true`` (``ray job submit`` sets ``RAY_ADDRESS``), else
+  in-process. Rollout sessions are leases from the job's DB pool (``PoolSessions``); the Judge
+  scores final SQL on sessions of its own.
+- Every step's metrics row (``run_steps``) goes to ``<run_dir>/metrics.jsonl``, TensorBoard and
+  (on Ray) the dashboard's gauges, like the stage jobs'; the gateway's own ``sqlrl_gateway_*``
+  gauges tick meanwhile.
+- ``<run_dir>/final`` is the learner's checkpoint in the format the stage jobs save, so
+  ``python -m jobs.serve --model NAME=<run_dir>/final`` serves it as is; ``summary.json`` records
+  it, the steps' rows and the DB pool's active leases at the end (0 when every session was released).
+- Whatever happens, the gateway stops (live rollouts are failed, their sessions released), then the
+  engine, the learner and the pool.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import random
+import threading
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from sqlrl.config import load_config, to_dict
+from sqlrl.gateway.job import AgentJobConfig, DataSpec, run_steps
+from sqlrl.gateway.trace import RolloutTrace
+
+
+def load_tasks(d: DataSpec) -> tuple[list[Any], dict, dict]:
+    """The embedded text-to-SQL tasks of ``d.split`` (generated into ``d.synth_dir`` on first use),
+    their catalog and schemas."""
+    from sqlrl.synth.dataset import build_default_dataset
+    from sqlrl.tasks.loaders import load
+
+    root = Path(d.synth_dir)
+    if not (root / "manifest.json").is_file():
+        print(f"data: generating the embedded tasks into {root}", flush=True)
+        build_default_dataset(root, seed=d.seed, n_per_domain=d.n_per_domain, domains=list(d.domains), critic=False)
+    ts = load("jsonl", root / f"text2sql_{d.split}.jsonl", db_root=root / "databases")
+    tasks = [t for t in ts.tasks if t.db_id in ts.catalog]
+    random.Random(d.seed).shuffle(tasks)
+    return (tasks[:d.size] if d.size else tasks), dict(ts.catalog), dict(ts.schemas)
+
+
+class GatewayHost:
+    """``actors.gateway.GatewayServer`` in this process on an event-loop thread: the job's
+    ``StepGateway`` (``sqlrl.gateway.job``)."""
+
+    def __init__(self, spec: Any, policy: Any, engine: Any, sessions: Any) -> None:
+        from actors.gateway import GatewayServer
+
+        self.server = GatewayServer(spec, policy=policy, engine=engine, sessions=sessions)
+        self.rollouts = self.server.rollouts
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="sqlrl-gateway", daemon=True)
+        self._thread.start()
+
+    def _run(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def start(self) -> str:
+        return self._run(self.server.start())
+
+    def offer(self, group_id: str, task: Any, n: int) -> None:
+        self.rollouts.offer(group_id, task, n)
+
+    def finish(self) -> None:
+        self.rollouts.finish()
+
+    def wait_step(self, timeout: float | None) -> bool:
+        def ended() -> bool:
+            s = self.rollouts.stats()
+            return s.waiting == 0 and s.active == 0
+
+        return self.rollouts.wait_until(ended, timeout)
+
+    def drain(self) -> list[RolloutTrace]:
+        return self.rollouts.drain()
+
+    def stats(self) -> Any:
+        return self.rollouts.stats()
+
+    def update_weights(self, weights: Mapping[str, Any], policy: str) -> int:
+        return self._run(self.server.update_weights(weights, policy))
+
+    def close(self) -> int:
+        """Stop serving (live rollouts failed, sessions released) and the loop; returns how many failed."""
+        try:
+            return self._run(self.server.stop())
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(timeout=30)
+
+
+def run(cfg: AgentJobConfig, *, rewards: Callable[[list[RolloutTrace]], list[RolloutTrace]] | None = None,
+        on_url: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """The job (module docstring); returns its summary. ``rewards``: tests only (``run_steps``);
+    ``on_url``: called with the gateway's address once it serves."""
+    from actors.gateway import GatewaySpec
+    from actors.learner import LearnerGroup
+    from curriculum.placement import load_profile
+    from jobs.runtime import connect_ray, session_pool
+    from serve.config import AuthSpec, ModelSpec
+    from sqlrl.agent.chat_format import HFChatFormat
+    from sqlrl.db.source import PoolSessions
+    from sqlrl.metrics import MetricsLogger
+    from sqlrl.policy.backends import make_engine
+    from sqlrl.policy.load import load_policy
+
+    # -- setup: tasks, DB pool, learner, engine + gateway
+    run_dir = Path(cfg.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=1) + "\n")
+    tasks, catalog, schemas = load_tasks(cfg.data)
+    print(f"train_agent: {cfg.steps} step(s) x {cfg.tasks_per_step} task(s) x {cfg.group_size} rollouts "
+          f"of {len(tasks)} embedded tasks; model {cfg.model}; run_dir {run_dir}", flush=True)
+    if cfg.ray:
+        connect_ray(log_to_driver=False)
+    asks = load_profile(cfg.placement)
+    pool = session_pool(catalog, [d for v in catalog.values() for d in v], workers=1 if cfg.ray else 0,
+                        reward=False, asks=asks)
+    closers: list[Callable[[], Any]] = [pool.shutdown]
+    host = None
+    try:
+        optim = dataclasses.replace(cfg.optim, total_steps=max(1, cfg.steps * cfg.updates_per_batch))
+        ask = asks.learner
+        learner = LearnerGroup(cfg.model, optim, n=cfg.learner_ranks, in_process=not cfg.ray, seed=cfg.seed,
+                               reference=cfg.loss.kl_coef > 0, num_cpus=ask.num_cpus, num_gpus=ask.num_gpus,
+                               resources=dict(ask.resources))
+        closers.append(learner.shutdown)
+        policy = load_policy(cfg.model)
+        engine = make_engine(cfg.backend, policy, seed=cfg.seed, max_batch=cfg.max_batch)
+        spec = GatewaySpec(model=ModelSpec(path=cfg.model, backend=cfg.backend, max_batch_size=cfg.max_batch),
+                           catalog=catalog, gateway=cfg.gateway_config(),
+                           auth=AuthSpec(api_keys=cfg.api_keys, api_keys_env=cfg.api_keys_env),
+                           host=cfg.host, port=cfg.port, run_dir=str(run_dir), tick_s=cfg.tick_s)
+        try:
+            host = GatewayHost(spec, policy, engine, PoolSessions(pool.client(worker=0)))
+        except BaseException:
+            asyncio.run(engine.close())
+            raise
+        closers.append(lambda: asyncio.run(engine.close()))  # any event loop (AsyncEngine)
+        url = host.start()  # prints "sqlrl gateway: <url>", writes <run_dir>/gateway.json
+        if on_url is not None:
+            on_url(url)
+        # -- the steps
+        sinks = []
+        if cfg.ray:
+            from actors.metrics import ray_gauge_sink
+
+            sinks.append(ray_gauge_sink())
+        logger = MetricsLogger(run_dir, "agent", sinks=sinks)
+        closers.append(logger.close)
+
+        def log(step: int, row: dict) -> None:
+            logger.log(step, row)
+            print(f"  agent step {step + 1}/{cfg.steps}: {row['completed']}/{row['rollouts']} completed, "
+                  f"{row['expired']} expired; reward {row['reward_mean']:.3f}; groups trained "
+                  f"{row['groups_trained']}/{row['groups_drawn']}; calls {row['calls']}, merged "
+                  f"{row['merged_share']:.2f}; updated {row['updated']}", flush=True)
+
+        history = run_steps(cfg, tasks, host, learner, pad_id=policy.pad_token_id,
+                            turn_end_ids=HFChatFormat(policy.tokenizer).turn_end_ids, log=log, rewards=rewards)
+        # -- cleanup: the checkpoint (jobs.serve serves it as is), the summary
+        final = run_dir / "final"
+        learner.save(final, overwrite=True)
+        failed = host.close()
+        host = None
+        leases = sum(s.active_leases for s in pool.stats().values() if s is not None)
+        summary = {"checkpoint": str(final), "gateway": url, "steps": history, "failed_at_stop": failed,
+                   "db_active_leases": leases, "weights_version": learner.version}
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
+        print(f"train_agent: checkpoint {final}; serve it with: python -m jobs.serve --model agent={final}",
+              flush=True)
+        return summary
+    finally:
+        if host is not None:
+            host.close()
+        for close in reversed(closers):
+            try:
+                close()
+            except Exception as exc:  # one failing cleanup must not skip the others
+                print(f"train_agent: cleanup: {type(exc).__name__}: {exc}", flush=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m jobs.train_agent", description=__doc__.split("\n")[0])
+    ap.add_argument("--config", default="jobs/configs/agent.yaml")
+    ap.add_argument("overrides", nargs="*", help="key=value (dotted keys: loss.clip_ratio_low=0.2)")
+    a = ap.parse_args(argv)
+    try:
+        cfg = load_config(AgentJobConfig, a.config, a.overrides)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise SystemExit(f"train_agent: {a.config}: {exc}") from None
+    run(cfg)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
