@@ -156,6 +156,7 @@ STAGE_JOBS_TEST = ("tests/actors/test_stage_jobs_ray.py", (
     '("stage1_reasoning_sft", "stage1")', '("stage4_agentic_rl", "stage4")'))
 MAIN_TEST = ("tests/e2e/test_curriculum_main.py", ('"-m", "jobs.main"',))
 CI_SETUP = (".ci/run", ("bash scripts/setup.sh",))
+TRAIN_AGENT_TEST = ("tests/e2e/test_train_agent.py", ("from jobs.train_agent import run", "run_clients("))
 CI_TESTS = (".ci/run", ("bash scripts/test.sh",))
 
 RULES: list[tuple[str, Here | Elsewhere | NotHere]] = [
@@ -209,6 +210,16 @@ RULES: list[tuple[str, Here | Elsewhere | NotHere]] = [
     (r"curl -s http://127\.0\.0\.1:8000/v1/(sql/generate|chat/completions) .*", Elsewhere(
         "the serve test makes the same requests over HTTP", run_by=(("tests/e2e/test_serve.py", (
             '"/v1/sql/generate"', '"/v1/chat/completions"')),))),
+    # training an agent written elsewhere: the e2e test runs the job, two clients and the served checkpoint
+    (r"ray job submit --working-dir \. -- python -m jobs\.train_agent --config jobs/configs/agent\.yaml ray=true",
+     Elsewhere("the agent job's e2e test runs the same job (jobs.train_agent.run on the shipped config's keys; "
+               "in-process, ray=false: the Ray path is not run by a test)", run_by=(TRAIN_AGENT_TEST,))),
+    (r"python -m examples\.run_clients --gateway http://HOST:PORT --api-key \S+ --agent langgraph -k \d+", Elsewhere(
+        "the agent job's e2e test runs two LangGraph clients with examples.run_clients against the job",
+        run_by=(TRAIN_AGENT_TEST,))),
+    (r"python -m jobs\.serve --model agent=runs/agent/final", Elsewhere(
+        "the agent job's e2e test serves the job's checkpoint with the serving app and runs the agent on it",
+        run_by=(("tests/e2e/test_train_agent.py", ("build_app(", "serve.run(", "run_agent(")),))),
     # cannot run here
     (r"uv pip sync locks/gpu\.txt", NotHere(
         "needs Linux x86-64 with an NVIDIA GPU: locks/gpu.txt is compiled here but UNVERIFIED (docs/install.md)")),

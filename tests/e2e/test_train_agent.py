@@ -148,8 +148,7 @@ def _rescored(model, traces, pad_id, turn_end_ids):
     from sqlrl.learn.config import GRPOConfig
     from sqlrl.learn.losses import forward_logprobs
 
-    traces = [dataclasses.replace(t, status="completed") for t in traces]  # the killed one's call too
-    cfg = TraceTrainConfig(SequenceConfig(turn_end_ids=tuple(turn_end_ids)), min_group_size=1,
+    cfg = TraceTrainConfig(SequenceConfig(turn_end_ids=tuple(turn_end_ids), unfinished="zero"), min_group_size=1,
                            drop_equal_groups=False)
     build = build_step(traces, cfg, GRPOConfig(), pad_id=pad_id)
     with torch.no_grad():
