@@ -1,0 +1,121 @@
+"""The agent job's step loop (sqlrl.gateway.job.run_steps) on a fake gateway and learner: what is
+offered per step, when the gateway is told to finish, an update and a weight push only when a group
+has a signal, the metrics row, a step that times out, and the config's refusals."""
+
+from __future__ import annotations
+
+import pytest
+
+from sqlrl.gateway.contract import GatewayStats
+from sqlrl.gateway.job import AgentJobConfig, StepTimeout, run_steps, step_tasks
+from sqlrl.learn.config import GRPOConfig
+
+from .test_seq_train import traced
+
+
+class FakeGateway:
+    """Every offered rollout completes at once; the first of each group gets ``reward`` (others 0)."""
+
+    def __init__(self, reward: float = 1.0, end: bool = True) -> None:
+        self.reward, self.end = reward, end
+        self.events: list[tuple] = []
+        self.pending: list = []
+        self.version = 0
+
+    def offer(self, group_id, task, n):
+        self.events.append(("offer", group_id, task, n))
+        self.pending += [traced(f"{group_id}-{k}", group_id, self.reward if k == 0 else 0.0) for k in range(n)]
+
+    def finish(self):
+        self.events.append(("finish",))
+
+    def wait_step(self, timeout):
+        self.events.append(("wait", timeout))
+        return self.end
+
+    def drain(self):
+        out, self.pending = self.pending, []
+        return out
+
+    def stats(self):
+        return GatewayStats(completed=len(self.events), waiting=0 if self.end else 3, active=0 if self.end else 1)
+
+    def update_weights(self, weights, policy):
+        self.events.append(("push", weights["w"], policy))
+        self.version += 1
+        return self.version
+
+
+class FakeLearner:
+    def __init__(self) -> None:
+        self.steps = 0
+
+    def step(self, batch, loss, loss_cfg):
+        assert loss == "grpo" and batch is not None
+        self.steps += 1
+        return {"loss": 0.5, "version": self.steps}
+
+    def state_dict(self):
+        return {"w": self.steps}
+
+
+CFG = AgentJobConfig(steps=3, tasks_per_step=2, group_size=2, update_policy="abort", loss=GRPOConfig())
+
+
+def test_each_step_offers_its_groups_waits_drains_updates_and_pushes():
+    gw, learner, logged = FakeGateway(), FakeLearner(), []
+    rows = run_steps(CFG, ["t0", "t1", "t2"], gw, learner, pad_id=0, log=lambda s, m: logged.append((s, m)))
+    offers = [e for e in gw.events if e[0] == "offer"]
+    assert [(g, t) for _, g, t, _ in offers] == [("s0/g0", "t0"), ("s0/g1", "t1"), ("s1/g0", "t2"),
+                                                  ("s1/g1", "t0"), ("s2/g0", "t1"), ("s2/g1", "t2")]
+    assert all(n == 2 for *_, n in offers)
+    assert gw.events.index(("finish",)) > gw.events.index(offers[-1])  # only after the last step's offers
+    assert [e for e in gw.events if e[0] == "push"] == [("push", 1, "abort"), ("push", 2, "abort"), ("push", 3, "abort")]
+    assert learner.steps == 3 and [s for s, _ in logged] == [0, 1, 2]
+    row = rows[0]
+    assert row["updated"] and row["policy_version"] == 1 and row["learner_loss"] == 0.5
+    assert row["groups_trained"] == 2 and "gateway_completed" in row and row["time_rollout_s"] >= 0
+
+
+def test_no_signal_no_update_and_no_push():
+    gw, learner = FakeGateway(reward=0.0), FakeLearner()
+    rows = run_steps(CFG, ["t0"], gw, learner, pad_id=0)
+    assert learner.steps == 0 and not [e for e in gw.events if e[0] == "push"]
+    assert all(not r["updated"] and r["groups_signal"] == 0 and r["policy_version"] == 0 for r in rows)
+
+
+def test_a_step_whose_rollouts_never_end_is_a_clear_error():
+    cfg = AgentJobConfig(steps=1, step_timeout_s=5.0)
+    gw = FakeGateway(end=False)
+    with pytest.raises(StepTimeout, match="3 rollout.s. never claimed and 1 still live after step_timeout_s=5.0"):
+        run_steps(cfg, ["t0"], gw, FakeLearner(), pad_id=0)
+    assert ("wait", 5.0) in gw.events
+
+
+def test_step_tasks_cycle_and_refuse_an_empty_list():
+    assert step_tasks(["a", "b", "c"], 1, 2) == ["c", "a"]
+    with pytest.raises(ValueError, match="no tasks"):
+        step_tasks([], 0, 2)
+
+
+@pytest.mark.parametrize("bad,match", [
+    ({"steps": 0}, "steps must be an int >= 1"),
+    ({"group_size": True}, "group_size must be an int >= 1"),
+    ({"update_policy": "later"}, "update_policy 'later' is not one of drain, abort, continue"),
+    ({"during_update": "queue"}, "during_update"),
+    ({"unfinished": "retry"}, "unfinished"),
+    ({"train_tags": ()}, "train_tags"),
+    ({"step_timeout_s": 0.0}, "step_timeout_s"),
+    ({"rollout_deadline_s": -1.0}, "deadline_s"),
+    ({"reward": "no-such-reward"}, "gateway.reward"),
+])
+def test_bad_config_is_refused_before_anything_starts(bad, match):
+    with pytest.raises(ValueError, match=match):
+        AgentJobConfig(**bad)
+
+
+def test_the_shipped_config_loads():
+    from sqlrl.config import load_config
+
+    cfg = load_config(AgentJobConfig, "jobs/configs/agent.yaml", ["train_tags=[write,rewrite]"])
+    assert cfg.train_tags == ("write", "rewrite") and cfg.update_policy == "drain" and not cfg.client_rewards
