@@ -28,9 +28,13 @@ from typing import Any, Mapping, Sequence
 from actors.group import RAISED, TIMEOUT, ActorGroup, Failed
 from sqlrl.agent.agent import Agent, AgentConfig, error_trajectories
 from sqlrl.agent.loop import LoopConfig
+from sqlrl.agent.rollouts import sticky_routes
 from sqlrl.agent.trajectory import Trajectory
 from sqlrl.db.source import PoolSessions
-from sqlrl.policy.backends import BACKENDS, check_device
+from sqlrl.policy.backends import BACKENDS, ENGINES, check_device
+from sqlrl.policy.batched import BatchedEngine, as_engine
+from sqlrl.policy.engine import UpdatePolicy
+from sqlrl.policy.hf_engine import HFEngine
 
 __all__ = ["BACKENDS", "PoolSessions", "RolloutConfig", "RolloutGroup", "RolloutWorker",
            "error_trajectories"]
@@ -54,8 +58,8 @@ class RolloutConfig:
         if not self.in_process and (isinstance(self.n_workers, bool) or self.n_workers < 1):
             raise ValueError(f"n_workers must be >= 1, got {self.n_workers!r} "
                              "(in_process=True runs one worker in this process)")
-        if self.backend not in BACKENDS:
-            raise ValueError(f"unknown backend {self.backend!r}; known: {', '.join(BACKENDS)}")
+        if self.backend not in ENGINES:
+            raise ValueError(f"unknown backend {self.backend!r}; known: {', '.join(ENGINES)}")
         check_device(self.device)
 
 
@@ -65,7 +69,7 @@ class RolloutWorker:
         self.index = index
         self.config = config
         self.pool = pool_client
-        self.agent = Agent.build(
+        self.agent = Agent.build(  # the policy and ONE engine over it (make_engine)
             AgentConfig(model=config.model, dtype=config.dtype, backend=config.backend,
                         loop=config.loop, device=config.device),
             sessions=PoolSessions(pool_client) if pool_client is not None else None,
@@ -76,30 +80,44 @@ class RolloutWorker:
     policy = property(lambda self: self.agent.policy)
     chat = property(lambda self: self.agent.chat_format)
     version = property(lambda self: self.agent.version)
+    engine = property(lambda self: self.agent.backend)
 
     @property
     def backend(self) -> Any:
-        return self.agent.backend
+        """The batch backend under the engine (``HFEngine.backend``, ``BatchedEngine.backend``), for
+        benchmarks and tests that call it directly; the engine itself when it has none (vLLM)."""
+        engine = self.agent.backend
+        return engine.backend if isinstance(engine, (HFEngine, BatchedEngine)) else engine
 
     @backend.setter
     def backend(self, backend: Any) -> None:
-        self.agent.backend = backend
+        """Generate with ``backend`` from now on: an ``AsyncEngine``, or a batch backend (its native
+        engine, else the batching adapter: ``as_engine``). The engine it replaces is closed."""
+        engine, _ = as_engine(backend)
+        if engine is not self.agent.backend:
+            self.agent.close()
+        self.agent.backend = engine
 
-    def rollout(self, tasks: Sequence[Any]) -> list[Trajectory]:
-        """Never raises for a task: a refused lease or a failing loop gives error trajectories."""
+    def rollout(self, tasks: Sequence[Any], seed_indexes: Sequence[int] | None = None) -> list[Trajectory]:
+        """Every task at once on this worker's engine (``sqlrl.agent.rollouts.roll_out``: at most
+        ``loop.max_concurrent_trajectories`` in flight, a session leased per trajectory).
+        ``seed_indexes``: each task's index in the whole call (turn seeds). Never raises for a task:
+        a refused lease or a failing loop gives error trajectories."""
         self._batches += 1
-        return self.agent.run(tasks, keys=[f"w{self.index}/b{self._batches}/{i}"
-                                           for i in range(len(tasks))])
+        return self.agent.run(tasks, keys=[f"w{self.index}/b{self._batches}/{i}" for i in range(len(tasks))],
+                              seed_indexes=seed_indexes)
 
-    def update_weights(self, state_dict: Mapping[str, Any], version: int) -> int:
-        """Load the learner's weights (a full state dict); returns the version now served."""
-        return self.agent.update_weights(state_dict, version)
+    def update_weights(self, state_dict: Mapping[str, Any], version: int,
+                       policy: UpdatePolicy = UpdatePolicy.DRAIN) -> int:
+        """Load the learner's weights (a full state dict) into the running engine under ``policy``;
+        returns the version now served."""
+        return self.agent.update_weights(state_dict, version, UpdatePolicy(policy))
 
     def get_version(self) -> int:
         return self.agent.version
 
     def close(self) -> None:
-        """Release the backend's resources (a vLLM engine's processes); the worker is done."""
+        """Close the engine (a vLLM engine's processes, an HF engine's thread); the worker is done."""
         self.agent.close()
 
 
@@ -114,12 +132,15 @@ class RolloutGroup:
         self.workers.add({i: (i, config, pool.client(i) if pool else None, schemas) for i in range(n)})
 
     def rollout(self, tasks: Sequence[Any]) -> list[Trajectory]:
+        """One trajectory per task, in order: tasks split over the workers by ``sticky_routes`` (the
+        samples of one task -- a GRPO group -- on one worker), each worker running its share at once."""
         tasks = list(tasks)
-        size = -(-len(tasks) // len(self.workers))
-        chunks = {w: list(range(w * size, min(len(tasks), (w + 1) * size)))
-                  for w in range(len(self.workers)) if w * size < len(tasks)}
+        if not tasks:
+            return []
+        routes = sticky_routes(tasks, len(self.workers))
+        chunks = {w: [i for i, r in enumerate(routes) if r == w] for w in sorted(set(routes))}
         answers = self.workers.fan_out(RolloutWorker.rollout,
-                                       {w: ([tasks[i] for i in idx],) for w, idx in chunks.items()},
+                                       {w: ([tasks[i] for i in idx], idx) for w, idx in chunks.items()},
                                        timeout_s=self.config.timeout_s, restart_late=True)
         out: list[Trajectory | None] = [None] * len(tasks)
         for w, values in answers.items():

@@ -124,7 +124,7 @@ class RolloutSettings:
     max_turns: int = 4  # the programmatic teacher's trajectories take 2-4 turns
     max_new_tokens: int = 160
     max_total_tokens: int = 2048
-    batch: int = 16  # trajectories per rollout call
+    batch: int = 16  # trajectories in flight at once per rollout worker (LoopConfig.max_concurrent_trajectories)
 
     def __post_init__(self) -> None:
         from sqlrl.policy.backends import check_device

@@ -60,16 +60,18 @@ def rollout_group(pool: Any, schemas: Mapping[str, Any], model: str, loop: Any, 
 
 
 def loop_config(mode: str, *, max_turns: int, max_total_tokens: int, max_new_tokens: int,
-                temperature: float, top_p: float = 1.0, seed: int = 0, schema_style: str | None = None) -> Any:
+                temperature: float, top_p: float = 1.0, seed: int = 0, schema_style: str | None = None,
+                max_concurrent: int | None = None) -> Any:
     """The agent loop's settings; a single-turn loop has one turn whatever ``max_turns``;
-    ``schema_style`` as ``LoopConfig``'s."""
+    ``schema_style`` as ``LoopConfig``'s; ``max_concurrent`` (``rollout.batch``): trajectories in
+    flight at once per rollout worker (``LoopConfig.max_concurrent_trajectories``)."""
     from sqlrl.agent.loop import LoopConfig
     from sqlrl.policy.types import SamplingParams
 
     return LoopConfig(mode=mode, max_turns=max_turns if mode == "agentic" else 1, max_total_tokens=max_total_tokens,
                       sampling=SamplingParams(temperature=temperature, top_p=top_p,
                                               max_new_tokens=max_new_tokens, seed=seed),
-                      schema_style=schema_style)
+                      schema_style=schema_style, max_concurrent_trajectories=max_concurrent)
 
 
 class Runtime:
@@ -97,7 +99,7 @@ class Runtime:
         r = self.cfg.rollout
         loop = loop_config(mode, max_turns=r.max_turns, max_total_tokens=r.max_total_tokens,
                            max_new_tokens=r.max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
-                           schema_style=self.cfg.model.schema_style)
+                           schema_style=self.cfg.model.schema_style, max_concurrent=r.batch)
         group = rollout_group(self.pool, self.data.schemas, model, loop, backend=r.backend, device=r.device,
                               workers=self.cfg.cluster.rollout_workers if self.ray else 0, asks=self.asks)
         self._groups.append(group)

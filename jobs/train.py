@@ -127,12 +127,12 @@ def train_grpo(rt: Any, model: str, tasks: Sequence[Any], logger: Any) -> tuple[
 
 
 def grpo_plan(cfg: Any) -> Any:
-    """The loop's shape (``sqlrl.rl.grpo.GRPOPlan``) from ``rl.*`` and ``rollout.batch``."""
+    """The loop's shape (``sqlrl.rl.grpo.GRPOPlan``) from ``rl.*``."""
     from sqlrl.rl.grpo import GRPOPlan
 
     r = cfg.rl
     return GRPOPlan(steps=r.steps, tasks_per_step=r.tasks_per_step, group_size=r.group_size,
-                    sampling_rounds=r.sampling_rounds, probe_samples=r.probe_samples, batch=cfg.rollout.batch)
+                    sampling_rounds=r.sampling_rounds, probe_samples=r.probe_samples)
 
 
 def rl_seed(cfg: Any) -> int:

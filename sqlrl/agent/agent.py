@@ -32,11 +32,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Sequence
 
-from sqlrl.db.source import LocalSessions, SessionRequest, SessionSource
+from sqlrl.db.source import LocalSessions, SessionSource
 from sqlrl.tasks.schema import DatabaseSchema
 
 from .chat_format import ChatFormat, HFChatFormat
-from .loop import AgentLoop, LoopConfig
+from sqlrl.policy.engine import AsyncEngine, UpdatePolicy, run_sync
+
+from .loop import LoopConfig
+from .rollouts import error_trajectories, roll_out
 from .trajectory import Trajectory
 
 __all__ = ["Agent", "AgentConfig", "LocalSessions", "SessionSource", "error_trajectories"]
@@ -59,14 +62,6 @@ class AgentConfig:
         check_device(self.device)
 
 
-def error_trajectories(items: Sequence[Any], mode: str, message: str, version: int = 0
-                       ) -> list[Trajectory]:
-    return [Trajectory(task_id=t.task_id, mode=mode, messages=(), token_ids=(), loss_mask=(),
-                       old_logprobs=(), prompt_length=0, turns=(), n_tool_calls=0,
-                       n_tool_errors=0, n_malformed=0, submitted_sql=None, stop_reason="error",
-                       policy_version=version, error=message) for t in items]
-
-
 class Agent:
     def __init__(self, policy: Any, backend: Any, chat_format: ChatFormat,
                  loop: LoopConfig = LoopConfig(), sessions: SessionSource | None = None,
@@ -80,56 +75,40 @@ class Agent:
     @classmethod
     def build(cls, config: AgentConfig, sessions: SessionSource | None = None,
               schemas: Mapping[str, DatabaseSchema] | None = None) -> "Agent":
-        from sqlrl.policy.backends import make_backend, place_policy
+        """The policy loaded and placed, and ONE engine over it (``make_engine(config.backend)``)."""
+        from sqlrl.policy.backends import make_engine, place_policy
         from sqlrl.policy.load import load_policy
 
         policy = place_policy(load_policy(config.model, dtype=config.dtype), config.device, config.backend)
         options = dict(config.backend_options)  # a "seed" option wins over the loop's seed
-        backend = make_backend(config.backend, policy, options.pop("seed", config.loop.sampling.seed),
-                               **options)
-        return cls(policy, backend, HFChatFormat(policy.tokenizer), config.loop, sessions, schemas)
+        engine = make_engine(config.backend, policy, options.pop("seed", config.loop.sampling.seed), **options)
+        return cls(policy, engine, HFChatFormat(policy.tokenizer), config.loop, sessions, schemas)
 
     def with_backend(self, backend: Any) -> "Agent":
         return Agent(self.policy, backend, self.chat_format, self.loop, self.sessions,
                      self.schemas, self.version)
 
     def run(self, items: Sequence[Any], *, loop: LoopConfig | None = None,
-            keys: Sequence[str] | None = None) -> list[Trajectory]:
-        """Roll out every item (task or request) once; one trajectory per item, in order."""
-        config = loop or self.loop
+            keys: Sequence[str] | None = None, seed_indexes: Sequence[int] | None = None) -> list[Trajectory]:
+        """Roll out every item (task or request) once; one trajectory per item, in order
+        (``sqlrl.agent.rollouts.roll_out``: sessions leased per item as it starts)."""
         items = list(items)
         if not items:
             return []
         self._batches += 1
         keys = list(keys) if keys is not None else [f"b{self._batches}/{i}" for i in range(len(items))]
-        sessions: list[Any] | None = None
-        try:
-            if config.mode == "agentic":
-                if self.sessions is None:
-                    return error_trajectories(items, config.mode, "agentic rollouts need a "
-                                              "session source", self.version)
-                try:
-                    sessions = list(self.sessions.open_many([
-                        SessionRequest(t.db_id, t.dialect, tuple(getattr(t, "preprocess_sql", ())), key=k)
-                        for t, k in zip(items, keys)]))
-                except Exception as exc:
-                    return error_trajectories(items, config.mode,
-                                              f"could not open sessions: {exc}", self.version)
-            schemas = [getattr(t, "schema", None) or self.schemas.get(t.db_id) for t in items]
-            try:
-                return AgentLoop(items, sessions, self.backend, self.chat_format, config,
-                                 schemas=schemas, policy_version=self.version,
-                                 execute_many=getattr(self.sessions, "execute_many", None)).run()
-            except Exception as exc:  # a bug in a layer below: typed results, never lost items
-                return error_trajectories(items, config.mode, f"{type(exc).__name__}: {exc}",
-                                          self.version)
-        finally:
-            if sessions:
-                self.sessions.close_many(sessions)  # type: ignore[union-attr]
+        return roll_out(self.backend, self.chat_format, items, loop or self.loop, sessions=self.sessions,
+                        schemas=self.schemas, keys=keys, seed_indexes=seed_indexes, version=self.version)
 
-    def update_weights(self, state_dict: Mapping[str, Any], version: int) -> int:
-        """Load new weights (a full state dict); returns the version now served."""
-        missing, unexpected = self.policy.model.load_state_dict(dict(state_dict), strict=False)
+    def update_weights(self, state_dict: Mapping[str, Any], version: int,
+                       policy: UpdatePolicy = UpdatePolicy.DRAIN) -> int:
+        """Load new weights (a full state dict) into the running engine under ``policy``; returns the
+        version now served. Weights that do not fit the model raise ``ValueError``, nothing loaded."""
+        if isinstance(self.backend, AsyncEngine):
+            run_sync(self.backend.update_weights(state_dict, policy=policy))
+            self.version = version
+            return version
+        missing, unexpected = self.policy.model.load_state_dict(dict(state_dict), strict=False)  # a batch backend
         if missing or unexpected:
             raise ValueError(f"weights do not fit this model: missing {list(missing)[:5]}, "
                              f"unexpected {list(unexpected)[:5]}")
@@ -142,8 +121,12 @@ class Agent:
         return version
 
     def close(self) -> None:
-        """Close the backend if it holds processes (``VLLMBackend.close``); a no-op otherwise."""
-        getattr(self.backend, "close", lambda: None)()
+        """Close the engine (a vLLM engine's processes, an HF engine's scheduler thread) or a backend
+        that holds processes (``VLLMBackend.close``)."""
+        if isinstance(self.backend, AsyncEngine):
+            run_sync(self.backend.close())
+        else:
+            getattr(self.backend, "close", lambda: None)()
 
     def configured(self, **changes: Any) -> LoopConfig:
         """This agent's loop config with fields replaced (``max_turns=…``, ``sampling=…``)."""

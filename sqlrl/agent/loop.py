@@ -75,7 +75,7 @@ from .chat_format import ChatFormat
 from .parsers import PARSERS, get_parser
 from .prompts import MODES, SCHEMA_STYLES, build_messages, tools_for
 from .state import _WAITING, LoopStateError, RolloutState, State
-from .toolrun import ExecuteMany, ToolBatcher
+from .toolrun import ExecuteMany, Leases, ToolBatcher
 from .trajectory import Trajectory, Turn
 
 __all__ = ["FATAL_ERROR_KINDS", "AgentLoop", "LoopConfig", "LoopStateError", "RolloutState", "State", "turn_seed"]
@@ -154,7 +154,11 @@ class AgentLoop:
     """Run ``tasks[i]`` on ``sessions[i]`` (anything with ``.execute(sql) -> QueryResult``).
 
     ``backend``: an ``AsyncEngine`` or a sync ``GenerationBackend`` (wrapped for the run).
-    ``on_finish(state)``: called on the event loop as each rollout reaches DONE."""
+    ``on_finish(state)``: called on the event loop as each rollout reaches DONE.
+    ``leases`` (with ``sessions=None``): each rollout opens its session when it starts (inside its
+    ``max_concurrent_trajectories`` slot: ``leases.open(index)``) and closes it when it ends, so at
+    most that many are open; a refused open ends that rollout "error". ``seed_indexes[i]`` is the
+    index turn seeds use for rollout ``i`` (default ``i``)."""
 
     def __init__(self, tasks: Sequence[Task], sessions: Sequence[Any] | None,
                  backend: GenerationBackend | AsyncEngine, chat_format: ChatFormat,
@@ -162,13 +166,18 @@ class AgentLoop:
                  schemas: Mapping[str, DatabaseSchema] | Sequence[DatabaseSchema | None] | None = None,
                  policy_version: int = 0, clock: Callable[[], float] = time.monotonic,
                  execute_many: ExecuteMany | None = None,
-                 on_finish: Callable[[RolloutState], None] | None = None) -> None:
+                 on_finish: Callable[[RolloutState], None] | None = None,
+                 leases: Leases | None = None, seed_indexes: Sequence[int] | None = None) -> None:
         tasks = list(tasks)
         sessions = list(sessions) if sessions is not None else [None] * len(tasks)
         if len(sessions) != len(tasks):
             raise ValueError(f"{len(tasks)} tasks but {len(sessions)} sessions")
-        if config.mode == "agentic" and any(s is None for s in sessions):
+        if config.mode == "agentic" and leases is None and any(s is None for s in sessions):
             raise ValueError("agentic mode needs a session for every task")
+        self._seed_index = list(seed_indexes) if seed_indexes is not None else list(range(len(tasks)))
+        if len(self._seed_index) != len(tasks):
+            raise ValueError(f"{len(tasks)} tasks but {len(self._seed_index)} seed indexes")
+        self.leases = leases if config.mode == "agentic" else None
         if isinstance(schemas, Sequence) and len(schemas) != len(tasks):
             raise ValueError(f"{len(tasks)} tasks but {len(schemas)} schemas")
         self.backend, self.chat_format, self.config = backend, chat_format, config
@@ -221,6 +230,12 @@ class AgentLoop:
     async def _rollout(self, s: RolloutState, run: _Run) -> None:
         async with run.slots:
             try:
+                if self.leases is not None and s.session is None:
+                    try:
+                        s.session = await run.tools.call(self.leases.open, s.index)
+                    except Exception as exc:
+                        s.finish("error", f"could not open sessions: {_describe(exc)}")
+                        return
                 if s.state is State.PROMPTING and not s.ids:
                     self._prompt(s)
                 while s.state in _WAITING:
@@ -243,6 +258,8 @@ class AgentLoop:
                 if s.state is not State.DONE:
                     s.finish("error", _describe(exc))
             finally:
+                if self.leases is not None and s.session is not None:
+                    await run.tools.close(self.leases, s)
                 if self.on_finish is not None and s.state is State.DONE:
                     self.on_finish(s)
 
@@ -259,7 +276,7 @@ class AgentLoop:
         """This rollout's next turn from the engine; None when the rollout ended instead."""
         turn = len(s.turns)
         rid = f"{run.tag}/{s.index}/{turn}"
-        sampling = replace(self.config.sampling, seed=turn_seed(self.config.sampling.seed, s.index, turn))
+        sampling = replace(self.config.sampling, seed=turn_seed(self.config.sampling.seed, self._seed_index[s.index], turn))
         s.to(State.GENERATING)
         t0 = self.clock()
         request = asyncio.ensure_future(run.engine.generate(list(s.ids), sampling, request_id=rid))

@@ -19,13 +19,25 @@ a group is only what became ready within the window.
 from __future__ import annotations
 
 import asyncio
+import logging
 from concurrent.futures import Executor
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence, TypeVar
 
 from sqlrl.tools import ToolCall, ToolOutcome, run_tool
 
 ExecuteMany = Callable[[Sequence[tuple[Any, str]]], Sequence[Any]]  # [(session, sql)] -> results
 Result = tuple["ToolOutcome | BaseException", float]  # (outcome or the exception, tool_ms)
+T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+
+class Leases(Protocol):
+    """Sessions opened per rollout as it starts (``AgentLoop(leases=...)``): ``open(index)`` the
+    session of rollout ``index`` (raises when refused), ``close(index, session)`` when it ends."""
+
+    def open(self, index: int) -> Any: ...
+
+    def close(self, index: int, session: Any) -> None: ...
 
 
 class _Answered:
@@ -44,6 +56,18 @@ class ToolBatcher:
         self.executor, self.execute_many, self.window_s, self.clock = executor, execute_many, window_s, clock
         self.batches: list[int] = []  # execute_sql calls per execute_many call, in order
         self._group: list[tuple[ToolCall, Any, asyncio.Future]] | None = None
+
+    async def call(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on the tool thread pool (a session's open or close: sync, may block)."""
+        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+
+    async def close(self, leases: Leases, state: Any) -> None:
+        """Close a rollout's leased session; a failing close is dropped (the rollout's result stands)."""
+        try:
+            await self.call(leases.close, state.index, state.session)
+        except Exception as exc:  # the source reclaims it (a pool lease expires); say so
+            log.warning("closing the session of rollout %s failed: %s: %s", state.index, type(exc).__name__, exc)
+        state.session = None
 
     async def run(self, call: ToolCall, session: Any) -> Result:
         loop = asyncio.get_running_loop()

@@ -79,7 +79,7 @@ def test_the_sampling_seed_seeds_vllms_engine_and_nothing_else(monkeypatch):
     """vLLM's CPU build samples from the engine's generator, so the caller's seed (``rl.seed``
     through the loop's ``SamplingParams.seed``) must reach the engine, or every run draws the same
     samples; a ``seed`` in the backend options wins; the HF and scripted backends seed per call and
-    ignore it. ``Agent.build`` passes the loop's seed."""
+    ignore it. ``Agent.build`` passes the loop's seed to the engine it makes."""
     import types
 
     import sqlrl.policy.vllm_backend as vb
@@ -100,7 +100,7 @@ def test_the_sampling_seed_seeds_vllms_engine_and_nothing_else(monkeypatch):
     backends.make_backend("hf", policy, 7, prefix_cache=False)
     assert [m.get("seed") if isinstance(m, dict) else m for m in made] == [7, None, ("hf", {"prefix_cache": False})]
     seen = []
-    monkeypatch.setattr(backends, "make_backend", lambda name, pol, seed=None, **o: seen.append((name, seed, o)))
+    monkeypatch.setattr(backends, "make_engine", lambda name, pol, seed=None, **o: seen.append((name, seed, o)))
     monkeypatch.setattr("sqlrl.policy.load.load_policy", lambda model, dtype=None: types.SimpleNamespace(
         tokenizer=None))
     monkeypatch.setattr(backends, "place_policy", lambda pol, device, backend: pol)
