@@ -1,22 +1,27 @@
-"""Rollout workers: a ``sqlrl.agent.Agent`` (policy replica + backend + chat format + loop, the
-same composition serving uses) over sessions from the worker's own pool partition
-(``sqlrl.db.source.PoolSessions``, the Ray pool's ``SessionSource``).
+"""Rollout workers: a ``sqlrl.agent.Agent`` -- a policy replica and ONE engine over it
+(``PolicySpec.build``: ``make_engine(policy.backend)``), kept for the worker's life -- over sessions
+from the worker's own pool partition (``sqlrl.db.source.PoolSessions``, the Ray pool's
+``SessionSource``).
 
-- ``RolloutWorker.rollout(tasks)`` leases one session per task from this worker's shards
-  (``DBPoolClient.lease_many``, one round trip per shard, the task's ``preprocess_sql`` applied),
-  runs ``AgentLoop`` over the whole batch (one batched generation per turn), and releases every
-  session in ``finally`` (``release_many``). It never raises for a task: a refused lease or a
-  failing loop gives that batch ``stop_reason="error"`` trajectories with the message; a
-  trajectory past ``loop.deadline_s`` ends ``"timeout"`` (its session is released like the others).
-- ``update_weights(state_dict, version)`` loads new weights (the learner's); every trajectory
-  carries the ``policy_version`` it was generated with, so stale-policy data is visible.
+- ``RolloutWorker.rollout(tasks, seed_indexes)`` is ``sqlrl.agent.rollouts.roll_out`` on the
+  worker's engine: every task at once, at most ``loop.max_concurrent_trajectories`` in flight,
+  each leasing its session from this worker's shards as it starts (``DBPoolClient.lease_many``,
+  the task's ``preprocess_sql`` applied) and releasing it as it ends. It never raises for a task:
+  a refused lease or a failing loop gives ``stop_reason="error"`` trajectories with the message;
+  a trajectory past ``loop.deadline_s`` is aborted in the engine and ends ``"timeout"``.
+- ``update_weights(state_dict, version, policy)`` loads the learner's weights into the running
+  engine under an ``UpdatePolicy`` (``drain``: the default); every trajectory carries the
+  ``policy_version`` it was generated with, and each token the version that produced it.
 - ``RolloutConfig(in_process=True)`` runs one worker in this process (no Ray) with the same code;
-  otherwise ``n_workers`` Ray actors (``actors.group.ActorGroup``). Tasks are split into contiguous
-  chunks (a GRPO group stays on one worker when the group size divides the chunk); a worker that
-  dies or does not answer within ``timeout_s`` yields error trajectories for its chunk, never a
-  hang, and is restarted by Ray.
-- Backends are the registry ``sqlrl.policy.backends.BACKENDS``: ``"hf"`` (transformers, CPU or
-  GPU), ``"vllm"`` (GPU machines only — unverified here, see sqlrl/policy/vllm_backend.py) and
+  otherwise ``n_workers`` Ray actors (``actors.group.ActorGroup``). ``RolloutGroup.rollout``
+  routes tasks with ``sticky_routes`` (the samples of one task -- a GRPO group -- on ONE worker,
+  for its engine's prefix cache; whole groups balanced) and sends each worker its share in one
+  call with each task's index in the whole call (its seeds do not depend on the split). A worker
+  that dies or does not answer within ``timeout_s`` yields error trajectories for its share,
+  never a hang, and is restarted by Ray.
+- The engine is one of the registry ``sqlrl.policy.backends.ENGINES`` (``PolicySpec.backend``):
+  ``"hf"`` (``HFEngine``, CPU or GPU), ``"vllm"`` (``VLLMEngine``: vLLM's CPU build here, CUDA on
+  GPUs -- unverified), ``"auto"``, the lock-step ``"hf-batched"``/``"vllm-batched"`` and
   ``"scripted"``. The GPU path is this same code with ``backend="vllm"`` and ``num_gpus`` set.
 """
 
@@ -31,21 +36,19 @@ from sqlrl.agent.loop import LoopConfig
 from sqlrl.agent.rollouts import sticky_routes
 from sqlrl.agent.trajectory import Trajectory
 from sqlrl.db.source import PoolSessions
-from sqlrl.policy.backends import BACKENDS, ENGINES, check_device
+from sqlrl.policy.backends import BACKENDS
 from sqlrl.policy.batched import BatchedEngine, as_engine
 from sqlrl.policy.engine import UpdatePolicy
 from sqlrl.policy.hf_engine import HFEngine
+from sqlrl.policy.spec import PolicySpec
 
-__all__ = ["BACKENDS", "PoolSessions", "RolloutConfig", "RolloutGroup", "RolloutWorker",
+__all__ = ["BACKENDS", "PolicySpec", "PoolSessions", "RolloutConfig", "RolloutGroup", "RolloutWorker",
            "error_trajectories"]
 
 
 @dataclass(frozen=True)
 class RolloutConfig:
-    model: str = "tiny"  # a sqlrl.policy.load MODELS name or a checkpoint folder
-    dtype: str = "float32"
-    backend: str = "hf"
-    device: str = "auto"  # where HF generation runs (sqlrl.policy.backends.generation_device)
+    policy: PolicySpec = field(default_factory=PolicySpec)  # model, backend (engine), dtype, device, options
     loop: LoopConfig = field(default_factory=LoopConfig)
     in_process: bool = False  # one worker in this process, no Ray
     n_workers: int = 1  # Ray workers (when not in_process)
@@ -58,9 +61,8 @@ class RolloutConfig:
         if not self.in_process and (isinstance(self.n_workers, bool) or self.n_workers < 1):
             raise ValueError(f"n_workers must be >= 1, got {self.n_workers!r} "
                              "(in_process=True runs one worker in this process)")
-        if self.backend not in ENGINES:
-            raise ValueError(f"unknown backend {self.backend!r}; known: {', '.join(ENGINES)}")
-        check_device(self.device)
+        if not isinstance(self.policy, PolicySpec):
+            raise ValueError(f"RolloutConfig.policy must be a PolicySpec, got {type(self.policy).__name__}")
 
 
 class RolloutWorker:
@@ -70,8 +72,7 @@ class RolloutWorker:
         self.config = config
         self.pool = pool_client
         self.agent = Agent.build(  # the policy and ONE engine over it (make_engine)
-            AgentConfig(model=config.model, dtype=config.dtype, backend=config.backend,
-                        loop=config.loop, device=config.device),
+            AgentConfig(policy=config.policy, loop=config.loop),
             sessions=PoolSessions(pool_client) if pool_client is not None else None,
             schemas=schemas)
         self._batches = 0

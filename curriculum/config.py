@@ -25,11 +25,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, Sequence
+from typing import TYPE_CHECKING, Any, Literal, Sequence
 
 from sqlrl.config import load_config
 from sqlrl.learn.config import GRPOConfig, SFTConfig
 from sqlrl.learn.optim import OptimConfig
+from sqlrl.policy.spec import PolicySpec, dtype_name
 
 from .stages import STAGES, StageSpec, previous_stage, stage_spec
 
@@ -43,7 +44,9 @@ __all__ = ["STAGES", "StageConfig", "load_stage_config"]  # STAGES: the registry
 @dataclass(frozen=True)
 class ModelConfig:
     init: str = "smollm2-135m"  # a model name (tiny, smollm2-135m), a checkpoint folder, or "previous"
-    mixed_precision: Literal["fp32", "bf16"] = "fp32"
+    # the learner's precision: float32, or bfloat16 (autocast / FSDP2 mixed precision; fp32 weights
+    # and Adam state); fp32 / bf16 accepted and normalised (sqlrl.policy.spec.dtype_name)
+    mixed_precision: str = "float32"
     # How prompts render the schema (sqlrl.agent.prompts.SCHEMA_STYLES: create, compact). None is
     # resolved when the config is made ($SQLRL_SCHEMA_STYLE, else the default), so config.yaml
     # records the style a stage used; its checkpoint records it too, and a stage refuses to start
@@ -52,7 +55,14 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         from sqlrl.agent.prompts import schema_style
+        from sqlrl.learn.fsdp import MIXED_PRECISION
+
         object.__setattr__(self, "schema_style", schema_style(self.schema_style))
+        precision = dtype_name(self.mixed_precision, "model.mixed_precision")
+        if precision not in MIXED_PRECISION:
+            raise ValueError(f"model.mixed_precision must be one of {', '.join(MIXED_PRECISION)}, got "
+                             f"{self.mixed_precision!r}")
+        object.__setattr__(self, "mixed_precision", precision)
 
 
 @dataclass(frozen=True)
@@ -118,18 +128,29 @@ class ClusterConfig:
 
 @dataclass(frozen=True)
 class RolloutSettings:
-    backend: str = "auto"  # vllm where it can run the model (sqlrl.policy.backends), else hf
-    # where hf generation runs: auto = the GPU when the rollout process sees one (not beside vLLM), cpu, cuda[:N]
-    device: str = "auto"
+    # How the stage's policy generates (rollouts, evaluation, inference): the fields of
+    # sqlrl.policy.spec.PolicySpec with its defaults -- backend (an engine: auto = vllm where it can
+    # run the model, else hf; hf, vllm, hf-batched, vllm-batched), dtype (float32 | bfloat16 |
+    # float16; fp32 / bf16 / fp16 accepted and normalised), device (where hf generation runs: auto =
+    # the GPU when the rollout process sees one, not beside vLLM; cpu, cuda[:N]) and engine_options.
+    backend: str = PolicySpec.backend
+    dtype: str = PolicySpec.dtype
+    device: str = PolicySpec.device
+    engine_options: dict[str, Any] = field(default_factory=dict)
     max_turns: int = 4  # the programmatic teacher's trajectories take 2-4 turns
     max_new_tokens: int = 160
     max_total_tokens: int = 2048
     batch: int = 16  # trajectories in flight at once per rollout worker (LoopConfig.max_concurrent_trajectories)
 
     def __post_init__(self) -> None:
-        from sqlrl.policy.backends import check_device
+        object.__setattr__(self, "dtype", self.policy("-").dtype)  # checked and normalised by PolicySpec
+        if isinstance(self.batch, bool) or not isinstance(self.batch, int) or self.batch < 1:
+            raise ValueError(f"rollout.batch must be an integer >= 1, got {self.batch!r}")
 
-        check_device(self.device)
+    def policy(self, model: str) -> PolicySpec:
+        """The ``PolicySpec`` of ``model`` generating with these settings."""
+        return PolicySpec(model=model, backend=self.backend, dtype=self.dtype, device=self.device,
+                          engine_options=dict(self.engine_options))
 
 
 @dataclass(frozen=True)

@@ -251,8 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     loop = loop_config(cfg.mode, max_turns=r.max_turns, max_total_tokens=r.max_total_tokens,
                        max_new_tokens=r.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed,
                        schema_style=style, max_concurrent=r.batch)
-    group = rollout_group(pool, taskset.schemas, cfg.model, loop, backend=r.backend, workers=cfg.workers, asks=asks,
-                          device=r.device)
+    group = rollout_group(pool, taskset.schemas, r.policy(cfg.model), loop, workers=cfg.workers, asks=asks)
 
     # -- roll out (each task k times, in one call: each worker runs rollout.batch at once)
     repeated = [t for t in tasks for _ in range(cfg.k)]

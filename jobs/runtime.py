@@ -46,14 +46,14 @@ def session_pool(catalog: Mapping[str, Mapping[str, str]], dialects: Sequence[st
         num_cpus_per_shard=asks.db_shard.num_cpus, resources=dict(asks.db_shard.resources)))
 
 
-def rollout_group(pool: Any, schemas: Mapping[str, Any], model: str, loop: Any, *, backend: str,
-                  workers: int, asks: Any, device: str = "auto") -> Any:
-    """Rollout workers (0 = one in-process) running ``model`` in the agent loop ``loop`` on sessions
-    leased from ``pool``."""
+def rollout_group(pool: Any, schemas: Mapping[str, Any], policy: Any, loop: Any, *,
+                  workers: int, asks: Any) -> Any:
+    """Rollout workers (0 = one in-process) generating with ``policy`` (a ``PolicySpec``: model,
+    engine, dtype, device) in the agent loop ``loop`` on sessions leased from ``pool``."""
     from actors.rollout import RolloutConfig, RolloutGroup
 
     ask = asks.rollout
-    return RolloutGroup(RolloutConfig(model=model, backend=backend, device=device, loop=loop, in_process=workers == 0,
+    return RolloutGroup(RolloutConfig(policy=policy, loop=loop, in_process=workers == 0,
                                       n_workers=max(1, workers),
                                       num_cpus=ask.num_cpus, num_gpus=ask.num_gpus, resources=dict(ask.resources)),
                         pool, schemas)
@@ -100,7 +100,7 @@ class Runtime:
         loop = loop_config(mode, max_turns=r.max_turns, max_total_tokens=r.max_total_tokens,
                            max_new_tokens=r.max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
                            schema_style=self.cfg.model.schema_style, max_concurrent=r.batch)
-        group = rollout_group(self.pool, self.data.schemas, model, loop, backend=r.backend, device=r.device,
+        group = rollout_group(self.pool, self.data.schemas, r.policy(model), loop,  # rollout.dtype too
                               workers=self.cfg.cluster.rollout_workers if self.ray else 0, asks=self.asks)
         self._groups.append(group)
         return group

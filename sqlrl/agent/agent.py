@@ -1,29 +1,30 @@
 """``Agent``: policy + backend + chat format + loop + session source, composed in one place.
 
-Training (``actors/rollout.py``) and serving (``serve/``) both wrap this class; neither composes
-the parts itself.
+Rollout workers (``actors/rollout.py``) wrap this class; they do not compose the parts themselves.
 
-    agent = Agent.build(AgentConfig(model="tiny", loop=LoopConfig(max_turns=4)),
+    agent = Agent.build(AgentConfig(PolicySpec("tiny"), loop=LoopConfig(max_turns=4)),
                         sessions=LocalSessions({"shop": {"sqlite": "sqlite:///shop.sqlite"}}),
                         schemas={"shop": schema})
     trajectories = agent.run([GenerateRequest("r1", "shop", "How many orders?")])
 
+- ``build(AgentConfig(policy=PolicySpec(...), loop=...))`` loads the policy and makes ONE engine
+  over it (``make_engine(policy.backend)``), kept for the agent's life; ``update_weights`` loads
+  new weights into that running engine under an ``UpdatePolicy``; ``close`` closes it.
 - ``run(items)`` takes labelled tasks or unlabelled requests (``sqlrl.agent.request``): the loop
-  needs no gold answer. In agentic mode it opens one session per item from the session source
-  (``SessionSource.open_many`` with one ``SessionRequest`` per item: its ``db_id``, ``dialect``,
-  ``preprocess_sql`` and key), runs ``AgentLoop`` over the whole batch (one coroutine per item; a
-  sync backend is wrapped in ``sqlrl.policy.batched.BatchedEngine`` for the run), and closes
-  every session in ``finally``.
+  needs no gold answer. It is ``sqlrl.agent.rollouts.roll_out`` on the agent's engine (a sync
+  backend given to the constructor is wrapped for the run): every item a coroutine, at most
+  ``loop.max_concurrent_trajectories`` at once, in agentic mode each leasing its own session from
+  the source (one ``SessionRequest``: its ``db_id``, ``dialect``, ``preprocess_sql`` and key) as
+  it starts and closing it as it ends.
 - ``SessionSource`` (``sqlrl.db.source``, re-exported here) is the one seam for where sessions come
   from, shared with the reward judge and the BIRD-CRITIC runner: ``LocalSessions`` opens a fresh
   ``sqlrl.db`` session per item from a catalog ``{db_id: {dialect: url}}`` (SQLite paths; for
   PostgreSQL / MariaDB the session URL of a sealed base, so each session runs in its own clone as
   its own role); ``PoolSessions`` leases from the Ray pool's client (actors/rollout.py).
-- ``with_backend(b)`` gives the same agent over another backend (serve wraps its batching queue so
-  concurrent requests' rounds share one generation call).
+- ``with_backend(b)`` gives the same agent over another engine or backend.
 
-Guarantees: ``run`` never raises for an item: a refused session, a failing loop or a failing close
-gives ``stop_reason="error"`` trajectories with the message (``error_trajectories``); sessions are
+Guarantees: ``run`` never raises for an item: a refused session or a failing loop gives
+``stop_reason="error"`` trajectories with the message (``error_trajectories``); sessions are
 closed whatever happens; a request's ``schema`` overrides the source's schema for its ``db_id``.
 """
 
@@ -37,6 +38,7 @@ from sqlrl.tasks.schema import DatabaseSchema
 
 from .chat_format import ChatFormat, HFChatFormat
 from sqlrl.policy.engine import AsyncEngine, UpdatePolicy, run_sync
+from sqlrl.policy.spec import PolicySpec
 
 from .loop import LoopConfig
 from .rollouts import error_trajectories, roll_out
@@ -47,19 +49,8 @@ __all__ = ["Agent", "AgentConfig", "LocalSessions", "SessionSource", "error_traj
 
 @dataclass(frozen=True)
 class AgentConfig:
-    model: str = "tiny"  # a sqlrl.policy.load MODELS name or a checkpoint folder
-    dtype: str = "float32"
-    backend: str = "hf"  # a sqlrl.policy.backends BACKENDS name
-    backend_options: Mapping[str, Any] = field(default_factory=dict)
+    policy: PolicySpec = field(default_factory=PolicySpec)  # model, backend (engine), dtype, device, options
     loop: LoopConfig = field(default_factory=LoopConfig)
-    # where the policy's weights generate: cpu, cuda[:N], or auto = the GPU when this process sees
-    # one and the backend is not vLLM (sqlrl.policy.backends.generation_device)
-    device: str = "auto"
-
-    def __post_init__(self) -> None:
-        from sqlrl.policy.backends import check_device
-
-        check_device(self.device)
 
 
 class Agent:
@@ -75,13 +66,9 @@ class Agent:
     @classmethod
     def build(cls, config: AgentConfig, sessions: SessionSource | None = None,
               schemas: Mapping[str, DatabaseSchema] | None = None) -> "Agent":
-        """The policy loaded and placed, and ONE engine over it (``make_engine(config.backend)``)."""
-        from sqlrl.policy.backends import make_engine, place_policy
-        from sqlrl.policy.load import load_policy
-
-        policy = place_policy(load_policy(config.model, dtype=config.dtype), config.device, config.backend)
-        options = dict(config.backend_options)  # a "seed" option wins over the loop's seed
-        engine = make_engine(config.backend, policy, options.pop("seed", config.loop.sampling.seed), **options)
+        """The policy loaded and placed, and ONE engine over it (``PolicySpec.build``: an engine
+        option ``seed`` wins over the loop's sampling seed)."""
+        policy, engine = config.policy.build(seed=config.loop.sampling.seed)
         return cls(policy, engine, HFChatFormat(policy.tokenizer), config.loop, sessions, schemas)
 
     def with_backend(self, backend: Any) -> "Agent":

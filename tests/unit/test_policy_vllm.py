@@ -85,6 +85,7 @@ def test_the_sampling_seed_seeds_vllms_engine_and_nothing_else(monkeypatch):
     import sqlrl.policy.vllm_backend as vb
     from sqlrl.policy import backends
     from sqlrl.agent.agent import Agent, AgentConfig
+    from sqlrl.policy.spec import PolicySpec
     from sqlrl.agent.loop import LoopConfig
     from sqlrl.policy import hf_backend
     from sqlrl.policy.types import SamplingParams
@@ -106,6 +107,6 @@ def test_the_sampling_seed_seeds_vllms_engine_and_nothing_else(monkeypatch):
     monkeypatch.setattr(backends, "place_policy", lambda pol, device, backend: pol)
     monkeypatch.setattr("sqlrl.agent.agent.HFChatFormat", lambda tok: None)
     loop = LoopConfig(mode="single", sampling=SamplingParams(temperature=0.7, seed=11))
-    Agent.build(AgentConfig(model="m", backend="vllm", loop=loop, backend_options={"kv_cache_gb": 1}))
-    Agent.build(AgentConfig(model="m", backend="vllm", loop=loop, backend_options={"seed": 3}))
+    Agent.build(AgentConfig(PolicySpec("m", backend="vllm", engine_options={"kv_cache_gb": 1}), loop=loop))
+    Agent.build(AgentConfig(PolicySpec("m", backend="vllm", engine_options={"seed": 3}), loop=loop))
     assert seen == [("vllm", 11, {"kv_cache_gb": 1}), ("vllm", 3, {})]
