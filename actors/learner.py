@@ -192,11 +192,13 @@ class LearnerGroup:
             self._state = (self.version, ref)
         return self._state[1]
 
-    def sync_to(self, rollout_group: Any) -> tuple[int, float]:
-        """Push the current weights to a ``RolloutGroup``; returns (version, seconds)."""
+    def sync_to(self, rollout_group: Any, policy: Any = "drain") -> tuple[int, float]:
+        """Push the current weights into a ``RolloutGroup``'s running engines under ``policy`` (an
+        ``UpdatePolicy`` or its name: drain, abort, continue); returns (version, seconds)."""
         t0 = time.perf_counter()
         remote = not rollout_group.workers.in_process  # Ray workers: hand over the ref, no re-put
-        rollout_group.update_weights(self.state_dict_ref() if remote else self.state_dict(), self.version)
+        rollout_group.update_weights(self.state_dict_ref() if remote else self.state_dict(), self.version,
+                                     policy=policy)
         return self.version, time.perf_counter() - t0
 
     def shutdown(self) -> None:

@@ -98,6 +98,7 @@ class RolloutWorker:
         if engine is not self.agent.backend:
             self.agent.close()
         self.agent.backend = engine
+        self.agent.version_map = {engine.policy_version: self.agent.version}
 
     def rollout(self, tasks: Sequence[Any], seed_indexes: Sequence[int] | None = None) -> list[Trajectory]:
         """Every task at once on this worker's engine (``sqlrl.agent.rollouts.roll_out``: at most
@@ -154,15 +155,17 @@ class RolloutGroup:
                 out[i] = v
         return out  # type: ignore[return-value]
 
-    def update_weights(self, state_dict: Any, version: int) -> None:
+    def update_weights(self, state_dict: Any, version: int, policy: UpdatePolicy = UpdatePolicy.DRAIN) -> None:
         """``state_dict``: a mapping, or an ObjectRef to one already in the object store (the
-        learner's ``state_dict_ref()``), which Ray workers then read without another copy.
-        Raises when a worker could not load them."""
+        learner's ``state_dict_ref()``), which Ray workers then read without another copy; each
+        worker loads it into its running engine under ``policy`` (``UpdatePolicy``: drain, abort,
+        continue). Raises when a worker could not load them."""
+        policy = UpdatePolicy(policy)
         if self.workers.in_process != isinstance(state_dict, Mapping):  # a ref here, or a dict to Ray
             import ray
 
             state_dict = ray.get(state_dict) if self.workers.in_process else ray.put(dict(state_dict))
-        answers = self.workers.call_all(RolloutWorker.update_weights, state_dict, version,
+        answers = self.workers.call_all(RolloutWorker.update_weights, state_dict, version, policy,
                                         timeout_s=self.config.timeout_s)
         for w, answer in answers.items():
             if isinstance(answer, Failed):

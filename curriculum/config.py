@@ -252,6 +252,11 @@ class RLSettings:
     # The rollouts' sampling seed (probe and steps); None = data.seed. Another value repeats a run
     # with other samples on the same training and held-out tasks: one RL row per seed.
     seed: int | None = None
+    # How the learner's new weights go into the running rollout engines (sqlrl.policy.engine.UpdatePolicy):
+    # drain (default: in-flight sequences finish on the old weights, exactly on-policy), abort
+    # (in-flight sequences are regenerated on the new ones) or continue (they go on with the new
+    # weights; tokens of an older version are masked out of the loss: sqlrl.rl.staleness).
+    weight_update: str = "drain"
     loss: GRPOConfig = field(default_factory=GRPOConfig)
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5, warmup_steps=0, total_steps=4,
                                                                    micro_batch_size=2))
@@ -269,6 +274,11 @@ class RLSettings:
                              f"task the model sometimes solves), got {self.probe_samples!r}")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
             raise ValueError(f"rl.seed must be an integer or null (= data.seed), got {self.seed!r}")
+        from sqlrl.policy.engine import UpdatePolicy
+
+        if self.weight_update not in {p.value for p in UpdatePolicy}:
+            raise ValueError(f"rl.weight_update must be one of {', '.join(p.value for p in UpdatePolicy)}, "
+                             f"got {self.weight_update!r}")
         # The learner scores tokens under logits / rl.loss.temperature against the rollout's
         # log-probs, which were sampled at rl.temperature: the two must be one number (verl likewise
         # divides the actor's logits by the rollout temperature). rl.temperature is the one to set;

@@ -61,6 +61,9 @@ class Agent:
         self.loop, self.sessions = loop, sessions
         self.schemas = dict(schemas or {})
         self.version = version
+        # the engine's weight versions -> the versions this agent reports (the learner's numbering)
+        self.version_map: dict[int, int] = (
+            {backend.policy_version: version} if isinstance(backend, AsyncEngine) else {})
         self._batches = 0
 
     @classmethod
@@ -85,14 +88,15 @@ class Agent:
         self._batches += 1
         keys = list(keys) if keys is not None else [f"b{self._batches}/{i}" for i in range(len(items))]
         return roll_out(self.backend, self.chat_format, items, loop or self.loop, sessions=self.sessions,
-                        schemas=self.schemas, keys=keys, seed_indexes=seed_indexes, version=self.version)
+                        schemas=self.schemas, keys=keys, seed_indexes=seed_indexes, version=self.version,
+                        versions=self.version_map)
 
     def update_weights(self, state_dict: Mapping[str, Any], version: int,
                        policy: UpdatePolicy = UpdatePolicy.DRAIN) -> int:
         """Load new weights (a full state dict) into the running engine under ``policy``; returns the
         version now served. Weights that do not fit the model raise ``ValueError``, nothing loaded."""
         if isinstance(self.backend, AsyncEngine):
-            run_sync(self.backend.update_weights(state_dict, policy=policy))
+            self.version_map[run_sync(self.backend.update_weights(state_dict, policy=UpdatePolicy(policy)))] = version
             self.version = version
             return version
         missing, unexpected = self.policy.model.load_state_dict(dict(state_dict), strict=False)  # a batch backend

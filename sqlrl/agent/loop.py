@@ -158,7 +158,8 @@ class AgentLoop:
     ``leases`` (with ``sessions=None``): each rollout opens its session when it starts (inside its
     ``max_concurrent_trajectories`` slot: ``leases.open(index)``) and closes it when it ends, so at
     most that many are open; a refused open ends that rollout "error". ``seed_indexes[i]`` is the
-    index turn seeds use for rollout ``i`` (default ``i``)."""
+    index turn seeds use for rollout ``i`` (default ``i``). ``versions`` maps the engine's weight
+    versions to the ones trajectories report per token (``Trajectory.token_versions``)."""
 
     def __init__(self, tasks: Sequence[Task], sessions: Sequence[Any] | None,
                  backend: GenerationBackend | AsyncEngine, chat_format: ChatFormat,
@@ -167,7 +168,8 @@ class AgentLoop:
                  policy_version: int = 0, clock: Callable[[], float] = time.monotonic,
                  execute_many: ExecuteMany | None = None,
                  on_finish: Callable[[RolloutState], None] | None = None,
-                 leases: Leases | None = None, seed_indexes: Sequence[int] | None = None) -> None:
+                 leases: Leases | None = None, seed_indexes: Sequence[int] | None = None,
+                 versions: Mapping[int, int] | None = None) -> None:
         tasks = list(tasks)
         sessions = list(sessions) if sessions is not None else [None] * len(tasks)
         if len(sessions) != len(tasks):
@@ -178,6 +180,8 @@ class AgentLoop:
         if len(self._seed_index) != len(tasks):
             raise ValueError(f"{len(tasks)} tasks but {len(self._seed_index)} seed indexes")
         self.leases = leases if config.mode == "agentic" else None
+        self._versions = versions
+        self._run_engine = False
         if isinstance(schemas, Sequence) and len(schemas) != len(tasks):
             raise ValueError(f"{len(tasks)} tasks but {len(schemas)} schemas")
         self.backend, self.chat_format, self.config = backend, chat_format, config
@@ -212,6 +216,7 @@ class AgentLoop:
 
     async def arun(self) -> list[Trajectory]:
         engine, owned = as_engine(self.backend)
+        self._run_engine = owned  # made for this run: its weight versions mean nothing to the caller
         if isinstance(engine, BatchedEngine):
             self._adapter = engine
         n = max(1, len(self.states))
@@ -304,6 +309,15 @@ class AgentLoop:
             return None
         return gen, (self.clock() - t0) * 1000.0
 
+    def _token_versions(self, gen: Generation) -> list[int]:
+        """The policy version of each generated token: the engine's own numbering mapped through
+        ``versions`` (engine version -> the caller's, e.g. the learner's), ``policy_version`` when the
+        engine reported none."""
+        if len(gen.versions) != len(gen.token_ids) or self._run_engine:
+            return [self.policy_version] * len(gen.token_ids)
+        mapping = self._versions or {}
+        return [mapping.get(v, v) for v in gen.versions]
+
     def _schema(self, s: RolloutState) -> DatabaseSchema | None:
         if self._schemas is None:
             return None
@@ -335,7 +349,7 @@ class AgentLoop:
         if len(ids) > self.config.sampling.max_new_tokens:
             raise RuntimeError(f"the backend returned {len(ids)} tokens, more than max_new_tokens="
                                f"{self.config.sampling.max_new_tokens}")
-        s.add(ids, lps)
+        s.add(ids, lps, self._token_versions(gen))
         text = gen.text
         eot = self.chat_format.end_of_turn
         if eot and text.endswith(eot):

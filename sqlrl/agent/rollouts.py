@@ -70,9 +70,10 @@ async def aroll_out(engine: Any, chat_format: Any, tasks: Sequence[Any], loop: L
                     sessions: SessionSource | None = None,
                     schemas: Mapping[str, Any] | Sequence[Any] | None = None,
                     keys: Sequence[str] | None = None, seed_indexes: Sequence[int] | None = None,
-                    version: int = 0) -> list[Trajectory]:
+                    version: int = 0, versions: Mapping[int, int] | None = None) -> list[Trajectory]:
     """Roll out every task once on ``engine`` (module docstring); ``version`` is the policy version
-    the trajectories report."""
+    the trajectories report, ``versions`` maps the engine's own weight versions to that numbering
+    for each token (``Trajectory.token_versions``)."""
     tasks = list(tasks)
     if not tasks:
         return []
@@ -88,7 +89,7 @@ async def aroll_out(engine: Any, chat_format: Any, tasks: Sequence[Any], loop: L
         agent_loop = AgentLoop(tasks, None, engine, chat_format, loop, schemas=shown, policy_version=version,
                                execute_many=getattr(sessions, "execute_many", None),
                                leases=None if sessions is None else _SourceLeases(sessions, tasks, keys),
-                               seed_indexes=seed_indexes)
+                               seed_indexes=seed_indexes, versions=versions)
         return await agent_loop.arun()
     except Exception as exc:  # a bug in a layer below: typed results, never lost tasks
         return error_trajectories(tasks, loop.mode, f"{type(exc).__name__}: {exc}", version)
