@@ -17,6 +17,8 @@ Guarantees:
   temperature the rollouts were sampled at); a different explicit value is an error.
 - Defaults are the micro-scale main job on the embedded default (SmolLM2-135M, generated data,
   in-process); the GPU path is the same config with ``cluster`` and ``rollout.backend`` changed.
+- ``reward`` (``sqlrl.rewards.RewardConfig``) reaches every reward scorer of the stage
+  (``jobs.runtime.Runtime``): ``reward.test_suite`` switches test-suite execution match on.
 - ``cluster.placement`` names a profile of ``deploy/placement.yaml`` (what each kind of actor asks
   Ray for; ``curriculum/placement.py``); an unknown one is an error naming the known profiles.
 """
@@ -31,6 +33,7 @@ from sqlrl.config import load_config
 from sqlrl.learn.config import GRPOConfig, SFTConfig
 from sqlrl.learn.optim import OptimConfig
 from sqlrl.policy.spec import PolicySpec, dtype_name
+from sqlrl.rewards import RewardConfig
 
 from .stages import STAGES, StageSpec, previous_stage, stage_spec
 
@@ -323,6 +326,11 @@ class StageConfig:
     teacher: TeacherConfig = field(default_factory=TeacherConfig)
     sft: SFTSettings = field(default_factory=SFTSettings)
     rl: RLSettings = field(default_factory=RLSettings)
+    # How the stage's reward scorers score (sqlrl.rewards.RewardConfig), for its RL steps and its
+    # held-out evaluation alike: format_style, sqlr1, and test-suite execution match
+    # (reward.test_suite: true with reward.test_suite_dir, a folder where database variants and
+    # suites are cached, e.g. <run_dir>/test_suite; docs/rewards.md). Off by default.
+    reward: RewardConfig = field(default_factory=RewardConfig)
 
     def __post_init__(self) -> None:
         stage_spec(self.stage)  # an unknown stage is an error naming the known ones
@@ -345,7 +353,7 @@ class StageConfig:
         return self.spec.mode
 
     @property
-    def reward(self) -> str:
+    def reward_name(self) -> str:
         """The GRPO reward: ``rl.reward``, else the hybrid reward of the stage's mode."""
         return self.rl.reward or f"hybrid_{self.mode}"
 

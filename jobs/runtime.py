@@ -11,6 +11,11 @@ Guarantees:
   definitions are checked against).
 - The pool has a partition per rollout worker and one for the reward scorers; ``Runtime.score``
   never scores a rollout that failed (it gets an excluded breakdown: neither reward nor penalty).
+  The scorers score with the stage's ``reward`` section (``RewardConfig``: ``reward.test_suite``
+  switches test-suite match on, for the RL steps and the held-out evaluation alike).
+- Rollout workers generate with ``rollout.policy(model)`` (a ``PolicySpec``: ``rollout.backend``,
+  ``rollout.dtype``, ``rollout.device``, ``rollout.engine_options``) and run ``rollout.batch``
+  trajectories at once each.
 - ``close()`` (also on leaving the ``with`` block) shuts down every group it made, the pool last.
 """
 
@@ -91,7 +96,7 @@ class Runtime:
         reward = self.asks.reward
         self.rewards = RewardGroup(data.catalog, RewardGroupConfig(
             in_process=not self.ray, n_actors=cfg.cluster.reward_actors, num_cpus_per_actor=reward.num_cpus,
-            resources=dict(reward.resources)), self.pool.client(role="reward"))
+            resources=dict(reward.resources), reward=cfg.reward), self.pool.client(role="reward"))
         self._groups: list[Any] = []
 
     def rollout_group(self, model: str, mode: str, *, temperature: float, top_p: float = 1.0,

@@ -2,7 +2,7 @@
 
 - ``sft``: ``sft.epochs`` passes over the stage's ``SFTExample``s in batches of ``sft.batch_size``.
 - ``grpo``: ``rl.steps`` GRPO steps over the stage's tasks: the loop itself -- roll out
-  ``tasks_per_step`` tasks x ``group_size`` samples, score them (``StageConfig.reward``), keep the
+  ``tasks_per_step`` tasks x ``group_size`` samples, score them (``StageConfig.reward_name``, with the ``reward`` section's settings), keep the
   groups with a signal (dynamic sampling with ``rl.sampling_rounds > 1``), update, sync -- is
   ``sqlrl.rl.grpo.grpo_steps`` (Ray-free, its own tests); this recipe wires it to the job's
   rollout workers (``rollout``), reward scorers (``score``), learner (``update``: verl's GRPO
@@ -104,7 +104,7 @@ def train_grpo(rt: Any, model: str, tasks: Sequence[Any], logger: Any) -> tuple[
     state = checkpoints.restore(learner)
     history: list[dict] = []
     with Heartbeat(f"{stage} GRPO", total=r.steps, unit="steps done") as beat:
-        fns = GRPOFns(rollout=rollout.rollout, score=lambda trajs, drawn: rt.score(trajs, drawn, rt.cfg.reward),
+        fns = GRPOFns(rollout=rollout.rollout, score=lambda trajs, drawn: rt.score(trajs, drawn, rt.cfg.reward_name),
                       update=update, sync=lambda: learner.sync_to(rollout, r.weight_update),
                       progress=lambda step, note: beat.update(step, note=note))
         chosen, start = None, LoopState()
@@ -214,7 +214,7 @@ def plan_grpo(cfg: StageConfig) -> str:
     r = cfg.rl
     probe = (f"; first a probe of {r.probe_samples} samples per task, training on the tasks whose rewards differ"
              if r.probe_samples else "")
-    return (f"{r.steps} GRPO step(s) x {r.tasks_per_step} task(s) x {r.group_size} samples (reward {cfg.reward})"
+    return (f"{r.steps} GRPO step(s) x {r.tasks_per_step} task(s) x {r.group_size} samples (reward {cfg.reward_name})"
             + probe)
 
 

@@ -181,7 +181,7 @@ def test_the_grpo_loop_counts_the_groups_whose_rewards_differ(monkeypatch, tmp_p
             return [NS(excluded=False, score=float(s), parts={"result": float(s)}) for s in (next(scores) for _ in tasks)]
 
         cfg = NS(rl=RLSettings(steps=2, tasks_per_step=2, group_size=2, sampling_rounds=sampling_rounds),
-                 rollout=RolloutSettings(batch=8), stage="stage3", mode="single", reward="hybrid_single",
+                 rollout=RolloutSettings(batch=8), stage="stage3", mode="single", reward_name="hybrid_single",
                  data=NS(seed=0), resume=False, checkpoint=CheckpointSettings(), stage_dir=tmp_path)
         rt = NS(cfg=cfg, learner=lambda model, optim, reference=False: Learner(), score=score,
                 rollout_group=lambda *a, **k: NS(rollout=lambda tasks: [traj(t) for t in tasks]),

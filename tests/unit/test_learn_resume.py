@@ -125,7 +125,7 @@ def test_a_resumed_grpo_recipe_keeps_the_probe_choice_the_cursor_and_the_rows(mo
                        versions=lambda: (0, 0, 0)) for t in tasks]
 
         cfg = NS(rl=RLSettings(steps=3, tasks_per_step=1, group_size=2, probe_samples=2),
-                 rollout=RolloutSettings(batch=8), stage="stage3", mode="single", reward="hybrid_single",
+                 rollout=RolloutSettings(batch=8), stage="stage3", mode="single", reward_name="hybrid_single",
                  data=NS(seed=0), resume=resume_, checkpoint=CheckpointSettings(every_steps=1), stage_dir=tmp_path,
                  run_dir=str(tmp_path))
         learner = GRPOLearner(log)

@@ -118,7 +118,7 @@ def test_the_grpo_recipe_syncs_with_the_configured_policy_and_logs_stale_tokens(
         return [traj([0, 1, 1], [-1, 0 if i == 0 else 1, 1], policy_version=1) for i, _ in enumerate(tasks)]
 
     cfg = NS(rl=RLSettings(steps=1, tasks_per_step=1, group_size=2, weight_update=choice),
-             rollout=RolloutSettings(batch=8), stage="stage3", mode="single", reward="hybrid_single",
+             rollout=RolloutSettings(batch=8), stage="stage3", mode="single", reward_name="hybrid_single",
              data=NS(seed=0), resume=False, checkpoint=CheckpointSettings(), stage_dir=tmp_path)
     rt = NS(cfg=cfg, learner=lambda model, optim, reference=False: Learner(), release=lambda x: None,
             score=lambda trajs, tasks, reward: [NS(excluded=False, score=float(i), parts={"result": float(i)})
