@@ -19,6 +19,7 @@ from sqlrl.policy.scripted import ScriptedEngine
 from sqlrl.policy.types import SamplingParams
 from sqlrl.tasks.types import Text2SQLTask
 from tests.unit.test_agent_loop import fmt, task, tc, tok  # noqa: F401 (fixtures)
+from tests.unit.test_agent_loop_async import SeedRecorder
 
 CFG = LoopConfig(max_turns=4, max_total_tokens=20000, sampling=SamplingParams(max_new_tokens=400, seed=5))
 SUBMIT = tc("SELECT 1", "submit_solution")
@@ -97,16 +98,6 @@ def test_agentic_rollouts_without_a_session_source_are_typed_errors(tok, fmt):
     out = roll_out(engine_for(tok, {"Q-": [SUBMIT]}), fmt, [task("Q-1")], CFG)
     assert out[0].stop_reason == "error" and "session source" in out[0].error
     assert roll_out(engine_for(tok, {}), fmt, [], CFG) == []
-
-
-class SeedRecorder(ScriptedEngine):
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.seeds: dict[str, int | None] = {}
-
-    async def generate(self, prompt_ids, sampling, *, request_id=None):
-        self.seeds[request_id.split("/", 1)[1]] = sampling.seed
-        return await super().generate(prompt_ids, sampling, request_id=request_id)
 
 
 def test_seed_indexes_give_each_task_the_seeds_of_its_place_in_the_whole_call(tok, fmt, demo_db_path):
