@@ -25,8 +25,8 @@ flags above, then ``key=value`` overrides (``tasks.source=bird tasks.path=…``:
 workers, what each asks Ray for: ``placement``) is ``jobs.runtime``'s, the stage jobs' own.
 Path options (``--tasks``, ``--db-root``, ``--spider``, ``--model`` when it is a folder, and the
 config's ``tasks.path`` / ``tasks.db_root`` / ``model``) are checked before anything runs; all
-missing ones are named at once (exit 2). In a terminal a progress bar,
-otherwise a heartbeat line at least every ``SQLRL_HEARTBEAT_S`` (60) seconds.
+missing ones are named at once (exit 2). While the rollouts run, a heartbeat line at least every
+``SQLRL_HEARTBEAT_S`` (60) seconds.
 Reads top to bottom: check → load → roll out → vote → write.
 """
 
@@ -257,7 +257,8 @@ def main(argv: list[str] | None = None) -> int:
     repeated = [t for t in tasks for _ in range(cfg.k)]
     t0 = time.perf_counter()
     try:
-        with Heartbeat(f"infer: rollouts ({cfg.model}, k={cfg.k})", total=len(repeated), unit="trajectories") as beat:
+        with Heartbeat(f"infer: rollouts ({cfg.model}, k={cfg.k})", total=len(repeated), unit="trajectories",
+                       enabled=True) as beat:  # one call: a line while it runs, in a terminal too
             trajectories: list[Any] = list(group.rollout(repeated))
             beat.update(len(trajectories))
     finally:
