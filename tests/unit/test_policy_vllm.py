@@ -110,3 +110,29 @@ def test_the_sampling_seed_seeds_vllms_engine_and_nothing_else(monkeypatch):
     Agent.build(AgentConfig(PolicySpec("m", backend="vllm", engine_options={"kv_cache_gb": 1}), loop=loop))
     Agent.build(AgentConfig(PolicySpec("m", backend="vllm", engine_options={"seed": 3}), loop=loop))
     assert seen == [("vllm", 11, {"kv_cache_gb": 1}), ("vllm", 3, {})]
+
+
+def test_the_lock_step_vllm_engine_calls_an_in_process_cpu_backend_on_its_own_thread(monkeypatch):
+    """``make_engine("vllm-batched")`` (the rollout workers' lock-step path) over a thread-bound
+    ``VLLMBackend`` (in-process on CPU: its attention checks the calling thread) calls it inline, as
+    ``as_engine`` does; one that is not thread-bound goes to the adapter's worker thread."""
+    import types
+
+    import sqlrl.policy.vllm_backend as vb
+    from sqlrl.policy import backends
+
+    class Fake:
+        per_request_seeds = False
+
+        def __init__(self, path, **options):
+            self.thread_bound = options.pop("in_process", True)
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(vb, "VLLMBackend", Fake)
+    param = types.SimpleNamespace(dtype="torch.float32")
+    policy = types.SimpleNamespace(path="/m", eos_token_ids=(2,), model=types.SimpleNamespace(
+        parameters=lambda: iter([param])))
+    assert backends.make_engine("vllm-batched", policy).inline is True
+    assert backends.make_engine("vllm-batched", policy, in_process=False).inline is False
