@@ -121,8 +121,9 @@ class AgentLoop:
     ``backend``: an ``AsyncEngine`` or a sync ``GenerationBackend`` (wrapped for the run).
     ``on_finish(state)``: called on the event loop as each rollout reaches DONE.
     ``leases`` (with ``sessions=None``): each rollout opens its session when it starts (inside its
-    ``max_concurrent_trajectories`` slot: ``leases.open(index)``) and closes it when it ends, so at
-    most that many are open; a refused open ends that rollout "error". ``seed_indexes[i]`` is the
+    ``max_concurrent_trajectories`` slot; rollouts starting in the same step share one
+    ``leases.open_many``) and closes it when it ends, so at most that many are open; a refused
+    open ends that rollout "error". ``seed_indexes[i]`` is the
     index turn seeds use for rollout ``i`` (default ``i``). ``versions`` maps the engine's weight
     versions to the ones trajectories report per token (``Trajectory.token_versions``)."""
 
@@ -202,7 +203,7 @@ class AgentLoop:
             try:
                 if self.leases is not None and s.session is None:
                     try:
-                        s.session = await run.tools.call(self.leases.open, s.index)
+                        s.session = await run.tools.lease(self.leases, s.index)
                     except Exception as exc:
                         s.finish("error", f"could not open sessions: {_describe(exc)}")
                         return

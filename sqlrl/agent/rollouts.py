@@ -14,8 +14,10 @@ Guarantees:
 - In agentic mode each trajectory leases its session from ``sessions`` (a ``SessionSource``) when
   it starts -- one ``SessionRequest`` with the task's ``db_id``, ``dialect``, ``preprocess_sql``
   and ``keys[i]`` (a pool routes by it) -- and closes it when it ends, so at most
-  ``max_concurrent_trajectories`` sessions are open. A refused lease ends that trajectory
-  ``"error"`` ("could not open sessions: ..."); the others go on. ``execute_many`` of the source
+  ``max_concurrent_trajectories`` sessions are open; trajectories that start together share one
+  ``open_many`` (the pool: one round trip per shard), so they also reach the engine together. A
+  refused lease ends that trajectory ``"error"`` ("could not open sessions: ..."); the others go
+  on (a refused shared ``open_many`` is retried one session at a time). ``execute_many`` of the source
   (the Ray pool's) batches tool calls that are ready together.
 - It never raises for a task: no session source in agentic mode, or a failure of the loop itself,
   gives ``stop_reason="error"`` trajectories with the message (``error_trajectories``).
@@ -56,11 +58,10 @@ class _SourceLeases:
     def __init__(self, source: SessionSource, tasks: Sequence[Any], keys: Sequence[str]) -> None:
         self.source, self.tasks, self.keys = source, tasks, keys
 
-    def open(self, index: int) -> Any:
-        t = self.tasks[index]
-        (session,) = self.source.open_many([SessionRequest(
-            t.db_id, t.dialect, tuple(getattr(t, "preprocess_sql", ())), key=self.keys[index])])
-        return session
+    def open_many(self, indexes: Sequence[int]) -> list[Any]:
+        return list(self.source.open_many([SessionRequest(
+            self.tasks[i].db_id, self.tasks[i].dialect, tuple(getattr(self.tasks[i], "preprocess_sql", ())),
+            key=self.keys[i]) for i in indexes]))
 
     def close(self, index: int, session: Any) -> None:
         self.source.close_many([session])

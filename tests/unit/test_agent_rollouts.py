@@ -30,10 +30,11 @@ class CountingSessions(LocalSessions):
 
     def __init__(self, url: str, refuse: str | None = None) -> None:
         super().__init__({"shop": {"sqlite": url}})
-        self.refuse, self.open, self.most, self.opened = refuse, 0, 0, 0
+        self.refuse, self.open, self.most, self.opened, self.calls = refuse, 0, 0, 0, []
         self._lock = threading.Lock()
 
     def open_many(self, requests):
+        self.calls.append(len(requests))
         if any(r.db == self.refuse for r in requests):
             raise LookupError(f"no database {self.refuse!r} in this catalog")
         out = super().open_many(requests)
@@ -62,6 +63,16 @@ def test_every_task_runs_with_at_most_the_bound_in_flight_and_as_many_sessions(t
     assert [t.task_id for t in out] == [t.task_id for t in tasks]
     assert all(t.stop_reason == "submitted" and t.n_tool_calls == 2 for t in out)
     assert source.opened == 5 and source.open == 0 and source.most == 2
+    assert source.calls[0] == 2  # the two that started together shared one open_many
+
+
+def test_trajectories_that_start_together_lease_in_one_call_and_reach_the_engine_together(tok, fmt, demo_db_path):
+    engine = engine_for(tok, {"Q-": [SUBMIT]})
+    source = CountingSessions(f"sqlite:///{demo_db_path}")
+    out = roll_out(engine, fmt, [task(f"Q-{i}") for i in range(4)], CFG, sessions=source)
+    assert source.calls == [4] and all(t.stop_reason == "submitted" for t in out)
+    starts = [i for i, (e, _) in enumerate(engine.log) if e == "start"]
+    assert starts == [0, 1, 2, 3]  # all four requests were in the engine before any finished
 
 
 def test_a_finished_trajectory_frees_its_slot_for_the_next_one_at_once(tok, fmt, demo_db_path):
@@ -92,6 +103,7 @@ def test_a_refused_lease_ends_only_that_trajectory(tok, fmt, demo_db_path):
     out = roll_out(engine, fmt, [lost, task("Q-ok")], CFG, sessions=source)
     assert out[0].stop_reason == "error" and "could not open sessions" in out[0].error and "elsewhere" in out[0].error
     assert out[1].stop_reason == "submitted" and source.open == 0
+    assert source.calls == [2, 1, 1]  # the shared open was refused: each retried alone
 
 
 def test_agentic_rollouts_without_a_session_source_are_typed_errors(tok, fmt):
