@@ -39,7 +39,6 @@ from sqlrl.db.source import PoolSessions
 from sqlrl.policy.backends import BACKENDS
 from sqlrl.policy.batched import BatchedEngine, as_engine
 from sqlrl.policy.engine import UpdatePolicy
-from sqlrl.policy.hf_engine import HFEngine
 from sqlrl.policy.spec import PolicySpec
 
 __all__ = ["BACKENDS", "PolicySpec", "PoolSessions", "RolloutConfig", "RolloutGroup", "RolloutWorker",
@@ -87,6 +86,8 @@ class RolloutWorker:
     def backend(self) -> Any:
         """The batch backend under the engine (``HFEngine.backend``, ``BatchedEngine.backend``), for
         benchmarks and tests that call it directly; the engine itself when it has none (vLLM)."""
+        from sqlrl.policy.hf_engine import HFEngine  # torch: only when asked
+
         engine = self.agent.backend
         return engine.backend if isinstance(engine, (HFEngine, BatchedEngine)) else engine
 
