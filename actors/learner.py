@@ -77,18 +77,17 @@ class LearnerRank:
 
 class LearnerGroup:
     def __init__(self, model: str | os.PathLike = "tiny", optim: OptimConfig | None = None, n: int = 1, *,
-                 in_process: bool = False, mixed_precision: str = "fp32", reference: bool = False,
+                 in_process: bool = False, mixed_precision: str = "float32", reference: bool = False,
                  seed: int = 0, num_cpus: float = 1.0, num_gpus: float = 0.0,
                  resources: Mapping[str, float] | None = None, master_addr: str = "127.0.0.1",
                  backend: str = "auto", timeout_s: float = 1800.0) -> None:
-        from sqlrl.learn.fsdp import MIXED_PRECISION
+        from sqlrl.learn.fsdp import precision_name
         from sqlrl.policy.load import resolve_path
 
         if not in_process and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
             raise ValueError(f"n (learner ranks) must be an int >= 1, got {n!r} "
                              "(in_process=True runs one unsharded learner in this process)")
-        if mixed_precision not in MIXED_PRECISION:
-            raise ValueError(f"unknown mixed_precision {mixed_precision!r}; known: {', '.join(MIXED_PRECISION)}")
+        mixed_precision = precision_name(mixed_precision)  # fail here, not in n actors
         model = resolve_path(model)  # fail here, not in n actors (FileNotFoundError naming the models)
         self.n = 1 if in_process else n
         self.timeout_s = timeout_s
@@ -193,11 +192,13 @@ class LearnerGroup:
             self._state = (self.version, ref)
         return self._state[1]
 
-    def sync_to(self, rollout_group: Any) -> tuple[int, float]:
-        """Push the current weights to a ``RolloutGroup``; returns (version, seconds)."""
+    def sync_to(self, rollout_group: Any, policy: Any = "drain") -> tuple[int, float]:
+        """Push the current weights into a ``RolloutGroup``'s running engines under ``policy`` (an
+        ``UpdatePolicy`` or its name: drain, abort, continue); returns (version, seconds)."""
         t0 = time.perf_counter()
         remote = not rollout_group.workers.in_process  # Ray workers: hand over the ref, no re-put
-        rollout_group.update_weights(self.state_dict_ref() if remote else self.state_dict(), self.version)
+        rollout_group.update_weights(self.state_dict_ref() if remote else self.state_dict(), self.version,
+                                     policy=policy)
         return self.version, time.perf_counter() - t0
 
     def shutdown(self) -> None:

@@ -1,22 +1,27 @@
-"""Rollout workers: a ``sqlrl.agent.Agent`` (policy replica + backend + chat format + loop, the
-same composition serving uses) over sessions from the worker's own pool partition
-(``sqlrl.db.source.PoolSessions``, the Ray pool's ``SessionSource``).
+"""Rollout workers: a ``sqlrl.agent.Agent`` -- a policy replica and ONE engine over it
+(``PolicySpec.build``: ``make_engine(policy.backend)``), kept for the worker's life -- over sessions
+from the worker's own pool partition (``sqlrl.db.source.PoolSessions``, the Ray pool's
+``SessionSource``).
 
-- ``RolloutWorker.rollout(tasks)`` leases one session per task from this worker's shards
-  (``DBPoolClient.lease_many``, one round trip per shard, the task's ``preprocess_sql`` applied),
-  runs ``AgentLoop`` over the whole batch (one batched generation per turn), and releases every
-  session in ``finally`` (``release_many``). It never raises for a task: a refused lease or a
-  failing loop gives that batch ``stop_reason="error"`` trajectories with the message; a
-  trajectory past ``loop.deadline_s`` ends ``"timeout"`` (its session is released like the others).
-- ``update_weights(state_dict, version)`` loads new weights (the learner's); every trajectory
-  carries the ``policy_version`` it was generated with, so stale-policy data is visible.
+- ``RolloutWorker.rollout(tasks, seed_indexes)`` is ``sqlrl.agent.rollouts.roll_out`` on the
+  worker's engine: every task at once, at most ``loop.max_concurrent_trajectories`` in flight,
+  each leasing its session from this worker's shards as it starts (``DBPoolClient.lease_many``,
+  the task's ``preprocess_sql`` applied) and releasing it as it ends. It never raises for a task:
+  a refused lease or a failing loop gives ``stop_reason="error"`` trajectories with the message;
+  a trajectory past ``loop.deadline_s`` is aborted in the engine and ends ``"timeout"``.
+- ``update_weights(state_dict, version, policy)`` loads the learner's weights into the running
+  engine under an ``UpdatePolicy`` (``drain``: the default); every trajectory carries the
+  ``policy_version`` it was generated with, and each token the version that produced it.
 - ``RolloutConfig(in_process=True)`` runs one worker in this process (no Ray) with the same code;
-  otherwise ``n_workers`` Ray actors (``actors.group.ActorGroup``). Tasks are split into contiguous
-  chunks (a GRPO group stays on one worker when the group size divides the chunk); a worker that
-  dies or does not answer within ``timeout_s`` yields error trajectories for its chunk, never a
-  hang, and is restarted by Ray.
-- Backends are the registry ``sqlrl.policy.backends.BACKENDS``: ``"hf"`` (transformers, CPU or
-  GPU), ``"vllm"`` (GPU machines only — unverified here, see sqlrl/policy/vllm_backend.py) and
+  otherwise ``n_workers`` Ray actors (``actors.group.ActorGroup``). ``RolloutGroup.rollout``
+  routes tasks with ``sticky_routes`` (the samples of one task -- a GRPO group -- on ONE worker,
+  for its engine's prefix cache; whole groups balanced) and sends each worker its share in one
+  call with each task's index in the whole call (its seeds do not depend on the split). A worker
+  that dies or does not answer within ``timeout_s`` yields error trajectories for its share,
+  never a hang, and is restarted by Ray.
+- The engine is one of the registry ``sqlrl.policy.backends.ENGINES`` (``PolicySpec.backend``):
+  ``"hf"`` (``HFEngine``, CPU or GPU), ``"vllm"`` (``VLLMEngine``: vLLM's CPU build here, CUDA on
+  GPUs -- unverified), ``"auto"``, the lock-step ``"hf-batched"``/``"vllm-batched"`` and
   ``"scripted"``. The GPU path is this same code with ``backend="vllm"`` and ``num_gpus`` set.
 """
 
@@ -28,20 +33,21 @@ from typing import Any, Mapping, Sequence
 from actors.group import RAISED, TIMEOUT, ActorGroup, Failed
 from sqlrl.agent.agent import Agent, AgentConfig, error_trajectories
 from sqlrl.agent.loop import LoopConfig
+from sqlrl.agent.rollouts import sticky_routes
 from sqlrl.agent.trajectory import Trajectory
 from sqlrl.db.source import PoolSessions
-from sqlrl.policy.backends import BACKENDS, check_device
+from sqlrl.policy.backends import BACKENDS
+from sqlrl.policy.batched import BatchedEngine, as_engine
+from sqlrl.policy.engine import UpdatePolicy
+from sqlrl.policy.spec import PolicySpec
 
-__all__ = ["BACKENDS", "PoolSessions", "RolloutConfig", "RolloutGroup", "RolloutWorker",
+__all__ = ["BACKENDS", "PolicySpec", "PoolSessions", "RolloutConfig", "RolloutGroup", "RolloutWorker",
            "error_trajectories"]
 
 
 @dataclass(frozen=True)
 class RolloutConfig:
-    model: str = "tiny"  # a sqlrl.policy.load MODELS name or a checkpoint folder
-    dtype: str = "float32"
-    backend: str = "hf"
-    device: str = "auto"  # where HF generation runs (sqlrl.policy.backends.generation_device)
+    policy: PolicySpec = field(default_factory=PolicySpec)  # model, backend (engine), dtype, device, options
     loop: LoopConfig = field(default_factory=LoopConfig)
     in_process: bool = False  # one worker in this process, no Ray
     n_workers: int = 1  # Ray workers (when not in_process)
@@ -54,9 +60,8 @@ class RolloutConfig:
         if not self.in_process and (isinstance(self.n_workers, bool) or self.n_workers < 1):
             raise ValueError(f"n_workers must be >= 1, got {self.n_workers!r} "
                              "(in_process=True runs one worker in this process)")
-        if self.backend not in BACKENDS:
-            raise ValueError(f"unknown backend {self.backend!r}; known: {', '.join(BACKENDS)}")
-        check_device(self.device)
+        if not isinstance(self.policy, PolicySpec):
+            raise ValueError(f"RolloutConfig.policy must be a PolicySpec, got {type(self.policy).__name__}")
 
 
 class RolloutWorker:
@@ -65,9 +70,8 @@ class RolloutWorker:
         self.index = index
         self.config = config
         self.pool = pool_client
-        self.agent = Agent.build(
-            AgentConfig(model=config.model, dtype=config.dtype, backend=config.backend,
-                        loop=config.loop, device=config.device),
+        self.agent = Agent.build(  # the policy and ONE engine over it (make_engine)
+            AgentConfig(policy=config.policy, loop=config.loop),
             sessions=PoolSessions(pool_client) if pool_client is not None else None,
             schemas=schemas)
         self._batches = 0
@@ -76,30 +80,47 @@ class RolloutWorker:
     policy = property(lambda self: self.agent.policy)
     chat = property(lambda self: self.agent.chat_format)
     version = property(lambda self: self.agent.version)
+    engine = property(lambda self: self.agent.backend)
 
     @property
     def backend(self) -> Any:
-        return self.agent.backend
+        """The batch backend under the engine (``HFEngine.backend``, ``BatchedEngine.backend``), for
+        benchmarks and tests that call it directly; the engine itself when it has none (vLLM)."""
+        from sqlrl.policy.hf_engine import HFEngine  # torch: only when asked
+
+        engine = self.agent.backend
+        return engine.backend if isinstance(engine, (HFEngine, BatchedEngine)) else engine
 
     @backend.setter
     def backend(self, backend: Any) -> None:
-        self.agent.backend = backend
+        """Generate with ``backend`` from now on: an ``AsyncEngine``, or a batch backend (its native
+        engine, else the batching adapter: ``as_engine``). The engine it replaces is closed."""
+        engine, _ = as_engine(backend)
+        if engine is not self.agent.backend:
+            self.agent.close()
+        self.agent.backend = engine
+        self.agent.version_map = {engine.policy_version: self.agent.version}
 
-    def rollout(self, tasks: Sequence[Any]) -> list[Trajectory]:
-        """Never raises for a task: a refused lease or a failing loop gives error trajectories."""
+    def rollout(self, tasks: Sequence[Any], seed_indexes: Sequence[int] | None = None) -> list[Trajectory]:
+        """Every task at once on this worker's engine (``sqlrl.agent.rollouts.roll_out``: at most
+        ``loop.max_concurrent_trajectories`` in flight, a session leased per trajectory).
+        ``seed_indexes``: each task's index in the whole call (turn seeds). Never raises for a task:
+        a refused lease or a failing loop gives error trajectories."""
         self._batches += 1
-        return self.agent.run(tasks, keys=[f"w{self.index}/b{self._batches}/{i}"
-                                           for i in range(len(tasks))])
+        return self.agent.run(tasks, keys=[f"w{self.index}/b{self._batches}/{i}" for i in range(len(tasks))],
+                              seed_indexes=seed_indexes)
 
-    def update_weights(self, state_dict: Mapping[str, Any], version: int) -> int:
-        """Load the learner's weights (a full state dict); returns the version now served."""
-        return self.agent.update_weights(state_dict, version)
+    def update_weights(self, state_dict: Mapping[str, Any], version: int,
+                       policy: UpdatePolicy = UpdatePolicy.DRAIN) -> int:
+        """Load the learner's weights (a full state dict) into the running engine under ``policy``;
+        returns the version now served."""
+        return self.agent.update_weights(state_dict, version, UpdatePolicy(policy))
 
     def get_version(self) -> int:
         return self.agent.version
 
     def close(self) -> None:
-        """Release the backend's resources (a vLLM engine's processes); the worker is done."""
+        """Close the engine (a vLLM engine's processes, an HF engine's thread); the worker is done."""
         self.agent.close()
 
 
@@ -114,12 +135,15 @@ class RolloutGroup:
         self.workers.add({i: (i, config, pool.client(i) if pool else None, schemas) for i in range(n)})
 
     def rollout(self, tasks: Sequence[Any]) -> list[Trajectory]:
+        """One trajectory per task, in order: tasks split over the workers by ``sticky_routes`` (the
+        samples of one task -- a GRPO group -- on one worker), each worker running its share at once."""
         tasks = list(tasks)
-        size = -(-len(tasks) // len(self.workers))
-        chunks = {w: list(range(w * size, min(len(tasks), (w + 1) * size)))
-                  for w in range(len(self.workers)) if w * size < len(tasks)}
+        if not tasks:
+            return []
+        routes = sticky_routes(tasks, len(self.workers))
+        chunks = {w: [i for i, r in enumerate(routes) if r == w] for w in sorted(set(routes))}
         answers = self.workers.fan_out(RolloutWorker.rollout,
-                                       {w: ([tasks[i] for i in idx],) for w, idx in chunks.items()},
+                                       {w: ([tasks[i] for i in idx], idx) for w, idx in chunks.items()},
                                        timeout_s=self.config.timeout_s, restart_late=True)
         out: list[Trajectory | None] = [None] * len(tasks)
         for w, values in answers.items():
@@ -132,15 +156,17 @@ class RolloutGroup:
                 out[i] = v
         return out  # type: ignore[return-value]
 
-    def update_weights(self, state_dict: Any, version: int) -> None:
+    def update_weights(self, state_dict: Any, version: int, policy: UpdatePolicy = UpdatePolicy.DRAIN) -> None:
         """``state_dict``: a mapping, or an ObjectRef to one already in the object store (the
-        learner's ``state_dict_ref()``), which Ray workers then read without another copy.
-        Raises when a worker could not load them."""
+        learner's ``state_dict_ref()``), which Ray workers then read without another copy; each
+        worker loads it into its running engine under ``policy`` (``UpdatePolicy``: drain, abort,
+        continue). Raises when a worker could not load them."""
+        policy = UpdatePolicy(policy)
         if self.workers.in_process != isinstance(state_dict, Mapping):  # a ref here, or a dict to Ray
             import ray
 
             state_dict = ray.get(state_dict) if self.workers.in_process else ray.put(dict(state_dict))
-        answers = self.workers.call_all(RolloutWorker.update_weights, state_dict, version,
+        answers = self.workers.call_all(RolloutWorker.update_weights, state_dict, version, policy,
                                         timeout_s=self.config.timeout_s)
         for w, answer in answers.items():
             if isinstance(answer, Failed):

@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from actors.learner import LearnerGroup  # noqa: E402
-from actors.rollout import RolloutConfig, RolloutGroup  # noqa: E402
+from actors.rollout import PolicySpec, RolloutConfig, RolloutGroup  # noqa: E402
 from sqlrl.agent.chat_format import HFChatFormat  # noqa: E402
 from sqlrl.learn.batch import SFTExample, sft_batch  # noqa: E402
 from sqlrl.learn.config import SFTConfig  # noqa: E402
@@ -98,7 +98,7 @@ def run_mode(model: str, mode: str, precision: str, batch, args) -> dict:
                    input_tokens=input_tokens, trained_tok_s=batch.n_tokens / wall, input_tok_s=input_tokens / wall,
                    losses=losses, walls=walls)
         if precision == "fp32" and args.syncs:
-            rollout = RolloutGroup(RolloutConfig(model=model, in_process=True))
+            rollout = RolloutGroup(RolloutConfig(PolicySpec(model, backend="hf"), in_process=True))
             syncs = []
             for _ in range(args.syncs):
                 group.step(batch, "sft", SFTConfig())
@@ -107,7 +107,7 @@ def run_mode(model: str, mode: str, precision: str, batch, args) -> dict:
                 syncs.append(seconds)
             row["sync_local_s"] = statistics.median(syncs)
             if args.ray_rollout and n:
-                remote = RolloutGroup(RolloutConfig(model=model, n_workers=1, num_cpus=1))
+                remote = RolloutGroup(RolloutConfig(PolicySpec(model, backend="hf"), n_workers=1, num_cpus=1))
                 try:
                     ray.get([w.get_version.remote() for w in remote.workers.values()])  # started: time the sync only
                     group.step(batch, "sft", SFTConfig())

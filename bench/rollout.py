@@ -71,7 +71,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from actors.db_pool import DBPoolConfig, DBPoolGroup  # noqa: E402
-from actors.rollout import RolloutConfig, RolloutWorker  # noqa: E402
+from actors.rollout import PolicySpec, RolloutConfig, RolloutWorker  # noqa: E402
 from sqlrl.agent.loop import LoopConfig  # noqa: E402
 from sqlrl.agent.prompts import build_messages, tools_for  # noqa: E402
 from sqlrl.db.lease import Catalog  # noqa: E402
@@ -320,7 +320,7 @@ def bench_model(name: str, tasks: list, urls: dict, schemas: dict, rounds: int, 
     try:
         t0 = time.perf_counter()
         try:
-            worker = RolloutWorker(0, RolloutConfig(model=name, loop=loop, in_process=True), pool.client(0),
+            worker = RolloutWorker(0, RolloutConfig(PolicySpec(name, backend="hf"), loop=loop, in_process=True), pool.client(0),
                                    schemas)
         except (FileNotFoundError, ImportError) as exc:  # what load_policy raises for a missing model
             raise Skip(f"{type(exc).__name__}: {exc}") from exc

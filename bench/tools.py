@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     import ray
 
     from actors.db_pool import DBPoolConfig, DBPoolGroup
-    from actors.rollout import RolloutConfig, RolloutWorker
+    from actors.rollout import PolicySpec, RolloutConfig, RolloutWorker
     from sqlrl.agent.loop import LoopConfig
     from sqlrl.db.lease import Catalog
     from sqlrl.db.shard import ShardConfig
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
                                         shard=ShardConfig(catalog=catalog)))
         loop = LoopConfig(max_turns=3, max_total_tokens=8192,
                           sampling=SamplingParams(max_new_tokens=REPLAY_MAX_NEW_TOKENS, temperature=0.0))
-        worker = RolloutWorker(0, RolloutConfig(model="tiny", loop=loop), pool.client(0), schemas)
+        worker = RolloutWorker(0, RolloutConfig(PolicySpec("tiny", backend="hf"), loop=loop), pool.client(0), schemas)
         worker.backend = GoldReplayBackend(worker.policy.tokenizer, worker.chat, tasks, schemas, "agentic",
                                            "hermes")
         worker.rollout(tasks)  # warm-up: connections opened, actors hot

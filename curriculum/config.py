@@ -17,6 +17,8 @@ Guarantees:
   temperature the rollouts were sampled at); a different explicit value is an error.
 - Defaults are the micro-scale main job on the embedded default (SmolLM2-135M, generated data,
   in-process); the GPU path is the same config with ``cluster`` and ``rollout.backend`` changed.
+- ``reward`` (``sqlrl.rewards.RewardConfig``) reaches every reward scorer of the stage
+  (``jobs.runtime.Runtime``): ``reward.test_suite`` switches test-suite execution match on.
 - ``cluster.placement`` names a profile of ``deploy/placement.yaml`` (what each kind of actor asks
   Ray for; ``curriculum/placement.py``); an unknown one is an error naming the known profiles.
 """
@@ -25,11 +27,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, Sequence
+from typing import TYPE_CHECKING, Any, Literal, Sequence
 
 from sqlrl.config import load_config
 from sqlrl.learn.config import GRPOConfig, SFTConfig
 from sqlrl.learn.optim import OptimConfig
+from sqlrl.policy.spec import PolicySpec, dtype_name
+from sqlrl.rewards import RewardConfig
 
 from .stages import STAGES, StageSpec, previous_stage, stage_spec
 
@@ -43,7 +47,9 @@ __all__ = ["STAGES", "StageConfig", "load_stage_config"]  # STAGES: the registry
 @dataclass(frozen=True)
 class ModelConfig:
     init: str = "smollm2-135m"  # a model name (tiny, smollm2-135m), a checkpoint folder, or "previous"
-    mixed_precision: Literal["fp32", "bf16"] = "fp32"
+    # the learner's precision: float32, or bfloat16 (autocast / FSDP2 mixed precision; fp32 weights
+    # and Adam state); fp32 / bf16 accepted and normalised (sqlrl.policy.spec.dtype_name)
+    mixed_precision: str = "float32"
     # How prompts render the schema (sqlrl.agent.prompts.SCHEMA_STYLES: create, compact). None is
     # resolved when the config is made ($SQLRL_SCHEMA_STYLE, else the default), so config.yaml
     # records the style a stage used; its checkpoint records it too, and a stage refuses to start
@@ -52,7 +58,14 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         from sqlrl.agent.prompts import schema_style
+        from sqlrl.learn.fsdp import MIXED_PRECISION
+
         object.__setattr__(self, "schema_style", schema_style(self.schema_style))
+        precision = dtype_name(self.mixed_precision, "model.mixed_precision")
+        if precision not in MIXED_PRECISION:
+            raise ValueError(f"model.mixed_precision must be one of {', '.join(MIXED_PRECISION)}, got "
+                             f"{self.mixed_precision!r}")
+        object.__setattr__(self, "mixed_precision", precision)
 
 
 @dataclass(frozen=True)
@@ -118,18 +131,29 @@ class ClusterConfig:
 
 @dataclass(frozen=True)
 class RolloutSettings:
-    backend: str = "auto"  # vllm where it can run the model (sqlrl.policy.backends), else hf
-    # where hf generation runs: auto = the GPU when the rollout process sees one (not beside vLLM), cpu, cuda[:N]
-    device: str = "auto"
+    # How the stage's policy generates (rollouts, evaluation, inference): the fields of
+    # sqlrl.policy.spec.PolicySpec with its defaults -- backend (an engine: auto = vllm where it can
+    # run the model, else hf; hf, vllm, hf-batched, vllm-batched), dtype (float32 | bfloat16 |
+    # float16; fp32 / bf16 / fp16 accepted and normalised), device (where hf generation runs: auto =
+    # the GPU when the rollout process sees one, not beside vLLM; cpu, cuda[:N]) and engine_options.
+    backend: str = PolicySpec.backend
+    dtype: str = PolicySpec.dtype
+    device: str = PolicySpec.device
+    engine_options: dict[str, Any] = field(default_factory=dict)
     max_turns: int = 4  # the programmatic teacher's trajectories take 2-4 turns
     max_new_tokens: int = 160
     max_total_tokens: int = 2048
-    batch: int = 16  # trajectories per rollout call
+    batch: int = 16  # trajectories in flight at once per rollout worker (LoopConfig.max_concurrent_trajectories)
 
     def __post_init__(self) -> None:
-        from sqlrl.policy.backends import check_device
+        object.__setattr__(self, "dtype", self.policy("-").dtype)  # checked and normalised by PolicySpec
+        if isinstance(self.batch, bool) or not isinstance(self.batch, int) or self.batch < 1:
+            raise ValueError(f"rollout.batch must be an integer >= 1, got {self.batch!r}")
 
-        check_device(self.device)
+    def policy(self, model: str) -> PolicySpec:
+        """The ``PolicySpec`` of ``model`` generating with these settings."""
+        return PolicySpec(model=model, backend=self.backend, dtype=self.dtype, device=self.device,
+                          engine_options=dict(self.engine_options))
 
 
 @dataclass(frozen=True)
@@ -231,6 +255,11 @@ class RLSettings:
     # The rollouts' sampling seed (probe and steps); None = data.seed. Another value repeats a run
     # with other samples on the same training and held-out tasks: one RL row per seed.
     seed: int | None = None
+    # How the learner's new weights go into the running rollout engines (sqlrl.policy.engine.UpdatePolicy):
+    # drain (default: in-flight sequences finish on the old weights, exactly on-policy), abort
+    # (in-flight sequences are regenerated on the new ones) or continue (they go on with the new
+    # weights; tokens of an older version are masked out of the loss: sqlrl.rl.staleness).
+    weight_update: str = "drain"
     loss: GRPOConfig = field(default_factory=GRPOConfig)
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5, warmup_steps=0, total_steps=4,
                                                                    micro_batch_size=2))
@@ -248,6 +277,11 @@ class RLSettings:
                              f"task the model sometimes solves), got {self.probe_samples!r}")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
             raise ValueError(f"rl.seed must be an integer or null (= data.seed), got {self.seed!r}")
+        from sqlrl.policy.engine import UpdatePolicy
+
+        if self.weight_update not in {p.value for p in UpdatePolicy}:
+            raise ValueError(f"rl.weight_update must be one of {', '.join(p.value for p in UpdatePolicy)}, "
+                             f"got {self.weight_update!r}")
         # The learner scores tokens under logits / rl.loss.temperature against the rollout's
         # log-probs, which were sampled at rl.temperature: the two must be one number (verl likewise
         # divides the actor's logits by the rollout temperature). rl.temperature is the one to set;
@@ -292,6 +326,11 @@ class StageConfig:
     teacher: TeacherConfig = field(default_factory=TeacherConfig)
     sft: SFTSettings = field(default_factory=SFTSettings)
     rl: RLSettings = field(default_factory=RLSettings)
+    # How the stage's reward scorers score (sqlrl.rewards.RewardConfig), for its RL steps and its
+    # held-out evaluation alike: format_style, sqlr1, and test-suite execution match
+    # (reward.test_suite: true with reward.test_suite_dir, a folder where database variants and
+    # suites are cached, e.g. <run_dir>/test_suite; docs/rewards.md). Off by default.
+    reward: RewardConfig = field(default_factory=RewardConfig)
 
     def __post_init__(self) -> None:
         stage_spec(self.stage)  # an unknown stage is an error naming the known ones
@@ -314,7 +353,7 @@ class StageConfig:
         return self.spec.mode
 
     @property
-    def reward(self) -> str:
+    def reward_name(self) -> str:
         """The GRPO reward: ``rl.reward``, else the hybrid reward of the stage's mode."""
         return self.rl.reward or f"hybrid_{self.mode}"
 

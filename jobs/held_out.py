@@ -2,7 +2,7 @@
 
 Guarantees:
 - ``evaluate(rt, model, tasks, mode)`` rolls every task out once in ``mode`` at
-  ``eval.temperature`` (0: greedy) in batches of ``rollout.batch``, on the job's rollout workers,
+  ``eval.temperature`` (0: greedy) on the job's rollout workers (``rollout.batch`` at once each),
   and scores them with ``hybrid_<mode>`` on the job's reward scorers. It returns an
   ``Evaluation`` (frozen; ``to_dict()`` is its ``summary.json`` entry, the keys named below) with
   one ``TaskResult`` per task.
@@ -36,7 +36,6 @@ Guarantees:
 
 from __future__ import annotations
 
-import math
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -50,16 +49,14 @@ from sqlrl.rl.outcome import mean, outcome
 
 def _roll_out(rt: Any, model: str, tasks: Sequence[Any], mode: str, label: str, *, temperature: float,
               seed: int | None = None) -> tuple[list[Any], list[Any]]:
-    """One rollout of each of ``tasks`` (repeats allowed) in batches, then their breakdowns."""
-    batch = rt.cfg.rollout.batch
+    """One rollout of each of ``tasks`` (repeats allowed), all in one call to the rollout workers
+    (each runs ``rollout.batch`` at once), then their breakdowns."""
     with Heartbeat(f"eval ({label}) {Path(model).name}", total=len(tasks), unit="rollouts",
                    note="loading the model") as beat:
         group = rt.rollout_group(model, mode, temperature=temperature, **({} if seed is None else {"seed": seed}))
         try:
-            trajs: list[Any] = []
-            for start in range(0, len(tasks), batch):
-                beat.update(len(trajs), note=f"rollout batch {start // batch + 1}/{math.ceil(len(tasks) / batch)}")
-                trajs += group.rollout(list(tasks[start:start + batch]))
+            beat.update(0, note=f"rolling out {len(tasks)}")
+            trajs = list(group.rollout(list(tasks)))
         finally:
             rt.release(group)
         beat.update(len(trajs), note="scoring")

@@ -25,8 +25,8 @@ flags above, then ``key=value`` overrides (``tasks.source=bird tasks.path=…``:
 workers, what each asks Ray for: ``placement``) is ``jobs.runtime``'s, the stage jobs' own.
 Path options (``--tasks``, ``--db-root``, ``--spider``, ``--model`` when it is a folder, and the
 config's ``tasks.path`` / ``tasks.db_root`` / ``model``) are checked before anything runs; all
-missing ones are named at once (exit 2). In a terminal a progress bar,
-otherwise a heartbeat line at least every ``SQLRL_HEARTBEAT_S`` (60) seconds.
+missing ones are named at once (exit 2). While the rollouts run, a heartbeat line at least every
+``SQLRL_HEARTBEAT_S`` (60) seconds.
 Reads top to bottom: check → load → roll out → vote → write.
 """
 
@@ -168,7 +168,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     ap.add_argument("--max-turns", type=int, help="default 4")
     ap.add_argument("--max-new-tokens", type=int, help="default 256")
     ap.add_argument("--max-total-tokens", type=int, help="default 8192")
-    ap.add_argument("--batch", type=int, help="trajectories per rollout call (default 16)")
+    ap.add_argument("--batch", type=int, help="trajectories in flight per rollout worker (default 16)")
     ap.add_argument("--workers", type=int, help="Ray rollout workers (default 0: in-process)")
     ap.add_argument("--seed", type=int, help="default 0")
     ap.add_argument("--out", help="default runs/infer/<time>")
@@ -250,29 +250,17 @@ def main(argv: list[str] | None = None) -> int:
     r = cfg.rollout
     loop = loop_config(cfg.mode, max_turns=r.max_turns, max_total_tokens=r.max_total_tokens,
                        max_new_tokens=r.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed,
-                       schema_style=style)
-    group = rollout_group(pool, taskset.schemas, cfg.model, loop, backend=r.backend, workers=cfg.workers, asks=asks,
-                          device=r.device)
+                       schema_style=style, max_concurrent=r.batch)
+    group = rollout_group(pool, taskset.schemas, r.policy(cfg.model), loop, workers=cfg.workers, asks=asks)
 
-    # -- roll out (each task k times, in batches)
-    from rich.progress import Progress
-
+    # -- roll out (each task k times, in one call: each worker runs rollout.batch at once)
     repeated = [t for t in tasks for _ in range(cfg.k)]
-    trajectories: list[Any] = []
     t0 = time.perf_counter()
-    label = f"rollouts ({cfg.model}, k={cfg.k})"
     try:
-        if console.is_terminal:
-            with Progress(console=console, transient=True) as bar:
-                job = bar.add_task(label, total=len(repeated))
-                for start in range(0, len(repeated), cfg.rollout.batch):
-                    trajectories += group.rollout(repeated[start:start + cfg.rollout.batch])
-                    bar.update(job, completed=len(trajectories))
-        else:
-            with Heartbeat(f"infer: {label}", total=len(repeated), unit="trajectories") as beat:
-                for start in range(0, len(repeated), cfg.rollout.batch):
-                    trajectories += group.rollout(repeated[start:start + cfg.rollout.batch])
-                    beat.update(len(trajectories))
+        with Heartbeat(f"infer: rollouts ({cfg.model}, k={cfg.k})", total=len(repeated), unit="trajectories",
+                       enabled=True) as beat:  # one call: a line while it runs, in a terminal too
+            trajectories: list[Any] = list(group.rollout(repeated))
+            beat.update(len(trajectories))
     finally:
         group.shutdown()
         pool.shutdown()

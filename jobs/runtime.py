@@ -11,6 +11,11 @@ Guarantees:
   definitions are checked against).
 - The pool has a partition per rollout worker and one for the reward scorers; ``Runtime.score``
   never scores a rollout that failed (it gets an excluded breakdown: neither reward nor penalty).
+  The scorers score with the stage's ``reward`` section (``RewardConfig``: ``reward.test_suite``
+  switches test-suite match on, for the RL steps and the held-out evaluation alike).
+- Rollout workers generate with ``rollout.policy(model)`` (a ``PolicySpec``: ``rollout.backend``,
+  ``rollout.dtype``, ``rollout.device``, ``rollout.engine_options``) and run ``rollout.batch``
+  trajectories at once each.
 - ``close()`` (also on leaving the ``with`` block) shuts down every group it made, the pool last.
 """
 
@@ -46,30 +51,32 @@ def session_pool(catalog: Mapping[str, Mapping[str, str]], dialects: Sequence[st
         num_cpus_per_shard=asks.db_shard.num_cpus, resources=dict(asks.db_shard.resources)))
 
 
-def rollout_group(pool: Any, schemas: Mapping[str, Any], model: str, loop: Any, *, backend: str,
-                  workers: int, asks: Any, device: str = "auto") -> Any:
-    """Rollout workers (0 = one in-process) running ``model`` in the agent loop ``loop`` on sessions
-    leased from ``pool``."""
+def rollout_group(pool: Any, schemas: Mapping[str, Any], policy: Any, loop: Any, *,
+                  workers: int, asks: Any) -> Any:
+    """Rollout workers (0 = one in-process) generating with ``policy`` (a ``PolicySpec``: model,
+    engine, dtype, device) in the agent loop ``loop`` on sessions leased from ``pool``."""
     from actors.rollout import RolloutConfig, RolloutGroup
 
     ask = asks.rollout
-    return RolloutGroup(RolloutConfig(model=model, backend=backend, device=device, loop=loop, in_process=workers == 0,
+    return RolloutGroup(RolloutConfig(policy=policy, loop=loop, in_process=workers == 0,
                                       n_workers=max(1, workers),
                                       num_cpus=ask.num_cpus, num_gpus=ask.num_gpus, resources=dict(ask.resources)),
                         pool, schemas)
 
 
 def loop_config(mode: str, *, max_turns: int, max_total_tokens: int, max_new_tokens: int,
-                temperature: float, top_p: float = 1.0, seed: int = 0, schema_style: str | None = None) -> Any:
+                temperature: float, top_p: float = 1.0, seed: int = 0, schema_style: str | None = None,
+                max_concurrent: int | None = None) -> Any:
     """The agent loop's settings; a single-turn loop has one turn whatever ``max_turns``;
-    ``schema_style`` as ``LoopConfig``'s."""
+    ``schema_style`` as ``LoopConfig``'s; ``max_concurrent`` (``rollout.batch``): trajectories in
+    flight at once per rollout worker (``LoopConfig.max_concurrent_trajectories``)."""
     from sqlrl.agent.loop import LoopConfig
     from sqlrl.policy.types import SamplingParams
 
     return LoopConfig(mode=mode, max_turns=max_turns if mode == "agentic" else 1, max_total_tokens=max_total_tokens,
                       sampling=SamplingParams(temperature=temperature, top_p=top_p,
                                               max_new_tokens=max_new_tokens, seed=seed),
-                      schema_style=schema_style)
+                      schema_style=schema_style, max_concurrent_trajectories=max_concurrent)
 
 
 class Runtime:
@@ -89,7 +96,7 @@ class Runtime:
         reward = self.asks.reward
         self.rewards = RewardGroup(data.catalog, RewardGroupConfig(
             in_process=not self.ray, n_actors=cfg.cluster.reward_actors, num_cpus_per_actor=reward.num_cpus,
-            resources=dict(reward.resources)), self.pool.client(role="reward"))
+            resources=dict(reward.resources), reward=cfg.reward), self.pool.client(role="reward"))
         self._groups: list[Any] = []
 
     def rollout_group(self, model: str, mode: str, *, temperature: float, top_p: float = 1.0,
@@ -97,8 +104,8 @@ class Runtime:
         r = self.cfg.rollout
         loop = loop_config(mode, max_turns=r.max_turns, max_total_tokens=r.max_total_tokens,
                            max_new_tokens=r.max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
-                           schema_style=self.cfg.model.schema_style)
-        group = rollout_group(self.pool, self.data.schemas, model, loop, backend=r.backend, device=r.device,
+                           schema_style=self.cfg.model.schema_style, max_concurrent=r.batch)
+        group = rollout_group(self.pool, self.data.schemas, r.policy(model), loop,  # rollout.dtype too
                               workers=self.cfg.cluster.rollout_workers if self.ray else 0, asks=self.asks)
         self._groups.append(group)
         return group

@@ -2,12 +2,13 @@
 
 - ``sft``: ``sft.epochs`` passes over the stage's ``SFTExample``s in batches of ``sft.batch_size``.
 - ``grpo``: ``rl.steps`` GRPO steps over the stage's tasks: the loop itself -- roll out
-  ``tasks_per_step`` tasks x ``group_size`` samples, score them (``StageConfig.reward``), keep the
+  ``tasks_per_step`` tasks x ``group_size`` samples, score them (``StageConfig.reward_name``, with the ``reward`` section's settings), keep the
   groups with a signal (dynamic sampling with ``rl.sampling_rounds > 1``), update, sync -- is
   ``sqlrl.rl.grpo.grpo_steps`` (Ray-free, its own tests); this recipe wires it to the job's
   rollout workers (``rollout``), reward scorers (``score``), learner (``update``: verl's GRPO
-  advantages in ``rl_batch``, ``rl.updates_per_batch`` updates) and weight sync (``sync``), and
-  logs each ``StepResult.row()``. With ``rl.probe_samples >= 2`` it first runs
+  advantages in ``rl_batch``, ``rl.updates_per_batch`` updates; tokens an older policy generated
+  masked first, ``sqlrl.rl.staleness``, counted as ``stale_*``) and weight sync (``sync``: into the
+  running engines under ``rl.weight_update``, drain by default), and logs each ``StepResult.row()``. With ``rl.probe_samples >= 2`` it first runs
   ``sqlrl.rl.grpo.probe`` (difficulty-aware selection) and trains on the tasks it picks; step 1
   logs the probe's counts (``probe_*``). The rollouts sample with ``rl_seed``: ``rl.seed``, else
   ``data.seed`` (the tasks always follow ``data.seed``).
@@ -83,6 +84,7 @@ def train_grpo(rt: Any, model: str, tasks: Sequence[Any], logger: Any) -> tuple[
     from sqlrl.learn.batch import rl_batch
     from sqlrl.policy.load import load_tokenizer
     from sqlrl.rl.grpo import GRPOFns, LoopState, grpo_steps
+    from sqlrl.rl.staleness import mask_stale
 
     r, stage = rt.cfg.rl, rt.cfg.stage
     optim = dataclasses.replace(r.optim, total_steps=max(1, r.steps * r.updates_per_batch))
@@ -91,17 +93,19 @@ def train_grpo(rt: Any, model: str, tasks: Sequence[Any], logger: Any) -> tuple[
     _, pad_id = load_tokenizer(model)
 
     def update(trajs: list[Any], scores: list[float], gids: list[str]) -> dict[str, Any]:
-        batch = rl_batch(trajs, scores, gids, r.loss, pad_id=pad_id, max_length=rt.cfg.rollout.max_total_tokens)
+        kept = mask_stale(trajs, learner.version)  # tokens of an older policy (rl.weight_update: continue)
+        batch = rl_batch(kept.trajectories, scores, gids, r.loss, pad_id=pad_id,
+                         max_length=rt.cfg.rollout.max_total_tokens)
         for _ in range(r.updates_per_batch):
             m = dict(learner.step(batch, "grpo", r.loss))
-        return m
+        return {**m, **kept.metrics()}
 
     checkpoints = StageCheckpoints(rt.cfg)
     state = checkpoints.restore(learner)
     history: list[dict] = []
     with Heartbeat(f"{stage} GRPO", total=r.steps, unit="steps done") as beat:
-        fns = GRPOFns(rollout=rollout.rollout, score=lambda trajs, drawn: rt.score(trajs, drawn, rt.cfg.reward),
-                      update=update, sync=lambda: learner.sync_to(rollout),
+        fns = GRPOFns(rollout=rollout.rollout, score=lambda trajs, drawn: rt.score(trajs, drawn, rt.cfg.reward_name),
+                      update=update, sync=lambda: learner.sync_to(rollout, r.weight_update),
                       progress=lambda step, note: beat.update(step, note=note))
         chosen, start = None, LoopState()
         if state is not None:  # resumed: the probe's choice, the data position and the metrics so far
@@ -127,12 +131,12 @@ def train_grpo(rt: Any, model: str, tasks: Sequence[Any], logger: Any) -> tuple[
 
 
 def grpo_plan(cfg: Any) -> Any:
-    """The loop's shape (``sqlrl.rl.grpo.GRPOPlan``) from ``rl.*`` and ``rollout.batch``."""
+    """The loop's shape (``sqlrl.rl.grpo.GRPOPlan``) from ``rl.*``."""
     from sqlrl.rl.grpo import GRPOPlan
 
     r = cfg.rl
     return GRPOPlan(steps=r.steps, tasks_per_step=r.tasks_per_step, group_size=r.group_size,
-                    sampling_rounds=r.sampling_rounds, probe_samples=r.probe_samples, batch=cfg.rollout.batch)
+                    sampling_rounds=r.sampling_rounds, probe_samples=r.probe_samples)
 
 
 def rl_seed(cfg: Any) -> int:
@@ -210,7 +214,7 @@ def plan_grpo(cfg: StageConfig) -> str:
     r = cfg.rl
     probe = (f"; first a probe of {r.probe_samples} samples per task, training on the tasks whose rewards differ"
              if r.probe_samples else "")
-    return (f"{r.steps} GRPO step(s) x {r.tasks_per_step} task(s) x {r.group_size} samples (reward {cfg.reward})"
+    return (f"{r.steps} GRPO step(s) x {r.tasks_per_step} task(s) x {r.group_size} samples (reward {cfg.reward_name})"
             + probe)
 
 

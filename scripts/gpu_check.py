@@ -194,10 +194,10 @@ def vllm() -> str:
 
 
 def rollout_device() -> str:
-    from actors.rollout import RolloutConfig, RolloutWorker
+    from actors.rollout import PolicySpec, RolloutConfig, RolloutWorker
     from sqlrl.policy.types import SamplingParams
 
-    worker = RolloutWorker(0, RolloutConfig(model="tiny", in_process=True))  # rollout.device: auto
+    worker = RolloutWorker(0, RolloutConfig(PolicySpec("tiny"), in_process=True))  # rollout.device: auto
     where = worker.policy.device.type
     if where != DEVICE:
         raise AssertionError(f"rollout.device auto put the HF policy on {where}, not {DEVICE}")

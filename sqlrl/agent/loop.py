@@ -59,65 +59,30 @@ import asyncio
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping, Sequence
 
 from sqlrl.db.types import ErrorKind
 from sqlrl.policy.batched import BatchedEngine, as_engine
 from sqlrl.policy.engine import AsyncEngine, EngineError, run_sync
-from sqlrl.policy.types import Generation, GenerationBackend, SamplingParams, row_seed
+from sqlrl.policy.types import Generation, GenerationBackend, row_seed
 from sqlrl.rewards.parse import extract_agentic, extract_single
 from sqlrl.tasks.schema import DatabaseSchema
 from sqlrl.tasks.types import Task
 from sqlrl.tools import ToolCall, format_tool_error
 
 from .chat_format import ChatFormat
-from .parsers import PARSERS, get_parser
-from .prompts import MODES, SCHEMA_STYLES, build_messages, tools_for
+from .config import LoopConfig
+from .parsers import get_parser
+from .prompts import build_messages, tools_for
 from .state import _WAITING, LoopStateError, RolloutState, State
-from .toolrun import ExecuteMany, ToolBatcher
+from .toolrun import ExecuteMany, Leases, ToolBatcher
 from .trajectory import Trajectory, Turn
 
 __all__ = ["FATAL_ERROR_KINDS", "AgentLoop", "LoopConfig", "LoopStateError", "RolloutState", "State", "turn_seed"]
 
 # Session failures after which no further call can work: the rollout ends with "error".
 FATAL_ERROR_KINDS = frozenset({ErrorKind.SESSION_LOST, ErrorKind.LEASE_EXPIRED})
-
-
-@dataclass(frozen=True)
-class LoopConfig:
-    max_turns: int = 8
-    max_total_tokens: int = 8192
-    sampling: SamplingParams = field(default_factory=lambda: SamplingParams(max_new_tokens=512))
-    parser: str = "hermes"
-    mode: str = "agentic"
-    deadline_s: float | None = None  # wall-clock limit of one run(); None = none
-    batch_tools: bool = True  # a group's execute_sql calls in one execute_many (when the source has one)
-    tool_window_s: float = 0.0  # tool calls ready within this of each other form one group (0: same step)
-    max_concurrent_trajectories: int | None = None  # rollouts in progress at once; None = all
-    schema_style: str | None = None  # prompts.SCHEMA_STYLES key; None: $SQLRL_SCHEMA_STYLE or the default
-
-    def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ValueError(f"LoopConfig.mode {self.mode!r} is not one of {', '.join(MODES)}")
-        if self.parser not in PARSERS:
-            raise ValueError(f"LoopConfig.parser {self.parser!r} is not one of {', '.join(PARSERS)}")
-        if self.max_turns < 1:
-            raise ValueError(f"LoopConfig.max_turns must be >= 1, got {self.max_turns}")
-        if self.sampling.n != 1:
-            raise ValueError("LoopConfig.sampling.n must be 1: repeat a task to make a GRPO group")
-        if self.max_total_tokens <= self.sampling.max_new_tokens:
-            raise ValueError(f"LoopConfig.max_total_tokens ({self.max_total_tokens}) must exceed "
-                             f"sampling.max_new_tokens ({self.sampling.max_new_tokens})")
-        if self.deadline_s is not None and self.deadline_s <= 0:
-            raise ValueError(f"LoopConfig.deadline_s must be > 0, got {self.deadline_s}")
-        if self.tool_window_s < 0:
-            raise ValueError(f"LoopConfig.tool_window_s must be >= 0, got {self.tool_window_s}")
-        if self.max_concurrent_trajectories is not None and self.max_concurrent_trajectories < 1:
-            raise ValueError("LoopConfig.max_concurrent_trajectories must be >= 1 (or None), got "
-                             f"{self.max_concurrent_trajectories}")
-        if self.schema_style is not None and self.schema_style not in SCHEMA_STYLES:
-            raise ValueError(f"LoopConfig.schema_style {self.schema_style!r} is not one of {', '.join(SCHEMA_STYLES)}")
 
 
 def turn_seed(seed: int | None, rollout: int, turn: int) -> int | None:
@@ -154,7 +119,13 @@ class AgentLoop:
     """Run ``tasks[i]`` on ``sessions[i]`` (anything with ``.execute(sql) -> QueryResult``).
 
     ``backend``: an ``AsyncEngine`` or a sync ``GenerationBackend`` (wrapped for the run).
-    ``on_finish(state)``: called on the event loop as each rollout reaches DONE."""
+    ``on_finish(state)``: called on the event loop as each rollout reaches DONE.
+    ``leases`` (with ``sessions=None``): each rollout opens its session when it starts (inside its
+    ``max_concurrent_trajectories`` slot; rollouts starting in the same step share one
+    ``leases.open_many``) and closes it when it ends, so at most that many are open; a refused
+    open ends that rollout "error". ``seed_indexes[i]`` is the
+    index turn seeds use for rollout ``i`` (default ``i``). ``versions`` maps the engine's weight
+    versions to the ones trajectories report per token (``Trajectory.token_versions``)."""
 
     def __init__(self, tasks: Sequence[Task], sessions: Sequence[Any] | None,
                  backend: GenerationBackend | AsyncEngine, chat_format: ChatFormat,
@@ -162,13 +133,21 @@ class AgentLoop:
                  schemas: Mapping[str, DatabaseSchema] | Sequence[DatabaseSchema | None] | None = None,
                  policy_version: int = 0, clock: Callable[[], float] = time.monotonic,
                  execute_many: ExecuteMany | None = None,
-                 on_finish: Callable[[RolloutState], None] | None = None) -> None:
+                 on_finish: Callable[[RolloutState], None] | None = None,
+                 leases: Leases | None = None, seed_indexes: Sequence[int] | None = None,
+                 versions: Mapping[int, int] | None = None) -> None:
         tasks = list(tasks)
         sessions = list(sessions) if sessions is not None else [None] * len(tasks)
         if len(sessions) != len(tasks):
             raise ValueError(f"{len(tasks)} tasks but {len(sessions)} sessions")
-        if config.mode == "agentic" and any(s is None for s in sessions):
+        if config.mode == "agentic" and leases is None and any(s is None for s in sessions):
             raise ValueError("agentic mode needs a session for every task")
+        self._seed_index = list(seed_indexes) if seed_indexes is not None else list(range(len(tasks)))
+        if len(self._seed_index) != len(tasks):
+            raise ValueError(f"{len(tasks)} tasks but {len(self._seed_index)} seed indexes")
+        self.leases = leases if config.mode == "agentic" else None
+        self._versions = versions
+        self._run_engine = False
         if isinstance(schemas, Sequence) and len(schemas) != len(tasks):
             raise ValueError(f"{len(tasks)} tasks but {len(schemas)} schemas")
         self.backend, self.chat_format, self.config = backend, chat_format, config
@@ -203,6 +182,7 @@ class AgentLoop:
 
     async def arun(self) -> list[Trajectory]:
         engine, owned = as_engine(self.backend)
+        self._run_engine = owned  # made for this run: its weight versions mean nothing to the caller
         if isinstance(engine, BatchedEngine):
             self._adapter = engine
         n = max(1, len(self.states))
@@ -221,6 +201,12 @@ class AgentLoop:
     async def _rollout(self, s: RolloutState, run: _Run) -> None:
         async with run.slots:
             try:
+                if self.leases is not None and s.session is None:
+                    try:
+                        s.session = await run.tools.lease(self.leases, s.index)
+                    except Exception as exc:
+                        s.finish("error", f"could not open sessions: {_describe(exc)}")
+                        return
                 if s.state is State.PROMPTING and not s.ids:
                     self._prompt(s)
                 while s.state in _WAITING:
@@ -243,6 +229,8 @@ class AgentLoop:
                 if s.state is not State.DONE:
                     s.finish("error", _describe(exc))
             finally:
+                if self.leases is not None and s.session is not None:
+                    await run.tools.close(self.leases, s)
                 if self.on_finish is not None and s.state is State.DONE:
                     self.on_finish(s)
 
@@ -259,7 +247,7 @@ class AgentLoop:
         """This rollout's next turn from the engine; None when the rollout ended instead."""
         turn = len(s.turns)
         rid = f"{run.tag}/{s.index}/{turn}"
-        sampling = replace(self.config.sampling, seed=turn_seed(self.config.sampling.seed, s.index, turn))
+        sampling = replace(self.config.sampling, seed=turn_seed(self.config.sampling.seed, self._seed_index[s.index], turn))
         s.to(State.GENERATING)
         t0 = self.clock()
         request = asyncio.ensure_future(run.engine.generate(list(s.ids), sampling, request_id=rid))
@@ -286,6 +274,15 @@ class AgentLoop:
             s.finish("error", "generation failed: the engine aborted the request")
             return None
         return gen, (self.clock() - t0) * 1000.0
+
+    def _token_versions(self, gen: Generation) -> list[int]:
+        """The policy version of each generated token: the engine's own numbering mapped through
+        ``versions`` (engine version -> the caller's, e.g. the learner's), ``policy_version`` when the
+        engine reported none."""
+        if len(gen.versions) != len(gen.token_ids) or self._run_engine:
+            return [self.policy_version] * len(gen.token_ids)
+        mapping = self._versions or {}
+        return [mapping.get(v, v) for v in gen.versions]
 
     def _schema(self, s: RolloutState) -> DatabaseSchema | None:
         if self._schemas is None:
@@ -318,7 +315,7 @@ class AgentLoop:
         if len(ids) > self.config.sampling.max_new_tokens:
             raise RuntimeError(f"the backend returned {len(ids)} tokens, more than max_new_tokens="
                                f"{self.config.sampling.max_new_tokens}")
-        s.add(ids, lps)
+        s.add(ids, lps, self._token_versions(gen))
         text = gen.text
         eot = self.chat_format.end_of_turn
         if eot and text.endswith(eot):

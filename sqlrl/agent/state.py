@@ -52,6 +52,7 @@ class RolloutState:
     ids: list[int] = field(default_factory=list)
     mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)  # per id: the policy version that generated it, -1 if none
     prompt_length: int = 0
     turns: list[Turn] = field(default_factory=list)
     calls: list[ToolCall] = field(default_factory=list)
@@ -75,11 +76,21 @@ class RolloutState:
         self.stop_reason, self.error = reason, error
         self.to(State.DONE)
 
-    def add(self, ids: Sequence[int], logprobs: Sequence[float] | None) -> None:
-        """Append ids: model-generated (with their logprobs, mask 1) or not (``None``, mask 0)."""
+    def add(self, ids: Sequence[int], logprobs: Sequence[float] | None,
+            versions: Sequence[int] | None = None) -> None:
+        """Append ids: model-generated (with their logprobs, mask 1, and the policy version of each)
+        or not (``None``, mask 0, version -1)."""
         self.ids.extend(int(i) for i in ids)
         self.mask.extend([0 if logprobs is None else 1] * len(ids))
         self.logprobs.extend([0.0] * len(ids) if logprobs is None else (float(x) for x in logprobs))
+        self.versions.extend([-1] * len(ids) if versions is None else (int(v) for v in versions))
+
+    def _token_versions(self, policy_version: int) -> tuple[int, ...]:
+        """Per-token versions when some generated token is not of ``policy_version`` (a weight update
+        landed mid-rollout); () otherwise (``Trajectory.versions()`` then says ``policy_version``)."""
+        if all(v == policy_version for m, v in zip(self.mask, self.versions) if m):
+            return ()
+        return tuple(self.versions)
 
     def to_trajectory(self, mode: str, policy_version: int) -> Trajectory:
         return Trajectory(
@@ -89,4 +100,5 @@ class RolloutState:
             n_tool_calls=self.n_tool_calls, n_tool_errors=self.n_tool_errors,
             n_malformed=self.n_malformed, submitted_sql=self.submitted_sql,
             stop_reason=self.stop_reason or "error", policy_version=policy_version,
+            token_versions=self._token_versions(policy_version),
             error=self.error if self.stop_reason else "the rollout never finished")

@@ -10,6 +10,9 @@ Guarantees:
   ``prompt_length`` entries are the prompt (mask 0). Construction checks this.
 - ``messages`` is the conversation the ids represent: the prompt, then per turn the assistant
   message and (unless the trajectory ended on that turn) the tool message the model read next.
+- ``token_versions`` (set when some generated token is not of ``policy_version``) holds, per token, the policy version whose
+  weights generated it (-1 where the model did not generate): under a ``continue`` weight update a
+  trajectory can mix versions, and the learner masks the stale ones (``sqlrl.rl.staleness``).
 - ``stop_reason`` is one of ``STOP_REASONS``; ``error`` holds the message when it is ``"error"``
   or ``"timeout"``.
 """
@@ -51,6 +54,9 @@ class Trajectory:
     stop_reason: str
     policy_version: int = 0
     error: str | None = None
+    # per token: the policy version whose weights generated it (-1 on ids the model did not
+    # generate); () when every generated token is of ``policy_version`` (the usual case)
+    token_versions: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)
@@ -63,12 +69,22 @@ class Trajectory:
             raise ValueError("loss_mask holds only 0 and 1")
         if any(lp != 0.0 for m, lp in zip(self.loss_mask, self.old_logprobs) if not m):
             raise ValueError("old_logprobs must be 0.0 where loss_mask is 0")
+        if self.token_versions and len(self.token_versions) != n:
+            raise ValueError(f"token_versions ({len(self.token_versions)}) must be empty or as long as "
+                             f"token_ids ({n})")
         if self.stop_reason not in STOP_REASONS:
             raise ValueError(f"stop_reason {self.stop_reason!r} is not one of {STOP_REASONS}")
 
     @property
     def n_generated(self) -> int:
         return sum(self.loss_mask)
+
+    def versions(self) -> tuple[int, ...]:
+        """The policy version of every token (``token_versions``, or ``policy_version`` on every
+        generated token when the engine reported none; -1 on the others)."""
+        if self.token_versions:
+            return self.token_versions
+        return tuple(self.policy_version if m else -1 for m in self.loss_mask)
 
     def tool_calls(self) -> list[dict[str, Any]]:
         """The valid tool calls, in order, as ``{"name", "arguments"}`` dicts (agentic rewards' input)."""
@@ -94,7 +110,7 @@ class Trajectory:
         d = {f.name: getattr(self, f.name) for f in fields(self)}
         d["messages"] = [dict(m) for m in self.messages]
         d["turns"] = [asdict(t) for t in self.turns]
-        for key in ("token_ids", "loss_mask", "old_logprobs"):
+        for key in ("token_ids", "loss_mask", "old_logprobs", "token_versions"):
             d[key] = list(d[key])
         return d
 
@@ -106,4 +122,5 @@ class Trajectory:
         d["token_ids"] = tuple(int(i) for i in d["token_ids"])
         d["loss_mask"] = tuple(int(i) for i in d["loss_mask"])
         d["old_logprobs"] = tuple(float(x) for x in d["old_logprobs"])
+        d["token_versions"] = tuple(int(v) for v in d.get("token_versions", ()))
         return cls(**d)

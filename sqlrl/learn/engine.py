@@ -52,7 +52,7 @@ COUNT_PREFIX = "n_"  # loss metrics named n_* are counts: summed over micro-batc
 
 class Learner:
     def __init__(self, model: str | os.PathLike, optim: OptimConfig | None = None, *,
-                 mixed_precision: str = "fp32", reference: bool = False,
+                 mixed_precision: str = "float32", reference: bool = False,
                  dist: DistConfig | None = None, shard: bool | None = None,
                  device: str | None = None, seed: int = 0,
                  cache_dir: str | os.PathLike | None = None) -> None:
@@ -61,7 +61,7 @@ class Learner:
         from sqlrl.policy.load import load_policy
 
         self.device = device or default_device()
-        check_precision(mixed_precision, self.device)
+        mixed_precision = check_precision(mixed_precision, self.device)  # fp32 / bf16 normalised
         self.optim = optim or OptimConfig()
         self.mixed_precision = mixed_precision
         self.rank, self.world_size = (dist.rank, dist.world_size) if dist else (0, 1)
@@ -100,7 +100,7 @@ class Learner:
     def autocast(self) -> Any:
         import torch
 
-        if self.mixed_precision == "bf16" and not self.sharded:
+        if self.mixed_precision == "bfloat16" and not self.sharded:
             return torch.autocast(self.device.split(":")[0], dtype=torch.bfloat16)
         return contextlib.nullcontext()
 

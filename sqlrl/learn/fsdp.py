@@ -8,11 +8,13 @@ Guarantees:
 - ``shard_model(model, mesh, mixed_precision)`` applies ``torch.distributed.fsdp.fully_shard`` to
   every decoder layer (``model.model.layers``), then to the root; parameters stay as the model's
   own FQNs (so ``get_model_state_dict`` gives Hugging Face keys). ``MIXED_PRECISION`` is the registry
-  of policies: "fp32" (none) and "bf16" (bf16 parameters/compute, fp32 gradient reduction, fp32
+  of policies: "float32" (none) and "bfloat16" (bf16 parameters/compute, fp32 gradient reduction, fp32
   master weights and optimizer state). FSDP2 works on CPU with gloo in torch 2.13 (reduce-scatter
   and all-gather included): verified by tests/actors/test_learner_fsdp.py.
-- ``bf16_supported(device)`` says whether bf16 compute is usable; asking for "bf16" where it is not
-  raises ``ValueError``. On a CPU, "bf16" without AVX512-BF16/AMX (``cpu_bf16_hardware()``)
+- Precision has one spelling (``sqlrl.policy.spec.dtype_name``): ``float32`` / ``bfloat16``;
+  ``fp32`` / ``bf16`` are accepted as input and normalised (``precision_name``).
+- ``bf16_supported(device)`` says whether bf16 compute is usable; asking for "bfloat16" where it is not
+  raises ``ValueError``. On a CPU, "bfloat16" without AVX512-BF16/AMX (``cpu_bf16_hardware()``)
   warns ``SlowPrecisionWarning``: it runs, emulated, several times slower than fp32.
 - ``free_port(host)`` returns a port that was free on ``host`` a moment ago (rendezvous).
 """
@@ -121,20 +123,37 @@ def _bf16() -> Any:
     return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
 
 
-MIXED_PRECISION: dict[str, Callable[[], Any]] = {"fp32": lambda: None, "bf16": _bf16}
+# the one spelling of precision (sqlrl.policy.spec.dtype_name; fp32 / bf16 accepted as input)
+MIXED_PRECISION: dict[str, Callable[[], Any]] = {"float32": lambda: None, "bfloat16": _bf16}
 
 
-def check_precision(mixed_precision: str, device: str) -> None:
-    if mixed_precision not in MIXED_PRECISION:
-        raise ValueError(f"unknown mixed_precision {mixed_precision!r}; known: {', '.join(MIXED_PRECISION)}")
-    if mixed_precision == "bf16" and not bf16_supported(device):
-        raise ValueError(f"bf16 is not supported on {device}; use mixed_precision='fp32'")
-    if mixed_precision == "bf16" and device.startswith("cpu") and not cpu_bf16_hardware():
+def precision_name(mixed_precision: str) -> str:
+    """``mixed_precision`` as a ``MIXED_PRECISION`` key (``fp32`` -> ``float32``, ``bf16`` ->
+    ``bfloat16``); ``ValueError`` naming the known ones otherwise."""
+    from sqlrl.policy.spec import dtype_name
+
+    try:
+        name = dtype_name(mixed_precision, "mixed_precision")
+    except ValueError:
+        name = None
+    if name not in MIXED_PRECISION:
+        raise ValueError(f"unknown mixed_precision {mixed_precision!r}; known: {', '.join(MIXED_PRECISION)} "
+                         "(fp32 / bf16 accepted too)")
+    return name
+
+
+def check_precision(mixed_precision: str, device: str) -> str:
+    """The normalised precision, after checking the device can run it (module doc)."""
+    mixed_precision = precision_name(mixed_precision)
+    if mixed_precision == "bfloat16" and not bf16_supported(device):
+        raise ValueError(f"bfloat16 is not supported on {device}; use mixed_precision='float32'")
+    if mixed_precision == "bfloat16" and device.startswith("cpu") and not cpu_bf16_hardware():
         import warnings
 
-        warnings.warn("mixed_precision='bf16' on a CPU without AVX512-BF16/AMX: torch emulates bf16 here, "
-                      "about 4-5x slower than fp32 (docs/learner.md); set model.mixed_precision=fp32",
+        warnings.warn("mixed_precision='bfloat16' on a CPU without AVX512-BF16/AMX: torch emulates bf16 here, "
+                      "about 4-5x slower than float32 (docs/learner.md); set model.mixed_precision=float32",
                       SlowPrecisionWarning, stacklevel=2)
+    return mixed_precision
 
 
 def decoder_layers(model: Any) -> list[Any]:
@@ -147,11 +166,11 @@ def decoder_layers(model: Any) -> list[Any]:
     return list(layers)
 
 
-def shard_model(model: Any, mesh: Any, mixed_precision: str = "fp32") -> Any:
+def shard_model(model: Any, mesh: Any, mixed_precision: str = "float32") -> Any:
     """``fully_shard`` each decoder layer, then the root (in place; returns the model)."""
     from torch.distributed.fsdp import fully_shard
 
-    check_precision(mixed_precision, mesh.device_type)
+    mixed_precision = check_precision(mixed_precision, mesh.device_type)
     kwargs: dict[str, Any] = {"mesh": mesh}
     policy = MIXED_PRECISION[mixed_precision]()
     if policy is not None:

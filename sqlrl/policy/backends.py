@@ -213,7 +213,8 @@ def _vllm_adapter(policy: Any, seed: int | None = None, **options: Any) -> Async
 
     return BatchedEngine(backend, merge_seeds=not backend.per_request_seeds,  # type: ignore[attr-defined]
                          load_weights=load, weight_shapes=_weight_shapes(policy),
-                         close_backend=backend.close)  # type: ignore[attr-defined]
+                         close_backend=backend.close,  # type: ignore[attr-defined]
+                         inline=backend.thread_bound)  # type: ignore[attr-defined]  # in-process on CPU: its thread
 
 
 def _hf_engine(policy: Any, seed: int | None = None, **options: Any) -> AsyncEngine:

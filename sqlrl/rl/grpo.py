@@ -6,7 +6,8 @@
         log(result.step, result.row())
 
 The callables (``GRPOFns``): ``rollout(tasks) -> trajectories`` (one per task, in order; called
-with at most ``plan.batch`` tasks at a time), ``score(trajectories, tasks) -> breakdowns`` (one
+once per draw with every task of it -- the rollout side runs them at once, bounded by its own
+``max_concurrent_trajectories``: ``sqlrl.agent.rollouts``), ``score(trajectories, tasks) -> breakdowns`` (one
 per row: ``score``, ``parts``, ``excluded``), ``update(trajectories, scores, group_ids) ->
 metrics`` (one policy update on the kept rows: the learner's metrics, with its own ``step``),
 ``sync() -> (policy_version, seconds)`` (the new weights to the rollout side) and
@@ -53,18 +54,16 @@ def _no_progress(step: int, note: str) -> None:
 
 @dataclass(frozen=True)
 class GRPOPlan:
-    """The shape of the loop (``curriculum.config.RLSettings`` holds these, ``batch`` is
-    ``rollout.batch``)."""
+    """The shape of the loop (``curriculum.config.RLSettings`` holds these)."""
 
     steps: int
     tasks_per_step: int
     group_size: int
     sampling_rounds: int = 1
     probe_samples: int = 0
-    batch: int = 8
 
     def __post_init__(self) -> None:
-        for name in ("steps", "tasks_per_step", "sampling_rounds", "batch"):
+        for name in ("steps", "tasks_per_step", "sampling_rounds"):
             if getattr(self, name) < 1:
                 raise ValueError(f"GRPOPlan.{name} must be >= 1, got {getattr(self, name)!r}")
         if self.group_size < 2:
@@ -140,12 +139,9 @@ class StepResult:
                 "time_tool_s": self.time_tool_s}
 
 
-def _roll_out(fns: GRPOFns, tasks: list[Any], batch: int, step: int, label: str) -> list[Any]:
-    out: list[Any] = []
-    for first in range(0, len(tasks), batch):
-        fns.progress(step, f"{label}{len(out)}/{len(tasks)} trajectories")
-        out += fns.rollout(tasks[first:first + batch])
-    return out
+def _roll_out(fns: GRPOFns, tasks: list[Any], step: int, label: str) -> list[Any]:
+    fns.progress(step, f"{label}{len(tasks)} trajectories")
+    return list(fns.rollout(tasks))
 
 
 def probe(plan: GRPOPlan, tasks: Sequence[Any], fns: GRPOFns, *,
@@ -155,7 +151,7 @@ def probe(plan: GRPOPlan, tasks: Sequence[Any], fns: GRPOFns, *,
         raise ValueError(f"a probe needs probe_samples >= 2, got {plan.probe_samples}")
     t0 = clock()
     drawn = [t for t in tasks for _ in range(plan.probe_samples)]
-    trajs = _roll_out(fns, drawn, plan.batch, 0, "probe: ")
+    trajs = _roll_out(fns, drawn, 0, "probe: ")
     passes: dict[str, list[float]] = {}
     scores: dict[str, set[float]] = {}
     for task, b in zip(drawn, fns.score(trajs, drawn)):
@@ -187,7 +183,7 @@ def grpo_steps(plan: GRPOPlan, tasks: Sequence[Any], fns: GRPOFns, *, probe: Pro
             cursor += plan.tasks_per_step
             draws = draw + 1
             ta = clock()
-            new = _roll_out(fns, drawn, plan.batch, step, f"step {step + 1}: rollout (draw {draw + 1}), ")
+            new = _roll_out(fns, drawn, step, f"step {step + 1}: rollout (draw {draw + 1}), ")
             tb = clock()
             fns.progress(step, f"step {step + 1}: reward")
             gids += [f"{step}/{draw}/{t.task_id}" for t in drawn]

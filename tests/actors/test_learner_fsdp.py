@@ -12,7 +12,7 @@ pytest.importorskip("transformers", reason="the policy stack (transformers) is n
 import torch  # noqa: E402
 
 from actors.learner import LearnerGroup, LearnerGroupError  # noqa: E402
-from actors.rollout import RolloutConfig, RolloutGroup  # noqa: E402
+from actors.rollout import PolicySpec, RolloutConfig, RolloutGroup  # noqa: E402
 from sqlrl.agent.chat_format import HFChatFormat  # noqa: E402
 from sqlrl.learn.batch import sft_batch  # noqa: E402
 from sqlrl.learn.checkpoint import read_manifest  # noqa: E402
@@ -108,7 +108,7 @@ def test_grpo_groups_with_shared_prompts_match_one_process(fsdp, tmp_path) -> No
 
 
 def test_weight_sync_changes_the_rollout_worker(fsdp, tiny) -> None:
-    rollout = RolloutGroup(RolloutConfig(model=str(tiny), in_process=True))
+    rollout = RolloutGroup(RolloutConfig(PolicySpec(str(tiny)), in_process=True))
     worker = rollout.workers[0]
     ids = torch.tensor([[1, 5, 9, 13, 17]])
     before = worker.policy.model(input_ids=ids).logits

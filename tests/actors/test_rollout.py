@@ -8,7 +8,7 @@ import pytest
 pytest.importorskip("transformers", reason="the policy stack (transformers) is not installed")
 
 from actors.db_pool import DBPoolConfig, DBPoolGroup  # noqa: E402
-from actors.rollout import RolloutConfig, RolloutGroup, RolloutWorker  # noqa: E402
+from actors.rollout import PolicySpec, RolloutConfig, RolloutGroup, RolloutWorker  # noqa: E402
 from sqlrl.agent.loop import LoopConfig  # noqa: E402
 from sqlrl.db.lease import Catalog  # noqa: E402
 from sqlrl.db.shard import ShardConfig  # noqa: E402
@@ -52,7 +52,7 @@ def check(trajectories, expected_ids) -> None:
 
 
 def test_in_process_rollout_releases_every_session(pool, schemas) -> None:
-    group = RolloutGroup(RolloutConfig(model="tiny", loop=LOOP, in_process=True), pool, schemas)
+    group = RolloutGroup(RolloutConfig(PolicySpec("tiny"), loop=LOOP, in_process=True), pool, schemas)
     batch = tasks()
     out = group.rollout(batch)
     check(out, [t.task_id for t in batch])
@@ -61,7 +61,7 @@ def test_in_process_rollout_releases_every_session(pool, schemas) -> None:
 
 
 def test_weights_update_changes_the_version_and_the_policy(pool, schemas) -> None:
-    worker = RolloutWorker(0, RolloutConfig(model="tiny", loop=LOOP), pool.client(0), schemas)
+    worker = RolloutWorker(0, RolloutConfig(PolicySpec("tiny"), loop=LOOP), pool.client(0), schemas)
     before = worker.rollout(tasks(1))[0]
     state = {k: v * 0 for k, v in worker.policy.model.state_dict().items()}
     assert worker.update_weights(state, version=3) == 3
@@ -73,24 +73,25 @@ def test_weights_update_changes_the_version_and_the_policy(pool, schemas) -> Non
 
 
 def test_a_refused_lease_gives_error_trajectories_not_an_exception(pool, schemas) -> None:
-    worker = RolloutWorker(0, RolloutConfig(model="tiny", loop=LOOP), pool.client(0), schemas)
+    worker = RolloutWorker(0, RolloutConfig(PolicySpec("tiny"), loop=LOOP), pool.client(0), schemas)
     elsewhere = Text2SQLTask(task_id="x", db_id="not_in_catalog", question="q", gold_sql="SELECT 1")
     out = worker.rollout([elsewhere, *tasks(1)])
-    assert [t.stop_reason for t in out] == ["error"] * 3
+    assert out[0].stop_reason == "error"  # a lease per trajectory: only the refused one fails
     assert "could not open sessions" in out[0].error and "not_in_catalog" in out[0].error
-    assert pool.stats()["rollout/w0/sqlite/0"].active_leases == 0  # all-or-nothing lease
+    assert all(t.stop_reason != "error" for t in out[1:])
+    assert pool.stats()["rollout/w0/sqlite/0"].active_leases == 0
 
 
 def test_single_turn_mode_needs_no_sessions(schemas) -> None:
     single = LoopConfig(mode="single", max_total_tokens=4096, sampling=SamplingParams(max_new_tokens=16, seed=1))
-    group = RolloutGroup(RolloutConfig(model="tiny", loop=single, in_process=True), None, schemas)
+    group = RolloutGroup(RolloutConfig(PolicySpec("tiny"), loop=single, in_process=True), None, schemas)
     out = group.rollout(tasks(2))
     assert [t.stop_reason for t in out] == ["single_turn"] * 3
 
 
 @pytest.mark.parametrize("pool", [False], indirect=True)
 def test_ray_workers_roll_out_on_their_own_partitions(ray_session, pool, schemas) -> None:
-    group = RolloutGroup(RolloutConfig(model="tiny", loop=LOOP, n_workers=2, num_cpus=0.5), pool, schemas)
+    group = RolloutGroup(RolloutConfig(PolicySpec("tiny"), loop=LOOP, n_workers=2, num_cpus=0.5), pool, schemas)
     try:
         batch = tasks(3)
         out = group.rollout(batch)
@@ -102,7 +103,7 @@ def test_ray_workers_roll_out_on_their_own_partitions(ray_session, pool, schemas
 
         group.update_weights(load_policy("tiny").model.state_dict(), version=7)  # via the object store
         assert {t.policy_version for t in group.rollout(batch[:2])} == {7}
-        slow = RolloutGroup(RolloutConfig(model="tiny", loop=LOOP, n_workers=1, num_cpus=0.5,
+        slow = RolloutGroup(RolloutConfig(PolicySpec("tiny"), loop=LOOP, n_workers=1, num_cpus=0.5,
                                           timeout_s=0.01), pool, schemas)
         try:
             late = slow.rollout(batch[:1])

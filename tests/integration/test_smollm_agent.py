@@ -18,7 +18,7 @@ import pytest
 pytest.importorskip("transformers")
 
 from actors.db_pool import DBPoolConfig, DBPoolGroup  # noqa: E402
-from actors.rollout import RolloutConfig, RolloutWorker  # noqa: E402
+from actors.rollout import PolicySpec, RolloutConfig, RolloutWorker  # noqa: E402
 from sqlrl.agent import LoopConfig, build_messages, tools_for  # noqa: E402
 from sqlrl.agent.trajectory import Trajectory  # noqa: E402
 from sqlrl.db.lease import Catalog  # noqa: E402
@@ -59,7 +59,7 @@ def test_smollm2_runs_the_agent_loop_on_generated_tasks(tmp_path):
     pool = DBPoolGroup(DBPoolConfig(rollout_workers=1, per_worker={"sqlite": 2}, reward={}, in_process=True,
                                     shard=ShardConfig(catalog=Catalog({db_id: {"sqlite": f"sqlite:///{db}"}}))))
     try:
-        worker = RolloutWorker(0, RolloutConfig(model="smollm2-135m", loop=LOOP), pool.client(0), schemas)
+        worker = RolloutWorker(0, RolloutConfig(PolicySpec("smollm2-135m", backend="hf"), loop=LOOP), pool.client(0), schemas)
         trajs = worker.rollout(tasks)
         stats = pool.stats()
         assert sum(s.granted for s in stats.values() if s) == 2

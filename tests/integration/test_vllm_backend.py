@@ -26,7 +26,7 @@ if importlib.util.find_spec("vllm") is None:
 import torch  # noqa: E402
 
 from actors.db_pool import DBPoolConfig, DBPoolGroup  # noqa: E402
-from actors.rollout import RolloutConfig, RolloutWorker  # noqa: E402
+from actors.rollout import PolicySpec, RolloutConfig, RolloutWorker  # noqa: E402
 from sqlrl.agent import LoopConfig, build_messages, tools_for  # noqa: E402
 from sqlrl.agent.agent import Agent  # noqa: E402
 from sqlrl.agent.chat_format import HFChatFormat  # noqa: E402
@@ -201,7 +201,7 @@ def test_agentic_rollout_over_real_sessions_and_a_grpo_step_on_its_logprobs(setu
     loop = LoopConfig(max_turns=2, max_total_tokens=4096, sampling=SamplingParams(temperature=1.0, max_new_tokens=24,
                                                                                   seed=3))
     try:
-        worker = RolloutWorker(0, RolloutConfig(model="smollm2-135m", loop=loop, in_process=True),
+        worker = RolloutWorker(0, RolloutConfig(PolicySpec("smollm2-135m", backend="hf"), loop=loop, in_process=True),
                                pool.client(0), schemas)
         worker.backend = setup["vllm"]  # the module's engine (same weights) instead of a second one
         trajs = worker.rollout(tasks)

@@ -40,18 +40,16 @@ def test_an_explicit_device_is_kept(gpu):
 
 @pytest.mark.parametrize("bad", ["gpu", "cuda:x", "", "CPU", "mps"])
 def test_an_unknown_device_is_refused_where_it_is_configured(bad):
-    from actors.rollout import RolloutConfig
     from curriculum.config import RolloutSettings
-    from sqlrl.agent.agent import AgentConfig
+    from sqlrl.policy.spec import PolicySpec
 
-    for make in (lambda: AgentConfig(device=bad), lambda: RolloutConfig(device=bad, in_process=True),
-                 lambda: RolloutSettings(device=bad)):
+    for make in (lambda: PolicySpec(device=bad), lambda: RolloutSettings(device=bad)):
         with pytest.raises(ValueError, match="unknown device"):
             make()
 
 
 def test_the_stage_config_key_reaches_the_rollout_worker(monkeypatch):
-    """rollout.device from a stage config is the device the in-process worker's policy runs on."""
+    """rollout.device and rollout.dtype from a stage config reach the in-process worker's policy."""
     from curriculum.config import load_stage_config
     from jobs.runtime import rollout_group, loop_config
     from curriculum.placement import load_profile
@@ -59,18 +57,18 @@ def test_the_stage_config_key_reaches_the_rollout_worker(monkeypatch):
 
     seen = {}
     monkeypatch.setattr(rollout.Agent, "build", classmethod(lambda cls, config, **kw: seen.setdefault("c", config)))
-    cfg = load_stage_config("jobs/configs/stage3.yaml", ["rollout.device=cpu"])
-    assert cfg.rollout.device == "cpu"
-    rollout_group(None, {}, "tiny", loop_config("single", max_turns=1, max_total_tokens=64, max_new_tokens=8,
-                                                temperature=1.0), backend="hf", workers=0,
-                  asks=load_profile("cpu"), device=cfg.rollout.device)
-    assert seen["c"].device == "cpu"
+    cfg = load_stage_config("jobs/configs/stage3.yaml", ["rollout.device=cpu", "rollout.dtype=bf16"])
+    assert (cfg.rollout.device, cfg.rollout.dtype) == ("cpu", "bfloat16")
+    rollout_group(None, {}, cfg.rollout.policy("tiny"), loop_config("single", max_turns=1, max_total_tokens=64,
+                                                                    max_new_tokens=8, temperature=1.0),
+                  workers=0, asks=load_profile("cpu"))
+    assert (seen["c"].policy.device, seen["c"].policy.dtype, seen["c"].policy.model) == ("cpu", "bfloat16", "tiny")
 
 
 def test_a_worker_generates_on_its_device():
-    from actors.rollout import RolloutConfig, RolloutWorker
+    from actors.rollout import PolicySpec, RolloutConfig, RolloutWorker
 
-    worker = RolloutWorker(0, RolloutConfig(model="tiny", in_process=True, device="cpu"))
+    worker = RolloutWorker(0, RolloutConfig(PolicySpec("tiny", device="cpu"), in_process=True))
     assert worker.policy.device.type == "cpu"
 
 

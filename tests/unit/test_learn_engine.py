@@ -136,7 +136,7 @@ def test_bf16_on_a_cpu_without_bf16_hardware_warns(monkeypatch, hardware) -> Non
     slow = [w for w in seen if issubclass(w.category, fsdp.SlowPrecisionWarning)]
     assert len(slow) == (0 if hardware else 1)
     if slow:
-        assert "model.mixed_precision=fp32" in str(slow[0].message)
+        assert "model.mixed_precision=float32" in str(slow[0].message)
 
 
 def grpo_batch(batch: TokenBatch) -> TokenBatch:

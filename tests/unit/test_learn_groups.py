@@ -115,7 +115,7 @@ def _probe(results, tasks_per_step=2, samples=2):
             out.append(NS(excluded=r is None, parts={"result": float(result or 0)}, score=float(value or 0)))
         return out
 
-    plan = GRPOPlan(steps=1, tasks_per_step=tasks_per_step, group_size=2, probe_samples=samples, batch=3)
+    plan = GRPOPlan(steps=1, tasks_per_step=tasks_per_step, group_size=2, probe_samples=samples)
     fns = GRPOFns(rollout=lambda batch: calls.append([t.task_id for t in batch]) or [NS()] * len(batch),
                   score=score, update=None, sync=None)
     tasks = [NS(task_id=k) for k in results]
@@ -128,8 +128,8 @@ def test_the_probe_keeps_the_tasks_the_model_sometimes_solves_in_order():
                                   "broken": [None, None], "one-scored": [None, 1]})
     assert chosen == ["half", "other"]  # "one-scored" passed its one scored sample: not "sometimes"
     assert sum(calls, []) == [k for k in ("never", "half", "always", "other", "broken", "one-scored")
-                              for _ in range(2)]  # every task probe_samples times, in batches of 3
-    assert max(len(c) for c in calls) == 3
+                              for _ in range(2)]  # every task probe_samples times
+    assert len(calls) == 1  # every probe sample in one rollout call (the rollout side bounds concurrency)
     assert info["probe_informative"] == 2 and info["probe_all_fail"] == 1 and info["probe_all_pass"] == 2
     assert info["probe_used"] == 1 and info["probe_tasks"] == 6 and info["probe_pass_rate"] == 5 / 9
 
@@ -164,22 +164,24 @@ def test_the_grpo_loop_counts_the_groups_whose_rewards_differ(monkeypatch, tmp_p
         scores, steps, batches = iter(scores), [], []
 
         class Learner:
+            version = 0
+
             def step(self, batch, kind, loss):
                 steps.append(batch)
                 return {"loss": 0.5, "step": len(steps)}
 
-            def sync_to(self, rollout):
+            def sync_to(self, rollout, policy="drain"):
                 return len(steps), 0.0
 
         def traj(task):
             return NS(task_id=task.task_id, stop_reason="submitted", n_generated=3, turns=(NS(tool_ms=0.0),),
-                      n_tool_calls=1, n_tool_errors=0, n_malformed=0)
+                      n_tool_calls=1, n_tool_errors=0, n_malformed=0, loss_mask=(1, 1, 1), versions=lambda: (0, 0, 0))
 
         def score(trajs, tasks, reward):
             return [NS(excluded=False, score=float(s), parts={"result": float(s)}) for s in (next(scores) for _ in tasks)]
 
         cfg = NS(rl=RLSettings(steps=2, tasks_per_step=2, group_size=2, sampling_rounds=sampling_rounds),
-                 rollout=RolloutSettings(batch=8), stage="stage3", mode="single", reward="hybrid_single",
+                 rollout=RolloutSettings(batch=8), stage="stage3", mode="single", reward_name="hybrid_single",
                  data=NS(seed=0), resume=False, checkpoint=CheckpointSettings(), stage_dir=tmp_path)
         rt = NS(cfg=cfg, learner=lambda model, optim, reference=False: Learner(), score=score,
                 rollout_group=lambda *a, **k: NS(rollout=lambda tasks: [traj(t) for t in tasks]),

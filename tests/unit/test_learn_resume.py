@@ -99,7 +99,9 @@ def test_a_resumed_grpo_recipe_keeps_the_probe_choice_the_cursor_and_the_rows(mo
             self.log.append(("update", tuple(batch)))
             return {"loss": 0.5, "step": self.updates}
 
-        def sync_to(self, rollout):
+        version = 0
+
+        def sync_to(self, rollout, policy="drain"):
             self.log.append(("sync", self.updates))
             return self.updates, 0.0
 
@@ -119,10 +121,11 @@ def test_a_resumed_grpo_recipe_keeps_the_probe_choice_the_cursor_and_the_rows(mo
             if stop_after is not None and sum(1 for e in log if e[0] == "update") >= stop_after:
                 raise KeyboardInterrupt  # stands in for the kill (the e2e test kills for real)
             return [NS(task_id=t.task_id, stop_reason="submitted", n_generated=3, turns=(NS(tool_ms=0.0),),
-                       n_tool_calls=0, n_tool_errors=0, n_malformed=0) for t in tasks]
+                       n_tool_calls=0, n_tool_errors=0, n_malformed=0, loss_mask=(1, 1, 1),
+                       versions=lambda: (0, 0, 0)) for t in tasks]
 
         cfg = NS(rl=RLSettings(steps=3, tasks_per_step=1, group_size=2, probe_samples=2),
-                 rollout=RolloutSettings(batch=8), stage="stage3", mode="single", reward="hybrid_single",
+                 rollout=RolloutSettings(batch=8), stage="stage3", mode="single", reward_name="hybrid_single",
                  data=NS(seed=0), resume=resume_, checkpoint=CheckpointSettings(every_steps=1), stage_dir=tmp_path,
                  run_dir=str(tmp_path))
         learner = GRPOLearner(log)

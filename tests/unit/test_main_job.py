@@ -225,7 +225,7 @@ def test_the_long_preset_runs_each_variant_in_its_own_folder_from_the_base_model
     assert dict(talon.data.mixture) == {"critic": 1.0} and dict(zeno.data.mixture) == {"text2sql": 0.5, "critic": 0.5}
     for cfg in (zeno, talon):
         assert cfg.data.eval_size == 144 and dict(cfg.data.eval_mixture) == {"text2sql": 0.5, "critic": 0.5}
-        assert cfg.data.eval_split == "test+dev" and cfg.model.mixed_precision == "bf16"
+        assert cfg.data.eval_split == "test+dev" and cfg.model.mixed_precision == "bfloat16"
         assert cfg.data.train_size == 160  # the preset's stage1 size
     later = [cfg for _, cfg in fake["stages"]][1:4]
     assert all(cfg.model.init == "previous" for cfg in later)  # each later stage from the one before

@@ -246,9 +246,9 @@ def test_weight_changes_invalidate_the_cache(tmp_path_factory, prompts):
 
 
 def test_rollout_worker_update_weights_clears_the_cache(policy, prompts):
-    from actors.rollout import RolloutConfig, RolloutWorker
+    from actors.rollout import PolicySpec, RolloutConfig, RolloutWorker
 
-    worker = RolloutWorker(0, RolloutConfig(model=str(policy.path)))
+    worker = RolloutWorker(0, RolloutConfig(PolicySpec(str(policy.path), backend="hf")))
     worker.backend.generate(prompts, GREEDY)
     assert len(worker.backend.prefix_cache) > 0
     assert worker.update_weights(policy.model.state_dict(), version=3) == 3

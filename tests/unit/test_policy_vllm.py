@@ -79,12 +79,13 @@ def test_the_sampling_seed_seeds_vllms_engine_and_nothing_else(monkeypatch):
     """vLLM's CPU build samples from the engine's generator, so the caller's seed (``rl.seed``
     through the loop's ``SamplingParams.seed``) must reach the engine, or every run draws the same
     samples; a ``seed`` in the backend options wins; the HF and scripted backends seed per call and
-    ignore it. ``Agent.build`` passes the loop's seed."""
+    ignore it. ``Agent.build`` passes the loop's seed to the engine it makes."""
     import types
 
     import sqlrl.policy.vllm_backend as vb
     from sqlrl.policy import backends
     from sqlrl.agent.agent import Agent, AgentConfig
+    from sqlrl.policy.spec import PolicySpec
     from sqlrl.agent.loop import LoopConfig
     from sqlrl.policy import hf_backend
     from sqlrl.policy.types import SamplingParams
@@ -100,12 +101,38 @@ def test_the_sampling_seed_seeds_vllms_engine_and_nothing_else(monkeypatch):
     backends.make_backend("hf", policy, 7, prefix_cache=False)
     assert [m.get("seed") if isinstance(m, dict) else m for m in made] == [7, None, ("hf", {"prefix_cache": False})]
     seen = []
-    monkeypatch.setattr(backends, "make_backend", lambda name, pol, seed=None, **o: seen.append((name, seed, o)))
+    monkeypatch.setattr(backends, "make_engine", lambda name, pol, seed=None, **o: seen.append((name, seed, o)))
     monkeypatch.setattr("sqlrl.policy.load.load_policy", lambda model, dtype=None: types.SimpleNamespace(
         tokenizer=None))
     monkeypatch.setattr(backends, "place_policy", lambda pol, device, backend: pol)
     monkeypatch.setattr("sqlrl.agent.agent.HFChatFormat", lambda tok: None)
     loop = LoopConfig(mode="single", sampling=SamplingParams(temperature=0.7, seed=11))
-    Agent.build(AgentConfig(model="m", backend="vllm", loop=loop, backend_options={"kv_cache_gb": 1}))
-    Agent.build(AgentConfig(model="m", backend="vllm", loop=loop, backend_options={"seed": 3}))
+    Agent.build(AgentConfig(PolicySpec("m", backend="vllm", engine_options={"kv_cache_gb": 1}), loop=loop))
+    Agent.build(AgentConfig(PolicySpec("m", backend="vllm", engine_options={"seed": 3}), loop=loop))
     assert seen == [("vllm", 11, {"kv_cache_gb": 1}), ("vllm", 3, {})]
+
+
+def test_the_lock_step_vllm_engine_calls_an_in_process_cpu_backend_on_its_own_thread(monkeypatch):
+    """``make_engine("vllm-batched")`` (the rollout workers' lock-step path) over a thread-bound
+    ``VLLMBackend`` (in-process on CPU: its attention checks the calling thread) calls it inline, as
+    ``as_engine`` does; one that is not thread-bound goes to the adapter's worker thread."""
+    import types
+
+    import sqlrl.policy.vllm_backend as vb
+    from sqlrl.policy import backends
+
+    class Fake:
+        per_request_seeds = False
+
+        def __init__(self, path, **options):
+            self.thread_bound = options.pop("in_process", True)
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(vb, "VLLMBackend", Fake)
+    param = types.SimpleNamespace(dtype="torch.float32")
+    policy = types.SimpleNamespace(path="/m", eos_token_ids=(2,), model=types.SimpleNamespace(
+        parameters=lambda: iter([param])))
+    assert backends.make_engine("vllm-batched", policy).inline is True
+    assert backends.make_engine("vllm-batched", policy, in_process=False).inline is False

@@ -98,11 +98,11 @@ def test_group_filtering_drops_excluded_rows_failed_rollouts_and_lone_samples():
     assert r.rollout["excluded"] == 1 and r.rollout["trajectories"] == 6
 
 
-def test_rollouts_go_in_batches_and_report_progress():
+def test_a_draw_is_one_rollout_call_and_reports_progress():
     fake = Fake({"a": [0, 1, 0], "b": [1, 0, 1]})
-    [r] = _run(fake, group_size=3, batch=4)
-    assert fake.rollouts == [["a", "a", "a", "b"], ["b", "b"]]
-    assert (0, "step 1: rollout (draw 1), 4/6 trajectories") in fake.notes
+    [r] = _run(fake, group_size=3)
+    assert fake.rollouts == [["a", "a", "a", "b", "b", "b"]]  # the rollout side bounds what runs at once
+    assert (0, "step 1: rollout (draw 1), 6 trajectories") in fake.notes
     assert [n for _, n in fake.notes][-2:] == ["step 1: update", "step 1: weight sync"]
     assert r.time_tool_s == pytest.approx(6 * 0.5)
 

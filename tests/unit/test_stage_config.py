@@ -115,8 +115,8 @@ def test_the_plan_of_an_sft_stage_names_its_steps(tmp_path, capsys):
 
 
 def test_rl_reward_must_be_registered_and_match_the_stage_mode() -> None:
-    assert load_stage_config(None, ["stage=stage4", "rl.reward=hybrid_agentic_shaped"]).reward == "hybrid_agentic_shaped"
-    assert load_stage_config(None, ["stage=stage3", "rl.reward=hybrid_single_shaped"]).reward == "hybrid_single_shaped"
+    assert load_stage_config(None, ["stage=stage4", "rl.reward=hybrid_agentic_shaped"]).reward_name == "hybrid_agentic_shaped"
+    assert load_stage_config(None, ["stage=stage3", "rl.reward=hybrid_single_shaped"]).reward_name == "hybrid_single_shaped"
     with pytest.raises(ValueError, match="unknown reward 'nope'"):
         load_stage_config(None, ["stage=stage3", "rl.reward=nope"])
     with pytest.raises(ValueError, match="scores single responses, but stage4 rolls out in agentic"):
