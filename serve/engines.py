@@ -13,7 +13,9 @@ for tests). ``EngineKind`` says, per backend:
 - ``too_long(exc)``: whether an error the engine raised for a request is its "prompt does not fit
   the context window" error (vLLM: ``ContextLengthExceeded``); serving answers it with 400
   ``context_length_exceeded``. The replica also checks prompt + ``max_tokens`` against ``window``
-  before submitting, so on every backend a prompt that does not fit is that 400.
+  before submitting, so on every backend a prompt that does not fit is that 400;
+- ``constrains``: the engine honours ``SamplingParams.structured`` (hf, vllm: forced tool calls are
+  grammar-constrained); the scripted engine does not (its turns are canned).
 
 ``"auto"`` resolves to ``"vllm"`` where vLLM can serve the policy, else ``"hf"``
 (``sqlrl.policy.backends.vllm_unavailable``).
@@ -43,6 +45,7 @@ class EngineKind:
     window: Callable[[Any, Any], int | None]
     running: Callable[[Any], Awaitable[int]]
     too_long: Callable[[BaseException], bool] = lambda exc: False
+    constrains: bool = False  # honours SamplingParams.structured (forced tool calls are constrained)
 
 
 def _positions(engine: Any, policy: Any) -> int | None:
@@ -114,8 +117,9 @@ async def _running_scripted(engine: Any) -> int:
 
 
 KINDS: dict[str, EngineKind] = {
-    "hf": EngineKind(_build_hf, _positions, _running_hf),
-    "vllm": EngineKind(_build_vllm, lambda engine, policy: engine.max_model_len, _running_vllm, _vllm_too_long),
+    "hf": EngineKind(_build_hf, _positions, _running_hf, constrains=True),
+    "vllm": EngineKind(_build_vllm, lambda engine, policy: engine.max_model_len, _running_vllm, _vllm_too_long,
+                       constrains=True),
     "scripted": EngineKind(_build_scripted, _positions, _running_scripted),
 }
 

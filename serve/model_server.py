@@ -56,7 +56,8 @@ class ModelServer:
         self.engine = self.kind.build(policy, spec)
         self.model = ModelEngine(name, policy, self.engine, self.config,
                                  schema_style=checkpoint_schema_style(spec.path),
-                                 window=self.kind.window(self.engine, policy), too_long=self.kind.too_long)
+                                 window=self.kind.window(self.engine, policy), too_long=self.kind.too_long,
+                                 constrains=self.kind.constrains)
         self.name = name
         self.timeout_s = self.config.limits.request_timeout_s
         self.inflight = 0  # requests inside chat()/sql()/chat_stream() now (tests wait on it)
