@@ -22,8 +22,9 @@ Builders (they import xgrammar, ~4 s the first time, only when called):
 - ``literal_grammar(text)``: exactly ``text``.
 A schema xgrammar cannot compile is a ``ValueError`` naming the problem, raised by the builder
 (serving answers it with a 400), never inside an engine. Which engines honour the field: ``HFEngine``
-and ``VLLMEngine``; the lock-step adapters and the scripted engine do not (serving asks
-``serve.engines.EngineKind.constrains``).
+and ``VLLMEngine``; the lock-step adapter (``BatchedEngine``) and the scripted engine refuse a
+request that carries one (``refuse_structured``: ``ValueError``), never ignore it (serving asks
+``serve.engines.EngineKind.constrains`` and sends none to them).
 """
 
 from __future__ import annotations
@@ -43,6 +44,13 @@ class StructuredOutput:
     def __post_init__(self) -> None:
         if not isinstance(self.grammar, str) or "root" not in self.grammar:
             raise ValueError("StructuredOutput.grammar must be EBNF text with a 'root' rule")
+
+
+def refuse_structured(sampling: Any, engine: str) -> None:
+    """``ValueError`` when ``sampling`` carries a grammar: for the engines that cannot honour one."""
+    if getattr(sampling, "structured", None) is not None:
+        raise ValueError(f"{engine} cannot constrain generation to a grammar (SamplingParams.structured); "
+                         "use the hf or vllm engine")
 
 
 def _xgr() -> Any:

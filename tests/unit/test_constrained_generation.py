@@ -165,3 +165,20 @@ def test_auto_stays_free_and_an_unenforceable_schema_is_a_400(policy, served):
     with pytest.raises(APIError) as err:
         serve_chat(policy, served, tools=bad, tool_choice="required")
     assert err.value.status == 400 and err.value.param == "tools"
+
+
+def test_engines_that_cannot_constrain_refuse_a_grammar(policy, prompt):
+    from sqlrl.policy.backends import make_engine
+
+    params = SamplingParams(max_new_tokens=4, structured=literal_grammar("x"))
+
+    async def refused(engine):
+        try:
+            with pytest.raises(ValueError, match="cannot constrain"):
+                await engine.generate(prompt, params)
+            free = await engine.generate(prompt, SamplingParams(temperature=0, max_new_tokens=2))
+            return free.token_ids
+        finally:
+            await engine.close()
+    assert len(asyncio.run(refused(make_engine("hf-batched", policy)))) == 2
+    asyncio.run(refused(make_engine("scripted", policy)))
