@@ -1,6 +1,9 @@
 """Benchmark in-process rollouts: generation backends side by side (HF, vLLM, plain
 ``transformers.generate``), batched vs one trajectory at a time, and the tool/reward time share.
 
+    python bench/rollout.py engines [...]   # async engines vs the lock-step adapter (issue 43):
+                                            # bench/rollout_engines.py, its own --help
+
     python bench/rollout.py [--models smollm2-135m] [--backends hf,vllm,transformers]
                             [--one-at-a-time vllm] [--tasks 4] [--group 4] [--rounds 2]
                             [--threads 1] [--quick] [--out FILE]
@@ -525,4 +528,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["engines"]:
+        from rollout_engines import main as engines_main
+
+        raise SystemExit(engines_main(sys.argv[2:]))
     raise SystemExit(main())

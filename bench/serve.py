@@ -1,6 +1,7 @@
 """Benchmark serving: direct in-process generation vs sqlrl's Ray Serve app, closed-loop load.
 
     python bench/serve.py [--clients 1,8,16,32] [--rounds 3] [--max-tokens 64] [--out FILE]
+    python bench/serve.py peer [...]   # against vLLM's own OpenAI server (bench/serve_peer.py, --help)
 
 Three variants of the same chat completion (the tiny model, greedy, ``max_tokens`` tokens, the
 prompt rendered with the tool chat template) are interleaved in every round:
@@ -211,4 +212,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["peer"]:
+        from serve_peer import main as peer_main
+
+        sys.exit(peer_main(sys.argv[2:]))
     sys.exit(main())

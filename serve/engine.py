@@ -12,6 +12,8 @@ the engine admits into its running batch at its next step (no batch runner here)
   so the ``n`` choices are different samples and a seeded request is reproducible. 400 for: ``n``
   above ``limits.max_n`` (named, never clamped), unsupported parameters, messages the template
   refuses, prompt + ``max_tokens`` over the model's context window (``context_length_exceeded``).
+  A forced tool call (``tool_choice`` required / named) carries its grammar
+  (``openai_chat.call_constraint``) when the engine honours one (``constrains``).
 - ``chat(plan)``: the ``chat.completion`` (hermes tool calls as ``tool_calls``, ``usage`` in
   tokens, per-choice ``logprobs`` when asked); ``chat_chunks(plan, include_usage)``: the same
   answer as ``chat.completion.chunk`` dicts, token by token from ``engine.stream`` on every
@@ -37,7 +39,7 @@ from sqlrl.policy.types import Generation, SamplingParams, row_seed
 
 from .config import LimitsSpec, ServeConfig
 from .limits import clamp
-from .openai_chat import APIError, ChatRequest, chunk, completion, prepare, token_logprobs
+from .openai_chat import APIError, ChatRequest, call_constraint, chunk, completion, prepare, token_logprobs
 from .sql_agent import SQLAgent, SQLBody
 from .streaming import ChoiceStream, finish_reason, message, split_reply, visible
 
@@ -109,12 +111,16 @@ def context_error(exc: Exception) -> APIError:
 class ModelEngine:
     def __init__(self, name: str, policy: Any, engine: AsyncEngine, config: ServeConfig,
                  schema_style: str | None = None, *, window: int | None = None,
-                 too_long: Callable[[BaseException], bool] = lambda exc: False) -> None:
+                 too_long: Callable[[BaseException], bool] = lambda exc: False,
+                 constrains: bool = False) -> None:
         """``engine``: the model's ``AsyncEngine``; ``window``: its context window in tokens (None:
         unchecked here); ``too_long(exc)``: the engine's own context-window error
         (``serve.engines.EngineKind``). ``schema_style``: how agent prompts render the schema --
-        the style the checkpoint records (``sqlrl.agent.prompts.checkpoint_schema_style``)."""
+        the style the checkpoint records (``sqlrl.agent.prompts.checkpoint_schema_style``).
+        ``constrains``: the engine honours ``SamplingParams.structured`` (forced tool calls are
+        then grammar-constrained, ``openai_chat.call_constraint``; else forced by the prefix only)."""
         self.name, self.policy, self.engine, self.config = name, policy, engine, config
+        self.constrains = constrains
         self.window, self._too_long = window, too_long
         self.limits: LimitsSpec = config.limits
         self.chat_format = HFChatFormat(policy.tokenizer)
@@ -134,7 +140,8 @@ class ModelEngine:
 
     def plan(self, ids: list[int], *, n: int, max_tokens: int | None, temperature: float, top_p: float,
              stop: tuple[str, ...], seed: int | None, logprobs: bool = False, prefix: str = "",
-             end_stops: tuple[str, ...] = (), tool_names: tuple[str, ...] = ()) -> ChatPlan:
+             end_stops: tuple[str, ...] = (), tool_names: tuple[str, ...] = (),
+             structured: Any = None) -> ChatPlan:
         """A prompt's plan: ``n`` within ``limits.max_n`` (else 400 naming it), ``max_tokens``
         clamped, prompt + ``max_tokens`` within the context window (else 400
         ``context_length_exceeded``), one ``SamplingParams`` per choice, choice ``i`` seeded
@@ -146,7 +153,8 @@ class ModelEngine:
                 f"this model's context window is {self.window} tokens, but the prompt has {len(ids)} "
                 f"and max_tokens is {max_tokens}: shorten the prompt or lower max_tokens"))
         samplings = tuple(SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=max_tokens,
-                                         stop=stop, seed=choice_seed(seed, i)) for i in range(n))
+                                         stop=stop, seed=choice_seed(seed, i), structured=structured)
+                          for i in range(n))
         return ChatPlan(ids, samplings, prefix, stop + end_stops, tool_names, logprobs)
 
     def check_n(self, n: int) -> None:
@@ -170,7 +178,7 @@ class ModelEngine:
         return self.plan(ids, n=req.n, max_tokens=req.max_completion_tokens or req.max_tokens,
                          temperature=req.temperature, top_p=req.top_p, stop=p.stop, seed=req.seed,
                          logprobs=req.logprobs, prefix=p.prefix, end_stops=(eot,) if eot else (),
-                         tool_names=p.tool_names)
+                         tool_names=p.tool_names, structured=call_constraint(p) if self.constrains else None)
 
     async def generate(self, plan: ChatPlan) -> list[Generation]:
         """The plan's choices, one engine request each (all in flight at once)."""

@@ -13,7 +13,13 @@ for tests). ``EngineKind`` says, per backend:
 - ``too_long(exc)``: whether an error the engine raised for a request is its "prompt does not fit
   the context window" error (vLLM: ``ContextLengthExceeded``); serving answers it with 400
   ``context_length_exceeded``. The replica also checks prompt + ``max_tokens`` against ``window``
-  before submitting, so on every backend a prompt that does not fit is that 400.
+  before submitting, so on every backend a prompt that does not fit is that 400;
+- ``loads_weights``: whether the replica needs the HF model beside the engine. vLLM holds its own
+  copy of the weights, so a vLLM replica loads only the tokenizer and end tokens
+  (``weightless_policy``: a ``Policy`` whose ``model`` is None) -- one copy of the weights per
+  replica, not vLLM's plus a float32 HF copy;
+- ``constrains``: the engine honours ``SamplingParams.structured`` (hf, vllm: forced tool calls are
+  grammar-constrained); the scripted engine does not (its turns are canned).
 
 ``"auto"`` resolves to ``"vllm"`` where vLLM can serve the policy, else ``"hf"``
 (``sqlrl.policy.backends.vllm_unavailable``).
@@ -43,6 +49,8 @@ class EngineKind:
     window: Callable[[Any, Any], int | None]
     running: Callable[[Any], Awaitable[int]]
     too_long: Callable[[BaseException], bool] = lambda exc: False
+    constrains: bool = False  # honours SamplingParams.structured (forced tool calls are constrained)
+    loads_weights: bool = True  # False: the engine holds its own copy; the replica loads no HF model
 
 
 def _positions(engine: Any, policy: Any) -> int | None:
@@ -62,8 +70,10 @@ async def _running_hf(engine: Any) -> int:
 
 def _build_vllm(policy: Any, spec: Any) -> AsyncEngine:
     from sqlrl.policy.backends import make_engine
+    from sqlrl.policy.load import DTYPES
 
-    return make_engine("vllm", policy, **{"max_num_seqs": spec.max_batch_size, **dict(spec.backend_options)})
+    return make_engine("vllm", policy, **{"dtype": DTYPES[spec.dtype], "max_num_seqs": spec.max_batch_size,
+                                          **dict(spec.backend_options)})
 
 
 async def _running_vllm(engine: Any) -> int:
@@ -114,10 +124,35 @@ async def _running_scripted(engine: Any) -> int:
 
 
 KINDS: dict[str, EngineKind] = {
-    "hf": EngineKind(_build_hf, _positions, _running_hf),
-    "vllm": EngineKind(_build_vllm, lambda engine, policy: engine.max_model_len, _running_vllm, _vllm_too_long),
+    "hf": EngineKind(_build_hf, _positions, _running_hf, constrains=True),
+    "vllm": EngineKind(_build_vllm, lambda engine, policy: engine.max_model_len, _running_vllm, _vllm_too_long,
+                       constrains=True, loads_weights=False),
     "scripted": EngineKind(_build_scripted, _positions, _running_scripted),
 }
+
+
+def weightless_policy(name_or_path: str) -> Any:
+    """The ``Policy`` of a checkpoint without its weights (``model`` None): the tokenizer, pad id and
+    end tokens exactly as ``load_policy`` gives them (the tokenizer's EOS plus the generation
+    config's), read from the folder's tokenizer and config files only."""
+    from transformers import AutoConfig, GenerationConfig
+
+    from sqlrl.policy.load import Policy, load_tokenizer, resolve_path
+
+    path = resolve_path(name_or_path)
+    tokenizer, pad = load_tokenizer(path)
+    tokenizer.padding_side = "left"
+    if tokenizer.eos_token_id is None:
+        raise ValueError(f"the tokenizer in {path} has no EOS token")
+    try:
+        generation = GenerationConfig.from_pretrained(path, local_files_only=True)
+    except OSError:  # no generation_config.json: transformers derives it from the model config
+        generation = GenerationConfig.from_model_config(AutoConfig.from_pretrained(path, local_files_only=True))
+    configured = generation.eos_token_id
+    eos = {tokenizer.eos_token_id}
+    eos.update(configured if isinstance(configured, (list, tuple)) else [] if configured is None else [configured])
+    return Policy(name=str(name_or_path), path=path, model=None, tokenizer=tokenizer,
+                  eos_token_ids=tuple(sorted(eos)), pad_token_id=pad)
 
 
 def resolve(backend: str, policy: Any) -> str:

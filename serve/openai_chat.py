@@ -16,6 +16,13 @@
   tools to render, and the **forced prefix**: ``tool_choice="required"`` starts the assistant
   turn with ``<tool_call>``, a named function with ``<tool_call>{"name": "<fn>", "arguments": ``
   -- so the choice is enforced by the prompt, not hoped for; ``none`` renders no tools.
+- ``call_constraint(p)``: for a forced call, the grammar the rest of the turn must follow
+  (``sqlrl.policy.constraints``): the call object ``{"name": <a forced tool>, "arguments": <JSON
+  valid under that tool's parameters schema>}`` -- for a named function only the arguments and the
+  closing ``}`` (the prefix holds the rest) -- then ``\n</tool_call>``, after which only the
+  end-of-turn token is allowed. The engines that honour it (HF, vLLM) mask their logits with it, so
+  a forced call always parses into ``tool_calls`` (unless ``max_tokens`` cuts it); ``auto`` and
+  ``none`` stay free (None). A tool's schema that cannot be compiled is a 400 naming the tool.
 - ``completion(...)`` / ``chunk(...)``: the ``chat.completion`` and ``chat.completion.chunk``
   objects. Reading the model's turn (content and hermes tool calls, finished or streaming) is
   ``serve/streaming.py``.
@@ -26,6 +33,7 @@ input raises ``APIError(400)`` naming the parameter.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 import uuid
@@ -34,7 +42,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
-from .streaming import TOOL_OPEN
+from .streaming import TOOL_CLOSE, TOOL_OPEN
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "not_found_error", 405: "invalid_request_error", 408: "timeout",
@@ -106,6 +114,10 @@ class Prepared:
     tool_names: tuple[str, ...]
     prefix: str  # text the assistant turn is forced to start with
     stop: tuple[str, ...]
+    # a forced call: (name, parameters schema) of each tool it may call (empty: free); named: the
+    # prefix already names the one function (call_constraint)
+    forced: tuple[tuple[str, str], ...] = ()
+    named: bool = False
 
 
 def _text(content: Any, where: str) -> str:
@@ -179,16 +191,32 @@ def _messages(raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def _parameters(tools: list[dict[str, Any]] | None) -> dict[str, str]:
+    """Each tool's parameters schema as canonical JSON (no schema: an object of no arguments)."""
+    out = {}
+    for i, t in enumerate(tools or []):
+        schema = t["function"].get("parameters")
+        if schema is None:
+            schema = {"type": "object", "properties": {}}
+        if not isinstance(schema, dict):
+            raise APIError(400, f"tools[{i}].function.parameters must be a JSON schema object",
+                           param=f"tools[{i}].function.parameters")
+        out.setdefault(t["function"]["name"], json.dumps(schema, sort_keys=True))
+    return out
+
+
 def prepare(req: ChatRequest) -> Prepared:
     names = _tool_names(req.tools)
     choice = req.tool_choice if req.tool_choice is not None else "auto"
     tools, prefix = (req.tools or None), ""
+    forced: tuple[tuple[str, str], ...] = ()
     if choice == "none":
         tools = None
     elif choice == "required":
         if not names:
             raise APIError(400, "tool_choice 'required' needs tools", param="tool_choice")
         prefix = TOOL_OPEN + "\n"
+        forced = tuple(_parameters(req.tools).items())
     elif isinstance(choice, dict):
         fn = choice.get("function") if choice.get("type") == "function" else None
         name = fn.get("name") if isinstance(fn, dict) else None
@@ -196,13 +224,36 @@ def prepare(req: ChatRequest) -> Prepared:
             raise APIError(400, f"tool_choice names function {name!r}, which is not in tools",
                            param="tool_choice")
         prefix = f'{TOOL_OPEN}\n{{"name": {json.dumps(name)}, "arguments": '
+        forced = ((name, _parameters(req.tools)[name]),)
     elif choice != "auto":
         raise APIError(400, f"tool_choice must be 'auto', 'none', 'required' or a named function, "
                        f"got {choice!r}", param="tool_choice")
     stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
     if len(stop) > 4 or any(not s for s in stop):
         raise APIError(400, "stop: at most 4 non-empty strings", param="stop")
-    return Prepared(_messages(req.messages), tools, names if tools else (), prefix, stop)
+    return Prepared(_messages(req.messages), tools, names if tools else (), prefix, stop, forced,
+                    named=isinstance(choice, dict))
+
+
+def call_constraint(p: Prepared) -> Any:
+    """The grammar of a forced call's rest (module docstring; None when the turn is free)."""
+    return _call_grammar(p.forced, p.named) if p.forced else None
+
+
+@functools.lru_cache(maxsize=256)
+def _call_grammar(forced: tuple[tuple[str, str], ...], named: bool) -> Any:
+    from sqlrl.policy.constraints import json_grammar
+
+    tail = "\n" + TOOL_CLOSE
+    try:
+        if named:
+            return json_grammar(json.loads(forced[0][1]), suffix="}" + tail)
+        calls = [{"type": "object", "properties": {"name": {"const": name}, "arguments": json.loads(schema)},
+                  "required": ["name", "arguments"]} for name, schema in forced]
+        return json_grammar(calls[0] if len(calls) == 1 else {"anyOf": calls}, suffix=tail)
+    except ValueError as exc:
+        raise APIError(400, f"a forced tool call's parameters schema cannot be enforced: {exc}",
+                       param="tools") from None
 
 
 def completion(model: str, choices: list[dict[str, Any]], prompt_tokens: int,

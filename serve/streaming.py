@@ -42,7 +42,9 @@ def _partial_suffix(text: str, word: str) -> int:
 
 def _call(inner: str, tool_names: tuple[str, ...]) -> tuple[str, str] | None:
     try:
-        obj = json.loads(inner)
+        # strict=False: a raw control character inside a string is read as that character (xgrammar's
+        # length-bounded JSON strings allow them); the arguments go out re-encoded, valid JSON
+        obj = json.loads(inner, strict=False)
     except ValueError:
         return None
     if (not isinstance(obj, dict) or obj.get("name") not in tool_names

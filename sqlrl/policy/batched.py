@@ -50,6 +50,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, AsyncIterator, Callable, Mapping, Sequence
 
 from .engine import AsyncEngine, EngineError, ProvidesEngine, TokenDelta, UpdatePolicy, check_engine_class, check_single, check_weights
+from .constraints import refuse_structured
 from .types import Generation, GenerationBackend, SamplingParams
 
 
@@ -109,6 +110,7 @@ class BatchedEngine:
     def _submit(self, prompt_ids: Sequence[int], sampling: SamplingParams, request_id: str | None,
                 stream: bool) -> _Request:
         check_single(sampling)
+        refuse_structured(sampling, "the lock-step adapter (BatchedEngine)")
         loop = asyncio.get_running_loop()
         with self._lock:
             if self._closed:

@@ -32,6 +32,11 @@ Guarantees (on top of ``sqlrl.policy.engine`` and ``HFBackend``'s):
 - ``update_weights`` checks every name and shape against the model (each parameter, or one of its
   tied aliases, must be given; unknown names and shape mismatches are refused) and raises
   ``ValueError`` before anything loads; each load clears the prefix cache and returns the new version.
+- ``sampling.structured`` (a grammar, ``sqlrl.policy.constraints``): the request's logits are masked
+  to the grammar every step before temperature/top-p (xgrammar, one matcher per request, compiled
+  off the event loop and cached by grammar text); its tokens follow the grammar and its log-probs
+  are the masked distribution's. A grammar that does not compile is a ``ValueError`` from
+  ``generate``/``stream``.
 - ``meta`` of a result: ``request_id``, ``seed``, ``admitted_step``/``finished_step`` (the
   scheduler's sampling-step counter), ``restarts`` (regenerations after an ``ABORT`` update).
 """
@@ -65,6 +70,19 @@ class HFEngine:
         self.policy = policy
         self._scheduler = Scheduler(self.backend, max_batch=max_batch, step_hook=step_hook)
         self._in_flight: set[str] = set()
+        self._grammars: Any = None  # constraints.GrammarMasks, built at the first constrained request
+
+    async def _compiled(self, sampling: SamplingParams) -> Any:
+        """The compiled grammar of ``sampling.structured`` (None: free), compiled off the loop;
+        ``ValueError`` when it does not compile -- before the engine sees the request."""
+        if sampling.structured is None:
+            return None
+        if self._grammars is None:
+            from .constraints import GrammarMasks
+
+            self._grammars = await asyncio.to_thread(GrammarMasks, self.backend.tokenizer, self.backend.vocab_size,
+                                                     sorted(self.backend.eos_ids))
+        return await asyncio.to_thread(self._grammars.compile, sampling.structured)
 
     @property
     def policy_version(self) -> int:
@@ -72,7 +90,7 @@ class HFEngine:
 
     # ------------------------------------------------------------------ requests
     def _submit(self, prompt_ids: Sequence[int], sampling: SamplingParams, request_id: str | None,
-                streamed: bool) -> tuple[Request, asyncio.Queue]:
+                streamed: bool, grammar: Any = None) -> tuple[Request, asyncio.Queue]:
         check_single(sampling)
         prompt = self.backend._check([prompt_ids], "prompt")[0]
         self.backend.check_length(len(prompt), sampling.max_new_tokens)
@@ -91,14 +109,17 @@ class HFEngine:
                     self._abort_soon(rid)
 
         req = Request(id=rid, prompt=prompt, sampling=sampling, seed=row_seed(seed, 0, 0), deliver=deliver,
-                      streamed=streamed)
+                      streamed=streamed, grammar=grammar,
+                      make_matcher=None if grammar is None else self._grammars.matcher)
         self._scheduler.submit(req)
         self._in_flight.add(rid)
         return req, events
 
     async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams, *,
                        request_id: str | None = None) -> Generation:
-        req, events = self._submit(prompt_ids, sampling, request_id, streamed=False)
+        check_single(sampling)
+        grammar = await self._compiled(sampling)
+        req, events = self._submit(prompt_ids, sampling, request_id, streamed=False, grammar=grammar)
         try:
             kind, payload = await events.get()
         except asyncio.CancelledError:
@@ -112,7 +133,9 @@ class HFEngine:
 
     async def stream(self, prompt_ids: Sequence[int], sampling: SamplingParams, *,
                      request_id: str | None = None) -> AsyncIterator[TokenDelta]:
-        req, events = self._submit(prompt_ids, sampling, request_id, streamed=True)
+        check_single(sampling)
+        grammar = await self._compiled(sampling)
+        req, events = self._submit(prompt_ids, sampling, request_id, streamed=True, grammar=grammar)
         ended = False
         try:
             while True:

@@ -10,7 +10,9 @@ mask, its next position and the logits its next token is drawn from) and runs it
    (``hf_kv.stack_rows``), positions counted per row, so its tokens are what it would get alone.
    A prefill that raises is retried request by request: only the culprit fails (``EngineError``).
 3. **Sample** one token per row (``hf_backend.sample_tokens``: the processed log-probs, each row
-   from its own seeded generator), deliver it, end rows on eos/stop/length (storing their KV in
+   from its own seeded generator; a row with a grammar, ``SamplingParams.structured``, has its
+   logits masked by its ``constraints.Matcher`` first, so it draws from -- and reports the log-probs
+   of -- the masked distribution, and the matcher then accepts the token), deliver it, end rows on eos/stop/length (storing their KV in
    the prefix cache when all of it came from the current weights) and drop them from the batch.
 4. A ``CONTINUE`` weight update loads here, between sampling and the next forward.
 5. **Decode**: one forward for the rows left. An exception there ends the rows of that batch
@@ -60,12 +62,17 @@ class Request:
     kv_version: int = -1  # the weights its earliest KV came from
     admitted_step: int = -1
     restarts: int = 0
+    grammar: Any = None  # a compiled grammar (``constraints.GrammarMasks.compile``) or None
+    make_matcher: Callable[[Any], Any] | None = None
+    matcher: Any = None
 
     def reset(self) -> None:
         import torch
 
         self.gen = torch.Generator().manual_seed(self.seed)
         self.ids, self.logprobs, self.versions = [], [], []
+        if self.grammar is not None and self.make_matcher is not None:
+            self.matcher = self.make_matcher(self.grammar)  # from the start of the grammar
 
 
 @dataclass(frozen=True)
@@ -280,6 +287,9 @@ class Scheduler:
         import torch
 
         self.steps += 1
+        for b, req in enumerate(self.rows):
+            if req.matcher is not None:
+                req.matcher.mask(self.logits[b])
         groups: dict[tuple[float, float], list[int]] = {}
         for b, req in enumerate(self.rows):
             groups.setdefault((req.sampling.temperature, req.sampling.top_p), []).append(b)
@@ -293,6 +303,8 @@ class Scheduler:
                 chosen[b] = lp
         done, store = [], []
         for b, (req, tok) in enumerate(zip(self.rows, tokens.tolist())):
+            if req.matcher is not None and not req.matcher.accept(tok):  # cannot happen: masked
+                raise RuntimeError(f"request {req.id}: token {tok} is outside its grammar")
             req.ids.append(tok)
             req.logprobs.append(chosen[b])
             req.versions.append(self.version)

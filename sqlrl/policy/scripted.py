@@ -39,6 +39,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Mapping, Sequence
 
+from .constraints import refuse_structured
 from .engine import EngineError, TokenDelta, UpdatePolicy, check_single, check_weights
 from .types import Generation, SamplingParams
 
@@ -264,6 +265,7 @@ class ScriptedEngine:
     async def stream(self, prompt_ids: Sequence[int], sampling: SamplingParams, *,
                      request_id: str | None = None) -> AsyncIterator[TokenDelta]:
         check_single(sampling)
+        refuse_structured(sampling, "the scripted engine")
         live = self._register(request_id or f"scripted-{next(self._ids)}")
         ended = "abort"
         try:

@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
+from .constraints import StructuredOutput
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -26,12 +28,18 @@ class SamplingParams:
     max_new_tokens: int = 256
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    # A grammar the tokens must follow (``sqlrl.policy.constraints``; None: free). Honoured by the
+    # async engines (``HFEngine``, ``VLLMEngine``), which mask before temperature/top-p, so
+    # ``logprobs`` stay those of the distribution sampled from.
+    structured: StructuredOutput | None = None
 
     def __post_init__(self) -> None:
         if self.n < 1 or self.max_new_tokens < 1:
             raise ValueError("SamplingParams.n and max_new_tokens must be >= 1")
         if self.temperature < 0 or not 0 < self.top_p <= 1:
             raise ValueError("SamplingParams: temperature >= 0 and 0 < top_p <= 1")
+        if self.structured is not None and not isinstance(self.structured, StructuredOutput):
+            raise ValueError("SamplingParams.structured must be a sqlrl.policy.constraints.StructuredOutput")
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,10 @@ checked where):
   prefill off (vLLM then batches up to ``max_model_len`` tokens a step) and refuses
   ``enable_chunked_prefill=True`` with per-request seeds. ``per_request_seeds=False``: every sample
   from the engine's generator, seeded at construction (``VLLMBackend``'s CPU default);
+- ``sampling.structured`` (``sqlrl.policy.constraints``) goes to vLLM's structured outputs
+  (``StructuredOutputsParams(grammar=...)``: the same xgrammar EBNF ``HFEngine`` masks with); vLLM
+  masks before sampling, so the processed log-probs are the masked distribution's. A grammar vLLM
+  refuses is a ``ValueError`` (its validation error);
 - on CPU a model whose head size vLLM's CPU kernels lack is refused before any process starts
   (``vllm_backend.prepare_cpu_engine``).
 ``vllm`` is imported only when an engine is built.
@@ -235,10 +239,13 @@ class VLLMEngine:
         return prompt
 
     def _vllm_params(self, sampling: SamplingParams) -> Any:
-        from vllm.sampling_params import RequestOutputKind
+        from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
+        extra: dict[str, Any] = {}
+        if sampling.structured is not None:  # vLLM's structured outputs (its xgrammar backend)
+            extra["structured_outputs"] = StructuredOutputsParams(grammar=sampling.structured.grammar)
         return vllm_sampling(sampling, sampling.seed if self.per_request_seeds else None, self.eos_token_ids,
-                             output_kind=RequestOutputKind.CUMULATIVE)
+                             output_kind=RequestOutputKind.CUMULATIVE, **extra)
 
     async def _request(self, prompt: list[int], sampling: SamplingParams, request_id: str,
                        push: Callable[[TokenDelta], None] | None, regenerate: bool) -> Generation:
@@ -393,9 +400,12 @@ check_engine_class(VLLMEngine)
 
 
 def make_vllm_engine(policy: Any, seed: int | None = None, **options: Any) -> VLLMEngine:
-    """A ``VLLMEngine`` for a loaded ``Policy``: its folder, dtype and end tokens (as
-    ``backends._vllm`` builds ``VLLMBackend``); ``seed`` seeds the engine's generator."""
-    dtype = str(next(policy.model.parameters()).dtype).removeprefix("torch.")
-    options = {"dtype": dtype, "eos_token_ids": policy.eos_token_ids,
+    """A ``VLLMEngine`` for a ``Policy``: its folder, dtype and end tokens (as ``backends._vllm``
+    builds ``VLLMBackend``); ``seed`` seeds the engine's generator. With ``dtype`` given the
+    policy's weights are never touched, so a policy without a model (``policy.model is None``:
+    tokenizer and end tokens only, as a serving replica loads it) is enough."""
+    if "dtype" not in options:
+        options["dtype"] = str(next(policy.model.parameters()).dtype).removeprefix("torch.")
+    options = {"eos_token_ids": policy.eos_token_ids,
                **({"seed": seed} if seed is not None else {}), **options}
     return VLLMEngine(policy.path, **options)

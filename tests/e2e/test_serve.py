@@ -223,11 +223,21 @@ def test_tool_choice_none_and_named(server):
     c = client(server, "k-chat")
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]
     msgs = [{"role": "user", "content": "weather please"}]
-    # named: the prompt forces the call's opening; the scripted model then repeats a whole call,
-    # which is not a valid continuation -> returned as text, not as a tool call
+    # named: the prompt forces the call's opening and a grammar the rest; cut by max_tokens before
+    # the call closes, it comes back as text
     r = c.chat.completions.create(model="tiny", messages=msgs, tools=tools, max_tokens=4,
                                   tool_choice={"type": "function", "function": {"name": "get_weather"}})
     assert r.choices[0].message.content.startswith('<tool_call>\n{"name": "get_weather"')
+    # with room to finish (96 tokens: even one character per token fits), the random-weight tiny
+    # model's forced calls are valid under the schema
+    city = {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}}, "required": ["city"]}
+    bounded = [{"type": "function", "function": {"name": "get_weather", "parameters": city}}]
+    for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+        r = c.chat.completions.create(model="tiny", messages=msgs, tools=bounded, max_tokens=96, n=2, seed=5,
+                                      temperature=1.0, tool_choice=choice)
+        for ch in r.choices:
+            assert ch.finish_reason == "tool_calls"
+            assert json.loads(ch.message.tool_calls[0].function.arguments)["city"] in ("Paris", "Rome")
     r = c.chat.completions.create(model="script", messages=msgs, tools=tools, tool_choice="none")
     assert r.choices[0].finish_reason == "stop"  # no tools given to the template or the parser
 

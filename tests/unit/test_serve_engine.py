@@ -240,3 +240,36 @@ def test_bad_text_completion_input_is_a_400(tiny, tmp_path, body, param):
     with pytest.raises(APIError) as e:
         text_plan(model, CompletionRequest.model_validate({"model": "m", "prompt": "x", **body}))
     assert e.value.status == 400 and e.value.param == param
+
+
+def test_a_vllm_replica_builds_no_hf_model_beside_its_engine(tiny, monkeypatch):
+    """The replica hands vLLM's factory a policy without weights (one copy of the weights: vLLM's),
+    with the tokenizer and end tokens ``load_policy`` would give; an HF replica still loads them."""
+    import sqlrl.policy.load as load
+    from serve.engines import weightless_policy
+    from serve.model_server import ModelServer
+    from sqlrl.policy import backends
+
+    built, loaded = [], []
+    real_load = load.load_policy
+
+    def fake_vllm(policy, seed=None, **options):
+        built.append((policy, options))
+        engine = ScriptedEngine(policy.tokenizer, policy.eos_token_ids, script=SCRIPT)
+        engine.max_model_len = 2048
+        return engine
+
+    monkeypatch.setitem(backends.ENGINES, "vllm", fake_vllm)
+    monkeypatch.setattr(load, "load_policy", lambda *a, **kw: loaded.append(a) or real_load(*a, **kw))
+    server = ModelServer("m", {"models": {"m": {"path": "tiny", "backend": "vllm", "max_batch_size": 4}}})
+    (policy, options), = built
+    assert policy.model is None and loaded == []
+    assert options["dtype"] == "float32" and options["max_num_seqs"] == 4
+    assert (policy.eos_token_ids, policy.pad_token_id) == (tiny.eos_token_ids, tiny.pad_token_id)
+    assert policy.tokenizer.padding_side == "left" and server.model.window == 2048
+    out = asyncio.run(server.chat({"model": "m", "messages": [{"role": "user", "content": "weather?"}]}))
+    assert out[0] == "ok" and "Let me check." in out[2]["choices"][0]["message"]["content"]
+
+    ModelServer("h", {"models": {"h": {"path": "tiny", "backend": "scripted"}}})
+    assert len(loaded) == 1  # the other kinds still load the model (the scripted one reads its window)
+    assert weightless_policy("tiny").eos_token_ids == tiny.eos_token_ids
