@@ -27,7 +27,7 @@ import json
 import os
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -39,7 +39,7 @@ from sqlrl.db.dialects.descriptor import dialect_of, dialects
 console = make_console(stderr=True)
 
 
-# -- evaluators (a registry: kind -> (add arguments, run)) -----------------------------------------
+# -- evaluators (their registry, EVALUATORS, follows the report tables) ---------------------------
 
 def _spider_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gold", required=True, help="gold file: SQL<TAB>db_id per line")
@@ -142,14 +142,6 @@ def _critic_run(a: argparse.Namespace) -> tuple[list[dict], dict]:
     return [i.to_dict() for i in report.items], report.to_dict()
 
 
-# kind -> (add arguments, path options to check before running, run)
-EVALUATORS: dict[str, tuple[Callable, Callable, Callable]] = {
-    "spider": (_spider_args, _spider_paths, _spider_run),
-    "bird": (_bird_args, _bird_paths, _bird_run),
-    "critic": (_critic_args, _critic_paths, _critic_run),
-}
-
-
 # -- helpers ------------------------------------------------------------------------------------
 
 class _progress:
@@ -194,51 +186,77 @@ def _by(rows: list[dict], key: str, excluded: Callable[[dict], bool]) -> dict[st
                 "ex": sum(bool(r["match"]) for r in v) / len(v)} for g, v in sorted(groups.items())}
 
 
+# -- report tables and the registry (kind -> Evaluator) -------------------------------------------
+
+def _critic_markdown(summary: dict[str, Any]) -> list[str]:
+    lines = ["| slice | n | solved | SR% |", "|---|---|---|---|",
+             f"| all | {summary['scored']} | {summary['solved']} | {summary['sr']:.2f} |"]
+    for key, groups in summary["by"].items():
+        for g, s in groups.items():
+            lines.append(f"| {key}={g} | {s['n']} | {s['solved']} | {s['sr']:.2f} |")
+    if summary["excluded"]:
+        lines += ["", f"Excluded (reference failed): {', '.join(summary['excluded'])}"]
+    return lines
+
+
+def _ex_markdown(summary: dict[str, Any]) -> list[str]:
+    """Spider's and BIRD's report: execution accuracy (EX) overall and by difficulty/hardness."""
+    overall = summary.get("overall", {"scored": summary.get("scored"),
+                                      "matched": summary.get("matched")})
+    lines = ["| slice | n | matched | EX% |", "|---|---|---|---|",
+             f"| all | {overall['scored']} | {overall['matched']} | {100 * summary['ex']:.2f} |"]
+    for g, s in (summary.get("by_difficulty") or summary.get("by_hardness") or {}).items():
+        lines.append(f"| {g} | {s.get('scored', s.get('n'))} | {s['matched']} | {100 * s['ex']:.2f} |")
+    suite = summary.get("test_suite")
+    if suite:
+        lines += ["", "| metric | n | matched | % |", "|---|---|---|---|",
+                  f"| EX | {overall['scored']} | {overall['matched']} | {100 * summary['ex']:.2f} |",
+                  f"| test-suite | {overall['scored']} | {suite['matched']} | {100 * suite['ts']:.2f} |",
+                  "", f"EX matches that fail the test suite (lucky matches): {suite['lucky']}"]
+    if summary.get("gold_errors"):
+        lines += ["", f"Excluded (gold failed): items {summary['gold_errors']}"]
+    return lines
+
+
+@dataclass(frozen=True)
+class Evaluator:
+    """One ``python -m jobs.evaluate <kind>``: everything the job does differently per kind."""
+
+    add_args: Callable[[argparse.ArgumentParser], None]
+    paths: Callable[[argparse.Namespace], list[tuple[str, str | None, str]]]  # checked before running
+    run: Callable[[argparse.Namespace], tuple[list[dict], dict]]  # -> (verdict rows, summary)
+    markdown: Callable[[dict[str, Any]], list[str]]  # the report's table lines from the summary
+    own_progress: bool = False  # run reports its own progress (else a heartbeat while it runs)
+
+
+EVALUATORS: dict[str, Evaluator] = {
+    "spider": Evaluator(_spider_args, _spider_paths, _spider_run, _ex_markdown),
+    "bird": Evaluator(_bird_args, _bird_paths, _bird_run, _ex_markdown),
+    "critic": Evaluator(_critic_args, _critic_paths, _critic_run, _critic_markdown, own_progress=True),
+}
+
+
 def render_markdown(kind: str, summary: dict[str, Any]) -> str:
-    lines = [f"# {kind} evaluation", ""]
-    if kind == "critic":
-        lines += ["| slice | n | solved | SR% |", "|---|---|---|---|",
-                  f"| all | {summary['scored']} | {summary['solved']} | {summary['sr']:.2f} |"]
-        for key, groups in summary["by"].items():
-            for g, s in groups.items():
-                lines.append(f"| {key}={g} | {s['n']} | {s['solved']} | {s['sr']:.2f} |")
-        if summary["excluded"]:
-            lines += ["", f"Excluded (reference failed): {', '.join(summary['excluded'])}"]
-    else:
-        overall = summary.get("overall", {"scored": summary.get("scored"),
-                                          "matched": summary.get("matched")})
-        lines += ["| slice | n | matched | EX% |", "|---|---|---|---|",
-                  f"| all | {overall['scored']} | {overall['matched']} | {100 * summary['ex']:.2f} |"]
-        for g, s in (summary.get("by_difficulty") or summary.get("by_hardness") or {}).items():
-            lines.append(f"| {g} | {s.get('scored', s.get('n'))} | {s['matched']} | {100 * s['ex']:.2f} |")
-        suite = summary.get("test_suite")
-        if suite:
-            lines += ["", "| metric | n | matched | % |", "|---|---|---|---|",
-                      f"| EX | {overall['scored']} | {overall['matched']} | {100 * summary['ex']:.2f} |",
-                      f"| test-suite | {overall['scored']} | {suite['matched']} | {100 * suite['ts']:.2f} |",
-                      "", f"EX matches that fail the test suite (lucky matches): {suite['lucky']}"]
-        if summary.get("gold_errors"):
-            lines += ["", f"Excluded (gold failed): items {summary['gold_errors']}"]
-    return "\n".join(lines) + "\n"
+    return "\n".join([f"# {kind} evaluation", "", *EVALUATORS[kind].markdown(summary)]) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
     # -- parse
     ap = argparse.ArgumentParser(prog="python -m jobs.evaluate", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="kind", required=True)
-    for kind, (add_args, _, _) in EVALUATORS.items():
+    for kind, evaluator in EVALUATORS.items():
         p = sub.add_parser(kind)
-        add_args(p)
+        evaluator.add_args(p)
         p.add_argument("--out", help="output folder (default runs/eval/<kind>-<time>)")
         p.add_argument("--timeout", type=float, default=30.0, help="seconds per SQL statement")
         p.add_argument("--workers", type=int, default=None, help="parallel executions")
     a = ap.parse_args(argv)
-    _, paths, run = EVALUATORS[a.kind]
+    evaluator = EVALUATORS[a.kind]
     out = Path(a.out or f"runs/eval/{a.kind}-{time.strftime('%Y%m%d-%H%M%S')}")
     a.out = str(out)
 
     # -- check paths: every missing one at once, before any work
-    problems = check_paths(paths(a))
+    problems = check_paths(evaluator.paths(a))
     if problems:
         for problem in problems:
             console.print(f"evaluate {a.kind}: {problem}", style="red", markup=False, highlight=False)
@@ -246,11 +264,11 @@ def main(argv: list[str] | None = None) -> int:
 
     # -- evaluate
     try:
-        if a.kind == "critic":  # reports its own progress (_progress)
-            rows, summary = run(a)
+        if evaluator.own_progress:  # e.g. BIRD-CRITIC's (_progress)
+            rows, summary = evaluator.run(a)
         else:
             with Heartbeat(f"evaluate {a.kind}", note="labelling gold and predictions"):
-                rows, summary = run(a)
+                rows, summary = evaluator.run(a)
     except (FileNotFoundError, ValueError) as exc:
         console.print(f"evaluate {a.kind}: {exc}", style="red", markup=False, highlight=False)
         return 2

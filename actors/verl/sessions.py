@@ -17,6 +17,8 @@ Guarantees:
   (cached): ``PoolSessions`` on this worker's partition when ``pool`` names a directory, else
   ``LocalSessions`` over the catalog (a JSON file ``{db_id: {dialect: url}}`` or a mapping).
   Neither given is a ``ValueError``.
+- ``unpublish_pool(name)`` forgets an in-process published pool and this process's cached source
+  on it, so a pool shut down leaves nothing behind and its name can be published again.
 
 Not guaranteed here: the pool's own rules (TTL, routing, retries: ``sqlrl.db.pool_client``).
 """
@@ -83,6 +85,14 @@ def publish_pool(group: Any, name: str, namespace: str | None = None) -> Any:
 
     return ray.remote(num_cpus=0)(PoolDirectory).options(
         name=name, namespace=namespace, lifetime="detached", get_if_exists=True).remote(clients)
+
+
+def unpublish_pool(name: str) -> None:
+    """Forget the in-process pool published as ``name`` and the cached source on it (the caller
+    shuts its group down); unknown names are ignored."""
+    with _SOURCES_LOCK:
+        _LOCAL_DIRECTORIES.pop(name, None)
+        _SOURCES.pop(("pool", name), None)
 
 
 def _claim_from(pool: str) -> Any:

@@ -15,7 +15,7 @@ Registered rewards (``REWARDS``):
 | ``bird_ex_single`` / ``spider_ex_single`` | text-to-SQL | thought/solution | 1 on EX match |
 | ``bird_ex_agentic`` / ``spider_ex_agentic`` | text-to-SQL | tool calls | 1 on EX match |
 | ``sqlr1`` | text-to-SQL | ``<think>…</think><answer>```sql…```</answer>`` | SQL-R1 composite |
-| ``hybrid_single`` / ``hybrid_agentic`` | any kind | either | the reward the task's kind names (``TaskKind.rewards``) |
+| ``hybrid_single`` / ``hybrid_agentic`` | any kind | either | the reward the task's kind names (``TaskKind.rewards``); one more part per ``RewardSpec.flag`` (``is_critic``): 1 for the reward it routed to |
 | ``hybrid_single_shaped`` / ``hybrid_agentic_shaped`` | any kind | either | the hybrid score ``s`` lifted to ``0.1 + 0.9 s`` when the answer is well-formed, its SQL ran and the engine attested it only read |
 
 Guarantees — **fail-closed**, the property every reward here is tested for:
@@ -209,27 +209,34 @@ class RewardSpec:
     keys: tuple[str, ...] = _BASIC_KEYS
     style: str | None = None  # a fixed single-turn format style (sqlr1), else config.format_style
     executed_floor: float = 0.0  # shaping: a well-formed answer whose SQL ran read-only scores >= this (module doc)
+    flag: str = ""  # a hybrid reward's part that is 1.0 when it routes a task here, else 0.0 ("is_critic")
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.executed_floor < 1.0:
             raise ValueError(f"reward {self.name!r}: executed_floor must be in [0, 1), got {self.executed_floor!r}")
 
 
-REWARDS: dict[str, RewardSpec] = {s.name: s for s in (
-    RewardSpec("critic_single", "critic", "single", score_critic),
-    RewardSpec("critic_agentic", "critic", "agentic", score_critic),
+_SCORED = (  # the rewards that score a kind of task themselves
+    RewardSpec("critic_single", "critic", "single", score_critic, flag="is_critic"),
+    RewardSpec("critic_agentic", "critic", "agentic", score_critic, flag="is_critic"),
     RewardSpec("bird_ex_single", "text2sql", "single", _ex_scorer("bird")),
     RewardSpec("bird_ex_agentic", "text2sql", "agentic", _ex_scorer("bird")),
     RewardSpec("spider_ex_single", "text2sql", "single", _ex_scorer("spider")),
     RewardSpec("spider_ex_agentic", "text2sql", "agentic", _ex_scorer("spider")),
     RewardSpec("sqlr1", "text2sql", "single", score_sqlr1,
                ("format", "execution", "result", "length"), style="sqlr1"),
-    RewardSpec("hybrid_single", "any", "single", None, _BASIC_KEYS + ("is_critic",)),
-    RewardSpec("hybrid_agentic", "any", "agentic", None, _BASIC_KEYS + ("is_critic",)),
+)
+FLAGS = tuple(dict.fromkeys(s.flag for s in _SCORED if s.flag))  # every hybrid breakdown has each
+_HYBRID_KEYS = _BASIC_KEYS + FLAGS
+
+REWARDS: dict[str, RewardSpec] = {s.name: s for s in (
+    *_SCORED,
+    RewardSpec("hybrid_single", "any", "single", None, _HYBRID_KEYS),
+    RewardSpec("hybrid_agentic", "any", "agentic", None, _HYBRID_KEYS),
     # BIRD-RL gives a runnable-but-wrong answer a small reward too (0.1); here only when it is
     # well-formed and ran, and the engine attested it only read; never for an error.
-    RewardSpec("hybrid_single_shaped", "any", "single", None, _BASIC_KEYS + ("is_critic",), executed_floor=0.1),
-    RewardSpec("hybrid_agentic_shaped", "any", "agentic", None, _BASIC_KEYS + ("is_critic",), executed_floor=0.1),
+    RewardSpec("hybrid_single_shaped", "any", "single", None, _HYBRID_KEYS, executed_floor=0.1),
+    RewardSpec("hybrid_agentic_shaped", "any", "agentic", None, _HYBRID_KEYS, executed_floor=0.1),
 )}
 
 
@@ -271,7 +278,7 @@ def score(name: str, task: Any, ex: Extracted, verdict: Any,
         routed = get_reward(kind_of(task).rewards[spec.response])
         b = _on_suite(routed.scorer, task, ex, verdict, config)
         parts = {k: b.parts.get(k, 0.0) for k in _BASIC_KEYS}
-        parts["is_critic"] = float(routed.task_kind == CriticTask.kind)
+        parts.update({f: float(f == routed.flag) for f in FLAGS})
         if config.test_suite:
             parts["lucky_match"] = b.parts["lucky_match"]
         return _shaped(spec, RewardBreakdown(b.score, parts, b.excluded, b.reason, b.sql,

@@ -175,7 +175,7 @@ def test_pool_survives_shard_kills_and_worker_deaths(ray_session, databases, wor
     per_worker = 80
     try:
         workers = {w: worker_cls.remote(group.client(w), STATEMENTS) for w in range(3)}
-        ray_session.get([w.ready.remote() for w in workers.values()])
+        ray_session.get([w.ready.remote() for w in workers.values()], timeout=180)  # an error, not a hang
         runs = {w: workers[w].run.remote(per_worker, seed=w) for w in workers}
         # The storm: shard kills (Ray restarts them) and one rollout worker dying mid-run,
         # replaced by a new one for the same index, as a rollout group would.

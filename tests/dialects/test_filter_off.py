@@ -50,13 +50,13 @@ def _refused(result):
 
 @pytest.fixture
 def pg_base(pg_admin_url):
-    from tests.dialects.test_postgresql import BASE_SQL
+    from tests.dialects.server_cases import PG_BASE_SQL as BASE_SQL
     yield from sealed_base(pg_admin_url, f"sqlrl_off_{PID}", BASE_SQL)
 
 
 @pytest.mark.postgres
 def test_postgresql_contains_a_session_with_the_filter_off(pg_admin_url, pg_base, filter_off):
-    from tests.dialects.test_postgresql import admin_query, checksum
+    from tests.dialects.server_cases import pg_admin_query as admin_query, pg_checksum as checksum
     admin_db, url = pg_base
     before = checksum(admin_db)
     seq_before = admin_query(admin_db, "SELECT last_value FROM orders_id_seq")
@@ -117,7 +117,7 @@ def test_postgresql_contains_a_session_with_the_filter_off(pg_admin_url, pg_base
 
 @pytest.fixture
 def my_base(mysql_admin_url):
-    from tests.dialects.test_mysql import BASE_SQL
+    from tests.dialects.server_cases import MYSQL_BASE_SQL as BASE_SQL
     name = f"sqlrl_off_{PID}"
     for _, url in sealed_base(mysql_admin_url, name, BASE_SQL):
         yield name, url
@@ -125,7 +125,7 @@ def my_base(mysql_admin_url):
 
 @pytest.mark.mysql
 def test_mariadb_contains_a_session_with_the_filter_off(mysql_admin_url, my_base, filter_off):
-    from tests.dialects.test_mysql import admin_query, checksum
+    from tests.dialects.server_cases import mysql_admin_query as admin_query, mysql_checksum as checksum
     name, url = my_base
     before = checksum(mysql_admin_url, name)
     with open_session(url, limits=Limits(timeout_s=1.5)) as attacker, open_session(url) as victim:

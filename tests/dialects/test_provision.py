@@ -7,30 +7,19 @@ are idempotent.
 
 import os
 
-import psycopg2
-import pymysql
 import pytest
 
 from sqlrl.db import SessionError, open_session, provision
 from sqlrl.db.dialects.postgresql_admin import OWNER_ROLE
 from sqlrl.db.scratch import SCRATCH
 from sqlrl.db.url import parse_url
+from tests.dialects.server_cases import mysql_admin_query, pg_admin_query
 
 PID = os.getpid()
+pg_query, my_query = pg_admin_query, mysql_admin_query  # as the admin, autocommit
 
 
 # --- PostgreSQL ----------------------------------------------------------------------------------
-
-def pg_query(url, sql, args=None):
-    conn = psycopg2.connect(url)
-    conn.autocommit = True
-    try:
-        with conn.cursor() as cur:
-            cur.execute(sql, args)
-            return cur.fetchall() if cur.description else None
-    finally:
-        conn.close()
-
 
 @pytest.fixture
 def pg_db(pg_admin_url):
@@ -133,18 +122,6 @@ def test_pg_an_account_that_cannot_create_roles_gets_a_clear_error(pg_admin_url,
 
 
 # --- MariaDB / MySQL -----------------------------------------------------------------------------
-
-def my_query(url, sql, args=None):
-    u = parse_url(url)
-    conn = pymysql.connect(host=u.host, port=u.port, user=u.username, password=u.password or "",
-                           autocommit=True, ssl_disabled=True)
-    try:
-        with conn.cursor() as cur:
-            cur.execute(sql, args)
-            return cur.fetchall()
-    finally:
-        conn.close()
-
 
 @pytest.fixture
 def my_db(mysql_admin_url):

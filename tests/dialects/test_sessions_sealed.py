@@ -62,14 +62,14 @@ def on_time_or_says_so(elapsed_s, message, timeout_s, context):
 
 @pytest.fixture(scope="module")
 def pg_base(pg_admin_url):
-    from tests.dialects.test_postgresql import BASE_SQL
+    from tests.dialects.server_cases import PG_BASE_SQL as BASE_SQL
     provision.prepare_server(pg_admin_url)
     for admin_db, url in sealed_base(pg_admin_url, f"sqlrl_seal2_{PID}", BASE_SQL):
         yield f"sqlrl_seal2_{PID}", admin_db, url
 
 
 def pg_query(url, sql, args=None):
-    from tests.dialects.test_postgresql import admin_query
+    from tests.dialects.server_cases import pg_admin_query as admin_query
     return admin_query(url, sql, args)
 
 
@@ -214,7 +214,7 @@ def test_4_pg_one_wide_value_stays_within_the_client_memory_bound(pg_base, text_
 
 @pytest.fixture(scope="module")
 def my_base(mysql_admin_url):
-    from tests.dialects.test_mysql import BASE_SQL
+    from tests.dialects.server_cases import MYSQL_BASE_SQL as BASE_SQL
     provision.prepare_server(mysql_admin_url)
     for _, url in sealed_base(mysql_admin_url, f"sqlrl_seal2_{PID}", BASE_SQL):
         yield url
@@ -240,7 +240,7 @@ def test_5_text_that_is_not_unicode_is_an_error_and_the_session_goes_on(any_base
 # --- MariaDB --------------------------------------------------------------------------------------
 
 def my_query(url, sql):
-    from tests.dialects.test_mysql import admin_query
+    from tests.dialects.server_cases import mysql_admin_query as admin_query
     return admin_query(url, sql)
 
 

@@ -2,7 +2,9 @@
 SmolLM2-135M, against ``VLLMBackend`` and ``HFBackend`` on the same weights.
 
 One async engine for the module (started once, ``enforce_eager``; each test awaits it from its own
-``asyncio.run`` loop, so every test also checks that the engine serves any event loop). Before it
+``asyncio.run`` loop, so every test also checks that the engine serves any event loop). Tests run in
+any order: one that updates the weights restores the original ones (a new version), and every
+check of a version is relative to the version when the test started. Before it
 starts, ``VLLMBackend`` computes its greedy reference and is closed (one engine alive at a time).
 Every wait is on an event (a token arriving, the engine's counters reporting), never on a clock.
 Skips (with the reason) where vllm or SmolLM2 is not installed.
@@ -61,6 +63,7 @@ def setup(tmp_path_factory):
     finally:
         backend.close()  # one vLLM engine alive at a time
     engine = make_vllm_engine(policy, max_model_len=MAX_MODEL_LEN, kv_cache_gb=1)
+    assert engine.policy_version == 0 == asyncio.run(engine.weight_version())  # a fresh engine's weights
     original = {k: v.clone() for k, v in policy.model.state_dict().items()}
     gen = torch.Generator().manual_seed(0)
     noisy = {k: v + 0.02 * torch.randn(v.shape, generator=gen) for k, v in original.items()}
@@ -91,6 +94,8 @@ def test_the_engine_class_implements_the_contract():
 
 def test_greedy_generate_equals_the_batch_backends(setup):
     engine = setup["engine"]
+    # the weights tests update and restore the weights: the version is past 0 when they ran first
+    version = engine.policy_version
 
     async def main():
         return await asyncio.gather(*[engine.generate(p, GREEDY) for p in setup["prompts"]])
@@ -99,7 +104,7 @@ def test_greedy_generate_equals_the_batch_backends(setup):
     assert min(len(p) for p in setup["prompts"]) > 300  # real agentic prompts
     assert [g.token_ids for g in gens] == setup["reference"]
     for g in gens:
-        assert len(g.logprobs) == len(g.token_ids) and g.versions == (0,) * len(g.token_ids)
+        assert len(g.logprobs) == len(g.token_ids) and g.versions == (version,) * len(g.token_ids)
         assert g.finish_reason in ("eos", "length", "stop")
 
 

@@ -17,6 +17,7 @@ WAIT_S = 20.0  # bound on the wait; reclaiming takes ~ ttl + interval (0.5 s) wh
 
 def test_abandoned_leases_are_reclaimed_and_shutdown_stops_the_reaper(demo_db_path) -> None:
     catalog = Catalog({"shop": {"sqlite": f"sqlite:///{demo_db_path}"}})
+    before = set(threading.enumerate())  # other tests' pools may run reapers of the same names
     group = DBPoolGroup(DBPoolConfig(
         rollout_workers=1, per_worker={"sqlite": 2}, in_process=True, reaper_interval_s=0.1,
         shard=ShardConfig(catalog=catalog, lease_ttl_s=0.4)))
@@ -46,8 +47,8 @@ def test_abandoned_leases_are_reclaimed_and_shutdown_stops_the_reaper(demo_db_pa
         assert sum(s.reclaimed for s in stats.values()) == ABANDONED
         assert all(client.execute(lease, "SELECT 1").error.kind is ErrorKind.LEASE_EXPIRED
                    for lease in leases)
-        names = {f"reaper-{sid}" for sid in group.shards}
-        assert names <= {t.name for t in threading.enumerate()}
+        reapers = {t for t in set(threading.enumerate()) - before if t.name.startswith("reaper-")}
+        assert sorted(t.name for t in reapers) == sorted(f"reaper-{sid}" for sid in group.shards)
     finally:
         group.shutdown()
-    assert not names & {t.name for t in threading.enumerate() if t.is_alive()}
+    assert not [t.name for t in reapers if t.is_alive()]

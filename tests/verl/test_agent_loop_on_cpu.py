@@ -67,17 +67,30 @@ def row(script: str, dialect: str = "sqlite", index: int = 0) -> dict[str, Any]:
             "reward_model": r["reward_model"], "data_source": r["data_source"]}
 
 
-def in_process_pool(name: str, catalog: dict[str, dict[str, str]]):
+@pytest.fixture
+def in_process_pool():
+    """Publishes an in-process pool over a catalog by name (what ``pool: <name>`` in the agent-loop
+    YAML claims); the test's pools are shut down and unpublished afterwards, so their reaper threads
+    and sessions do not outlive the test."""
     from actors.db_pool import DBPoolConfig, DBPoolGroup
-    from actors.verl.sessions import publish_pool
+    from actors.verl.sessions import publish_pool, unpublish_pool
     from sqlrl.db.lease import Catalog
     from sqlrl.db.shard import ShardConfig
 
-    dialects = {d for urls in catalog.values() for d in urls}
-    group = DBPoolGroup(DBPoolConfig(rollout_workers=1, per_worker={d: 1 for d in dialects},
-                                     shard=ShardConfig(catalog=Catalog(catalog)), in_process=True))
-    publish_pool(group, name)
-    return group
+    made: list[tuple[str, Any]] = []
+
+    def publish(name: str, catalog: dict[str, dict[str, str]]):
+        dialects = {d for urls in catalog.values() for d in urls}
+        group = DBPoolGroup(DBPoolConfig(rollout_workers=1, per_worker={d: 1 for d in dialects},
+                                         shard=ShardConfig(catalog=Catalog(catalog)), in_process=True))
+        made.append((name, group))
+        publish_pool(group, name)
+        return group
+
+    yield publish
+    for name, group in made:
+        unpublish_pool(name)
+        group.shutdown()
 
 
 def leases(group) -> tuple[int, int, int]:
@@ -119,7 +132,8 @@ def test_temp_table_persists_across_calls_sqlite(tiny_model, tokenizer, sqlite_c
 
 
 @pytest.mark.postgres
-def test_temp_table_persists_across_calls_postgresql(tiny_model, tokenizer, pg_catalog, tmp_path):
+def test_temp_table_persists_across_calls_postgresql(tiny_model, tokenizer, pg_catalog, tmp_path,
+                                                     in_process_pool):
     in_process_pool("verl-test-pg", pg_catalog)
     path = agent_loop_yaml(tmp_path, pool="verl-test-pg", catalog=None)
     llm = ScriptedLLM(tokenizer, {"A": PERSIST})
@@ -130,7 +144,7 @@ def test_temp_table_persists_across_calls_postgresql(tiny_model, tokenizer, pg_c
 
 
 def test_session_released_after_end_exception_and_deadline(tiny_model, tokenizer, sqlite_catalog,
-                                                           tmp_path):
+                                                           tmp_path, in_process_pool):
     group = in_process_pool("verl-test-release", sqlite_catalog)
 
     def config(name: str, **keys: Any):
@@ -164,7 +178,8 @@ def test_session_released_after_end_exception_and_deadline(tiny_model, tokenizer
     assert leases(group) == (0, 4, 4)
 
 
-def test_concurrent_trajectories_never_share_a_session(tiny_model, tokenizer, sqlite_catalog, tmp_path):
+def test_concurrent_trajectories_never_share_a_session(tiny_model, tokenizer, sqlite_catalog, tmp_path,
+                                                       in_process_pool):
     group = in_process_pool("verl-test-concurrent", sqlite_catalog)
     path = agent_loop_yaml(tmp_path, pool="verl-test-concurrent", catalog=None)
 
@@ -292,3 +307,19 @@ def test_worker_slots_give_each_owner_its_own_index():
     assert [slots.claim("a"), slots.claim("b"), slots.claim("a")] == [0, 1, 0]
     with pytest.raises(RuntimeError, match="all 2 DB-pool partitions are claimed"):
         slots.claim("c")
+
+
+def test_an_unpublished_pool_leaves_no_source_behind(sqlite_catalog, in_process_pool):
+    from actors.verl.sessions import unpublish_pool, worker_sessions
+    from sqlrl.db.source import SessionRequest, open_one
+
+    first = in_process_pool("verl-test-republish", sqlite_catalog)
+    source = worker_sessions(pool="verl-test-republish")
+    assert worker_sessions(pool="verl-test-republish") is source  # cached per process
+    unpublish_pool("verl-test-republish")
+    first.shutdown()
+    in_process_pool("verl-test-republish", sqlite_catalog)  # the name again, on a new pool
+    again = worker_sessions(pool="verl-test-republish")
+    assert again is not source
+    with open_one(again, SessionRequest("shop", "sqlite")) as session:  # the live pool's lease
+        assert session.execute(GOLD).rows == (("ada",),)
