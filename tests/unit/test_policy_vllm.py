@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace as NS
 
+import os
 import pytest
 
 from sqlrl.policy.vllm_backend import head_size, to_generation
@@ -136,3 +137,19 @@ def test_the_lock_step_vllm_engine_calls_an_in_process_cpu_backend_on_its_own_th
         parameters=lambda: iter([param])))
     assert backends.make_engine("vllm-batched", policy).inline is True
     assert backends.make_engine("vllm-batched", policy, in_process=False).inline is False
+
+
+def test_small_machines_reserve_no_core_for_vllms_scheduler_unless_the_user_says(monkeypatch):
+    from sqlrl.policy import vllm_engine
+
+    monkeypatch.delenv("VLLM_CPU_NUM_OF_RESERVED_CPU", raising=False)
+    monkeypatch.setattr(vllm_engine.os, "sched_getaffinity", lambda pid: {0, 1})
+    vllm_engine.reserve_no_core_on_small_machines()
+    assert os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"
+    monkeypatch.setenv("VLLM_CPU_NUM_OF_RESERVED_CPU", "1")  # the user's choice stays
+    vllm_engine.reserve_no_core_on_small_machines()
+    assert os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "1"
+    monkeypatch.delenv("VLLM_CPU_NUM_OF_RESERVED_CPU")
+    monkeypatch.setattr(vllm_engine.os, "sched_getaffinity", lambda pid: set(range(32)))
+    vllm_engine.reserve_no_core_on_small_machines()  # a big machine keeps vLLM's own reservation
+    assert "VLLM_CPU_NUM_OF_RESERVED_CPU" not in os.environ
