@@ -43,6 +43,7 @@ from serve.config import AuthSpec, LimitsSpec, ModelSpec
 from sqlrl.config import from_mapping, to_dict
 from sqlrl.gateway.rollouts import GatewayConfig, GatewayStats, JudgeScorer, Rollouts
 from sqlrl.gateway.trace import RolloutTrace
+from sqlrl.tasks.kinds import kind_of_record
 from sqlrl.tasks.types import Text2SQLTask
 
 
@@ -70,13 +71,17 @@ def load_gateway_spec(data: Mapping[str, Any]) -> GatewaySpec:
 
 def _schemas(catalog: Mapping[str, Mapping[str, str]]) -> dict[str, Any]:
     """What claims show as ``task.schema``: read from each database's SQLite copy, where there is one."""
+    from sqlrl.db.dialects.descriptor import FileCopy, find
     from sqlrl.db.url import parse_url
     from sqlrl.tasks.schema import DatabaseSchema
 
     out = {}
     for db, urls in catalog.items():
-        if "sqlite" in urls:
-            out[db] = DatabaseSchema.from_sqlite(parse_url(urls["sqlite"]).database, db_id=db)
+        for name, url in urls.items():
+            dialect = find(name)
+            if dialect is not None and isinstance(dialect.storage, FileCopy) and dialect.storage.sqlite_file:
+                out[db] = DatabaseSchema.from_sqlite(parse_url(url).database, db_id=db)
+                break
     return out
 
 
@@ -179,7 +184,9 @@ class GatewayServer:
         return self.url
 
     async def offer(self, group_id: str, task: Text2SQLTask | Mapping[str, Any], n: int = 1) -> None:
-        self.rollouts.offer(group_id, task if isinstance(task, Text2SQLTask) else Text2SQLTask.from_dict(dict(task)), n)
+        if isinstance(task, Mapping):  # a task record (from another process): its kind's class reads it
+            task = kind_of_record(task).task_type.from_dict(dict(task))
+        self.rollouts.offer(group_id, task, n)
 
     async def finish(self) -> None:
         self.rollouts.finish()

@@ -55,6 +55,7 @@ from sqlrl.db.source import SessionRequest, SessionSource
 from sqlrl.db.types import Limits
 from sqlrl.policy.engine import AsyncEngine, UpdatePolicy
 from sqlrl.policy.types import Generation
+from sqlrl.tasks.kinds import kind_of
 from sqlrl.tasks.schema import DatabaseSchema
 from sqlrl.tasks.types import Text2SQLTask
 from sqlrl.tools import run_raw
@@ -121,8 +122,10 @@ class Rollouts:
     # -- work -------------------------------------------------------------------------------------
 
     def offer(self, group_id: str, task: Text2SQLTask, n: int = 1) -> None:
-        if not isinstance(task, Text2SQLTask):
-            raise TypeError(f"the gateway hands out text-to-SQL tasks, got {type(task).__name__}")
+        kind = kind_of(task)  # TypeError for anything that is not a task
+        if kind.given_sql(task):
+            raise TypeError(f"the gateway hands out tasks answered from scratch (text-to-SQL); "
+                            f"{kind.title} hands over SQL to fix")
         if n < 1:
             raise ValueError(f"offer: n must be >= 1, got {n}")
         with self._cond:

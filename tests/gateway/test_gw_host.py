@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from actors.gateway import GatewayServer, load_gateway_spec
-from tests.actors.conftest import ray_session  # noqa: F401  (the one local Ray of the session)
+from tests.actors.conftest import _ray_instance, ray_session  # noqa: F401  (the one local Ray of the session)
 
 from .conftest import GOLD, KEY, SCRIPT, shop_task
 
