@@ -190,6 +190,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         raise SystemExit(f"--seeds must be comma-separated integers, got {args.seeds!r}") from None
     if not seeds:
         raise SystemExit("--seeds names no seed")
+    if not (args.quick or args.init or any(o.startswith("model.init=") for o in args.set)):
+        raise SystemExit("--init is needed: the start checkpoint of stage 3 (e.g. runs/long/zeno/stage2/final)")
     out = Path(args.out or ("runs/suite_training_quick" if args.quick else "runs/suite_training")).resolve()
     out.mkdir(parents=True, exist_ok=True)
     base = stage_overrides(args)
@@ -197,8 +199,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     for seed in seeds:
         for arm in ARMS:
             runs[f"{arm}_s{seed}"] = run_arm(base, arm, seed, out)
-    start = next(o.split("=", 1)[1] for o in reversed(base) if o.startswith("model.init=")) \
-        if any(o.startswith("model.init=") for o in base) else runs[f"ex_s{seeds[0]}"]["config"]["model"]["init"]
+    start = next(o.split("=", 1)[1] for o in reversed(base) if o.startswith("model.init="))
     models = {"start": start, **{name: s["checkpoint"] for name, s in runs.items()}}
     evaluation = evaluate_all(base, out, models, args.mode)
     from jobs.held_out import compare
