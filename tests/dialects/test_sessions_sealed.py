@@ -320,6 +320,20 @@ def test_7_mariadb_no_temp_table_escapes_the_bounds_and_no_session_lifts_them(my
         assert ok(s.execute("SELECT count(*) FROM customers")).rows == ((20,),)
 
 
+@pytest.mark.mysql
+def test_7_mariadb_a_base_table_of_another_engine_is_cloned_as_innodb(mysql_admin_url):
+    """A user's base may hold a MyISAM table (made before the server enforced InnoDB): its clone
+    is InnoDB with the same rows, not a failed clone."""
+    statements = ["SET SESSION enforce_storage_engine = NULL",  # the admin's SUPER; no session has it
+                  "CREATE TABLE legacy (id INT PRIMARY KEY, v VARCHAR(10)) ENGINE=MyISAM",
+                  "INSERT INTO legacy VALUES (1, 'a'), (2, 'b')"]
+    for _, url in sealed_base(mysql_admin_url, f"sqlrl_myisam_{PID}", statements):
+        with open_session(url) as s:
+            assert ok(s.execute("SELECT count(*) FROM legacy")).rows == ((2,),)
+            shown = ok(s.execute("SHOW CREATE TABLE legacy")).rows[0][1]
+            assert "ENGINE=InnoDB" in shown, shown
+
+
 # --- the servers' settings are checked ------------------------------------------------------------
 
 class _FakeCursor:

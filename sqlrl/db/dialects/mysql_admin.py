@@ -230,7 +230,10 @@ class MySQLAdmin:
             cur.execute(f"SHOW FULL TABLES FROM {q(base)}")
             objects = cur.fetchall()
             cur.execute(f"CREATE DATABASE {q(name)} {charset.group() if charset else ''}")
-            cur.execute("SET SESSION foreign_key_checks=0")
+            # a base table of another engine (a user's MyISAM table) becomes InnoDB in the clone
+            # where the server enforces InnoDB, instead of failing the clone
+            cur.execute("SET @sqlrl_mode = @@session.sql_mode, SESSION foreign_key_checks=0, "
+                        "SESSION sql_mode = REPLACE(@@session.sql_mode, 'NO_ENGINE_SUBSTITUTION', '')")
             try:
                 for table, kind in objects:
                     if kind != "VIEW":
@@ -238,7 +241,7 @@ class MySQLAdmin:
                 self._clone_views(cur, base, name, account,
                                   [t for t, kind in objects if kind == "VIEW"])
             finally:
-                cur.execute("SET SESSION foreign_key_checks=1")
+                cur.execute("SET SESSION foreign_key_checks=1, SESSION sql_mode = @sqlrl_mode")
             cur.execute(f"GRANT {SCRATCH_PRIVILEGES} ON {grant_target(name)}.* TO {account}")
 
     @staticmethod
