@@ -12,7 +12,9 @@ Guarantees:
 - The pool has a partition per rollout worker and one for the reward scorers; ``Runtime.score``
   never scores a rollout that failed (it gets an excluded breakdown: neither reward nor penalty).
   The scorers score with the stage's ``reward`` section (``RewardConfig``: ``reward.test_suite``
-  switches test-suite match on, for the RL steps and the held-out evaluation alike).
+  switches test-suite match on, for the RL steps and the held-out evaluation alike);
+  ``prebuild_suites`` distils every task's suite before the first step (the stage calls it), and
+  ``close()`` then drops the variant bases the suites loaded on servers (``dropped_variants``).
 - Rollout workers generate with ``rollout.policy(model)`` (a ``PolicySpec``: ``rollout.backend``,
   ``rollout.dtype``, ``rollout.device``, ``rollout.engine_options``) and run ``rollout.batch``
   trajectories at once each.
@@ -98,6 +100,7 @@ class Runtime:
             in_process=not self.ray, n_actors=cfg.cluster.reward_actors, num_cpus_per_actor=reward.num_cpus,
             resources=dict(reward.resources), reward=cfg.reward), self.pool.client(role="reward"))
         self._groups: list[Any] = []
+        self.dropped_variants: list[str] = []  # variant bases dropped at close (reward.test_suite)
 
     def rollout_group(self, model: str, mode: str, *, temperature: float, top_p: float = 1.0,
                       seed: int = 0) -> Any:
@@ -126,6 +129,21 @@ class Runtime:
         from curriculum.builders import pool_opener
 
         return pool_opener(self.pool.client(role="reward"))
+
+    def prebuild_suites(self, tasks: Sequence[Any]) -> Any:
+        """With ``reward.test_suite``: every text-to-SQL task's test suite distilled now, through
+        the reward partition's sessions, into ``reward.test_suite_dir`` (where the reward actors
+        read them back); a ``sqlrl.rewards.prebuild.PrebuildReport``, None with the option off."""
+        if not self.cfg.reward.test_suite:
+            return None
+        from sqlrl.db.source import PoolSessions
+        from sqlrl.rewards import Judge
+        from sqlrl.rewards.prebuild import prebuild_suites
+        from sqlrl.suites.test_suite import TestSuites
+
+        judge = Judge(self.data.catalog, sessions=PoolSessions(self.pool.client(role="reward")),
+                      suites=TestSuites(self.cfg.reward.test_suite_dir))
+        return prebuild_suites(judge, tasks)
 
     def release(self, group: Any) -> None:
         group.shutdown()
@@ -156,6 +174,10 @@ class Runtime:
         self._groups.clear()
         self.rewards.shutdown()
         self.pool.shutdown()
+        if self.cfg.reward.test_suite:  # no variant base stays on a server after the stage
+            from sqlrl.rewards.prebuild import drop_variant_bases
+
+            self.dropped_variants = drop_variant_bases(self.data.catalog, self.cfg.reward.test_suite_dir)
 
     def __enter__(self) -> "Runtime":
         return self

@@ -58,7 +58,10 @@ def run_stage(cfg: StageConfig, *, config_path: str | Path | None = None) -> dic
     save_config(cfg)
     data = stage_data.prepare_data(cfg)
     with runtime.Runtime(cfg, data) as rt:
-        # -- run: the stage's verified training data, then its update loop
+        # -- run: test suites first (reward.test_suite), the stage's verified training data, then its update loop
+        suites = rt.prebuild_suites([*data.train, *data.eval])
+        if suites is not None:
+            console.print(f"[bold]{cfg.stage}[/bold] test suites: {suites.summary()}")
         with build_phase(cfg, spec.build_note, len(data.train)):
             items, report = spec.build(BuildInputs(cfg, data.train, data.catalog, data.schemas,
                                                    rt.session_opener(), progress=console.is_terminal))
@@ -69,7 +72,8 @@ def run_stage(cfg: StageConfig, *, config_path: str | Path | None = None) -> dic
         logger = stage_logger(cfg)
         learner, history = TRAINERS[spec.trainer].train(rt, cfg.init_model(), items, logger)
         # -- cleanup: checkpoint, evaluation, summary
-        return finish_stage(rt, learner, history, logger, {"data_build": report.to_dict()}, peak_scope=peak_scope)
+        extra = {"data_build": report.to_dict(), **({"test_suites": suites.to_dict()} if suites else {})}
+        return finish_stage(rt, learner, history, logger, extra, peak_scope=peak_scope)
 
 
 def stage_main(stage: str, argv: Sequence[str] | None = None) -> dict[str, Any]:

@@ -14,6 +14,10 @@ MY_ADMIN_PASSWORD=sqlrl-admin
 # without them is restarted (its throwaway data directory is made anew).
 PG_LOCKS=256                                          # max_locks_per_transaction
 MY_TMP_PATH=ibtmp1:12M:autoextend:max:256M            # innodb_temp_data_file_path: bounded
+# every temporary table InnoDB (so in the bounded ibtmp1; a session needs SUPER to change it), and
+# one statement's internal temporary tables capped where no session can raise the cap (docs/sessions.md)
+MY_TEMP_BOUNDS="--enforce-storage-engine=InnoDB --tmp-disk-table-size=256M --maximum-tmp-disk-table-size=256M \
+  --maximum-tmp-memory-table-size=16M --maximum-tmp-table-size=16M --maximum-max-heap-table-size=16M"
 
 pg_bin() { ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1; }
 
@@ -66,9 +70,9 @@ start_mysql() {
   local data=$DIR/mysql
   if [ -S "$data/s.sock" ] && mariadb-admin --socket="$data/s.sock" ping >/dev/null 2>&1; then
     local tmp
-    tmp=$(mariadb --socket="$data/s.sock" -uroot -Nse "SELECT @@innodb_temp_data_file_path" 2>/dev/null || true)
-    [ "$tmp" = "$MY_TMP_PATH" ] && return
-    echo "dbservers: MariaDB runs without innodb_temp_data_file_path=$MY_TMP_PATH: restarting it"
+    tmp=$(mariadb --socket="$data/s.sock" -uroot -Nse "SELECT @@innodb_temp_data_file_path, @@global.enforce_storage_engine, @@global.tmp_disk_table_size" 2>/dev/null || true)
+    [ "$tmp" = "$MY_TMP_PATH	InnoDB	268435456" ] && return
+    echo "dbservers: MariaDB runs without innodb_temp_data_file_path=$MY_TMP_PATH and $MY_TEMP_BOUNDS: restarting it"
   fi
   stop_mysql
   rm -rf "$data"; mkdir -p "$data"; chown mysql:mysql "$data" 2>/dev/null || chown -R mysql "$data"
@@ -79,7 +83,7 @@ start_mysql() {
     --bind-address=127.0.0.1 --pid-file="$data/mariadb.pid" --log-error="$data/error.log" \
     --lower-case-table-names=1 --innodb-buffer-pool-size=128M --innodb-flush-log-at-trx-commit=0 \
     --innodb-doublewrite=0 --max-connections=500 --skip-name-resolve --symbolic-links=0 \
-    --innodb-temp-data-file-path="$MY_TMP_PATH" \
+    --innodb-temp-data-file-path="$MY_TMP_PATH" $MY_TEMP_BOUNDS \
     >/dev/null 2>&1 &
   for _ in $(seq 1 60); do
     mariadb-admin --socket="$data/s.sock" ping >/dev/null 2>&1 && break; sleep 0.5

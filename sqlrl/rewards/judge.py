@@ -50,7 +50,7 @@ from sqlrl.db.source import LocalSessions, SessionRequest, SessionSource, open_o
 from sqlrl.eval.compare import bird_ex, outer_order_by, spider_ex
 from sqlrl.eval.critic import CriticVerdict, SolCache, run_critic
 from sqlrl.eval.spider import Outcome
-from sqlrl.suites.test_suite import GoldFailed, SuiteCheck, TestSuites
+from sqlrl.suites.test_suite import GoldFailed, Suite, SuiteCheck, TestSuites
 from sqlrl.synth.variants import sqlite_path
 from sqlrl.tasks.types import CriticTask, Text2SQLTask
 
@@ -128,11 +128,8 @@ class Judge:
         """``verdict`` with the test-suite fields (module doc)."""
         if not (verdict.bird_match or verdict.spider_match):
             return replace(verdict, suite_checked=True)
-        assert self.suites is not None
-        source = self.catalog.get(task.db_id, {}).get("sqlite")  # a server base's SQLite origin
         try:
-            suite = self.suites.suite(task.db_id, url, task.gold_sql, self._outcome, task.dialect,
-                                      sqlite_path(source) if source else None)
+            suite = self.suite(task)
         except GoldFailed as exc:  # it ran a moment ago: a timeout or a lost session
             return replace(verdict, suite_checked=True, gold_error=f"test suite unavailable: {exc}")
         golds = [self._gold_at(u, task.gold_sql) for u in suite.variants]
@@ -148,6 +145,18 @@ class Judge:
         return replace(verdict, suite_checked=True, bird_suite=verdict.bird_match and bird,
                        spider_suite=verdict.spider_match and spider,
                        suite_failed_on=bird_miss or spider_miss)
+
+    def suite(self, task: Text2SQLTask) -> Suite:
+        """The distilled test suite of ``task``'s gold (built once: in memory and in the suites'
+        folder); ``GoldFailed`` when the gold fails on the original, ``ValueError`` without
+        ``suites`` or for a server task without a SQLite copy in the catalog. Scoring calls it for
+        a prediction that matched; ``sqlrl.suites.prebuild`` calls it before training."""
+        if self.suites is None:
+            raise ValueError("this Judge has no test suites (Judge(..., suites=TestSuites(dir)))")
+        url = self.url(task.db_id, task.dialect)
+        source = self.catalog.get(task.db_id, {}).get("sqlite")  # a server base's SQLite origin
+        return self.suites.suite(task.db_id, url, task.gold_sql, self._outcome, task.dialect,
+                                 sqlite_path(source) if source else None)
 
     def _outcome(self, url: str, sql: str) -> Outcome:
         return _outcome(self._run(url, (), sql))

@@ -21,8 +21,8 @@ misses, and check a prediction on them (Zhong, Yu & Klein, 2020).
   variant whose gold failed (fail-closed: such a variant can neither reward nor punish).
 - ``TestSuites`` builds a database's variants once (``sqlrl.synth.variants.build_variants``,
   content-addressed in ``cache_dir``) and each gold's suite once (in memory, single flight per
-  key, and as JSON under ``cache_dir/suites``, server variants by database name: credentials are
-  never written). A server database's variants are fuzzed from the SQLite file it was loaded from
+  key, and as JSON under ``cache_dir/suites``, server variants by their SQLite file: credentials
+  are never written, and a suite read back loads a variant base that was dropped again). A server database's variants are fuzzed from the SQLite file it was loaded from
   (``source``; without one: ``ValueError``) and loaded on its server as sealed bases
   (``sqlrl.synth.variants.server_variant``).
 """
@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -43,7 +44,7 @@ from sqlrl.eval.spider import Outcome
 Run = Callable[[str, str], Outcome]  # (database URL, SQL) -> Outcome (rows, or an error)
 Same = Callable[[Sequence[tuple], Sequence[tuple]], bool]  # (pred rows, gold rows) -> match
 
-SUITE_VERSION = 1
+SUITE_VERSION = 2  # 2: server variants stored by their file, so a dropped base is loaded again
 __all__ = ["GoldFailed", "Run", "Same", "Suite", "SuiteCheck", "TestSuites", "check_spider_suites",
            "check_suite", "distil", "literals", "neighbours"]
 
@@ -153,6 +154,7 @@ class TestSuites:
         self._suites: dict[tuple[str, str, str], Suite] = {}
         self._gates: dict[tuple[str, str, str], threading.Lock] = {}
         self._lock = threading.Lock()
+        self._files: dict[str, Path] = {}  # server variant database name -> its SQLite file
         self.distilled = 0  # suites distilled by this object (not read from memory or disk)
 
     def variants(self, db_id: str, url: str, gold_sql: str | None = None,
@@ -174,8 +176,10 @@ class TestSuites:
             paths += build_variants(path, folder, k=self.literal_k, seed=1000, literals=consts)
         if _is_sqlite(url):
             return variant_urls(paths)
-        from sqlrl.synth.variants import server_variant
+        from sqlrl.synth.variants import server_variant, server_variant_name
 
+        with self._lock:
+            self._files.update((server_variant_name(p), p) for p in paths)
         return [server_variant(p, url, self.cache_dir / "servers") for p in paths]
 
     def suite(self, db_id: str, url: str, gold_sql: str, run: Run, dialect: str = "sqlite",
@@ -213,7 +217,7 @@ class TestSuites:
         if path.is_file():
             data = json.loads(path.read_text())
             return Suite(**{**data, "db_url": url,
-                            "variants": tuple(_from_stored(v, url) for v in data["variants"])})
+                            "variants": tuple(self._from_stored(v, url) for v in data["variants"])})
         candidates = self.variants(db_id, url, gold_sql, dialect, db_path)
         schema = SchemaInfo.from_database_schema(DatabaseSchema.from_sqlite(db_path), dialect)
         near = neighbours(gold_sql, dialect, schema, max_neighbours=self.max_neighbours)
@@ -221,12 +225,32 @@ class TestSuites:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{threading.get_ident()}.tmp")
         stored = {**asdict(suite), "db_url": _redacted(url),
-                  "variants": [_to_stored(v, url) for v in suite.variants]}
+                  "variants": [self._to_stored(v) for v in suite.variants]}
         tmp.write_text(json.dumps(stored))
         tmp.replace(path)
         with self._lock:
             self.distilled += 1
         return suite
+
+
+    def _to_stored(self, variant: str) -> str:
+        """A variant as written to a suite's JSON: a SQLite URL as is, a server variant as its
+        SQLite file relative to the cache folder (a server URL carries credentials; they are never
+        written), so reading the suite back loads the base again if it was dropped."""
+        if _is_sqlite(variant):
+            return variant
+        from sqlrl.db.url import parse_url
+
+        with self._lock:
+            path = self._files[str(parse_url(variant).database)]
+        return "file:" + os.path.relpath(path, self.cache_dir)
+
+    def _from_stored(self, stored: str, url: str) -> str:
+        if not stored.startswith("file:"):
+            return stored
+        from sqlrl.synth.variants import server_variant
+
+        return server_variant(self.cache_dir / stored[5:], url, self.cache_dir / "servers")
 
 
 def _is_sqlite(url: str) -> bool:
@@ -256,24 +280,6 @@ def _redacted(url: str) -> str:
         return redact(url)
     except Exception:  # not a URL sqlalchemy reads: say nothing of what it holds
         return url if "@" not in url else "<a database URL>"
-
-
-def _to_stored(variant: str, url: str) -> str:
-    """A variant as written to a suite's JSON: a SQLite URL as is, a server variant as its
-    database name (a server URL carries credentials; they are never written)."""
-    if _is_sqlite(variant):
-        return variant
-    from sqlrl.db.url import parse_url
-
-    return "db:" + str(parse_url(variant).database)
-
-
-def _from_stored(stored: str, url: str) -> str:
-    if not stored.startswith("db:"):
-        return stored
-    from sqlrl.db.provision import session_url
-
-    return session_url(url, stored[3:])
 
 
 # -- Spider evaluation ----------------------------------------------------------------------------

@@ -56,8 +56,8 @@ from typing import Any, Sequence
 from .fuzz import DEFAULT_MAX_ROWS, PROFILES, _check_sqlite, fuzz_sqlite
 
 __all__ = ["DEFAULT_MAX_ROWS", "PROFILES", "VARIANTS_VERSION", "VariantSpec", "build_variants",
-           "drop_server_variants", "file_digest", "fuzz_sqlite", "server_variant", "sqlite_path",
-           "variant_plan", "variant_urls"]
+           "drop_server_variants", "file_digest", "fuzz_sqlite", "server_variant",
+           "server_variant_name", "sqlite_path", "variant_plan", "variant_urls"]
 
 VARIANTS_VERSION = 2
 
@@ -189,6 +189,11 @@ def drop_server_variants(url: str, cache_dir: str | Path) -> list[str]:
     return dropped
 
 
+def server_variant_name(path: Path) -> str:
+    """The database name of variant file ``path`` on a server (``tsv_`` + its SHA-256)."""
+    return "tsv_" + file_digest(path)[:24]
+
+
 def server_variant(path: Path, url: str, cache_dir: str | Path) -> str:
     """The session URL of variant file ``path`` on the server of ``url`` (a session URL of a base
     loaded from SQLite, which carries the admin account), loaded once (module doc)."""
@@ -197,7 +202,7 @@ def server_variant(path: Path, url: str, cache_dir: str | Path) -> str:
     from sqlrl.db.loader import load_sqlite
     from sqlrl.db.provision import session_url
 
-    name = "tsv_" + file_digest(path)[:24]
+    name = server_variant_name(path)
     folder = _server_folder(url, cache_dir)
     folder.mkdir(parents=True, exist_ok=True)
     marker = folder / f"{name}.loaded"

@@ -10,7 +10,9 @@ friendly refusals cannot be what passes them.
 4. PostgreSQL: one wide value does not break the client's memory bound.
 5. Both: text that is not valid Unicode is an error, and the session goes on.
 6. MariaDB: a large write stopped by the deadline returns within the deadline's guarantee.
-7. MariaDB: InnoDB temporary tables cannot grow the server's temp space without bound.
+7. MariaDB: InnoDB temporary tables cannot grow the server's temp space without bound, no
+   temporary table escapes InnoDB, and no session lifts the cap on one statement's internal
+   temporary tables.
 """
 
 from __future__ import annotations
@@ -287,6 +289,51 @@ def test_7_mariadb_temp_tables_cannot_grow_temp_space_without_bound(mysql_admin_
         assert ok(s.execute("SELECT count(*) FROM customers")).rows == ((20,),)
 
 
+@pytest.mark.mysql
+def test_7_mariadb_no_temp_table_escapes_the_bounds_and_no_session_lifts_them(my_base, text_filter):
+    """Every temporary table of a session is InnoDB (the bounded ibtmp1 above): another engine
+    is refused or replaced (``enforce_storage_engine``, which a session cannot change without
+    SUPER); and the cap on one statement's internal temporary table (``tmp_disk_table_size``)
+    cannot be raised past the server's ``--maximum-`` or reset to an unbounded default."""
+    with open_session(my_base, limits=Limits(timeout_s=30)) as s:
+        for i, engine in enumerate(("Aria", "MyISAM", "MEMORY", "CSV")):
+            r = s.execute(f"CREATE TEMPORARY TABLE e{i} ENGINE={engine} AS SELECT 1 AS x")
+            if r.error is None:  # substituted: it must have become InnoDB
+                shown = ok(s.execute(f"SHOW CREATE TABLE e{i}")).rows[0][1]
+                assert "ENGINE=InnoDB" in shown, (engine, shown)
+            else:
+                assert r.error.kind in REFUSED, (engine, r)
+        refused(s.execute("SET SESSION enforce_storage_engine = NULL"))
+        refused(s.execute("SET @@session.enforce_storage_engine = 'Aria'"))
+        s.execute(f"SET SESSION tmp_disk_table_size = {2**64 - 1}")  # cut to the maximum, or refused
+        ((cap,),) = ok(s.execute("SELECT @@session.tmp_disk_table_size")).rows
+        assert int(cap) <= 2**30, cap
+        s.execute("SET SESSION tmp_disk_table_size = DEFAULT")  # the global: bounded too
+        ((cap,),) = ok(s.execute("SELECT @@session.tmp_disk_table_size")).rows
+        assert int(cap) <= 2**30, cap
+        # the cap stops a statement whose internal temporary table outgrows it (the session may
+        # lower its own cap; here it does, so the statement stays small)
+        if s.execute("SET SESSION tmp_disk_table_size = 1048576").error is None:
+            r = s.execute("SELECT count(*) FROM (SELECT seq, REPEAT('x', 100) AS p FROM "
+                          "seq_1_to_200000 GROUP BY seq, p) q")
+            assert r.error is not None and r.error.kind is ErrorKind.RUNTIME and "full" in r.error.message, r
+        assert ok(s.execute("SELECT count(*) FROM customers")).rows == ((20,),)
+
+
+@pytest.mark.mysql
+def test_7_mariadb_a_base_table_of_another_engine_is_cloned_as_innodb(mysql_admin_url):
+    """A user's base may hold a MyISAM table (made before the server enforced InnoDB): its clone
+    is InnoDB with the same rows, not a failed clone."""
+    statements = ["SET SESSION enforce_storage_engine = NULL",  # the admin's SUPER; no session has it
+                  "CREATE TABLE legacy (id INT PRIMARY KEY, v VARCHAR(10)) ENGINE=MyISAM",
+                  "INSERT INTO legacy VALUES (1, 'a'), (2, 'b')"]
+    for _, url in sealed_base(mysql_admin_url, f"sqlrl_myisam_{PID}", statements):
+        with open_session(url) as s:
+            assert ok(s.execute("SELECT count(*) FROM legacy")).rows == ((2,),)
+            shown = ok(s.execute("SHOW CREATE TABLE legacy")).rows[0][1]
+            assert "ENGINE=InnoDB" in shown, shown
+
+
 # --- the servers' settings are checked ------------------------------------------------------------
 
 class _FakeCursor:
@@ -337,4 +384,19 @@ def test_prepare_server_refuses_a_mariadb_server_with_unbounded_temp_space(monke
     fake = _FakeConnection({"@@version": ("10.11.19-MariaDB", "NO", "ibtmp1:12M:autoextend")})
     monkeypatch.setattr(MySQLAdmin, "connect", lambda self, url, database=None: fake)
     with pytest.raises(SessionError, match="innodb_temp_data_file_path"):
+        MySQLAdmin().prepare_server(None)
+
+
+@pytest.mark.parametrize("answers,message", [
+    ({"enforce_storage_engine": (None,)}, "--enforce-storage-engine=InnoDB"),
+    ({"enforce_storage_engine": ("InnoDB",), "@@session.tmp_disk_table_size": (2**64 - 1,)},
+     "--maximum-tmp-disk-table-size"),
+])
+def test_prepare_server_refuses_a_mariadb_server_whose_temp_tables_a_session_can_unbound(
+        monkeypatch, answers, message):
+    from sqlrl.db.dialects.mysql_admin import MySQLAdmin
+    fake = _FakeConnection({"@@version": ("10.11.19-MariaDB", "NO", "ibtmp1:12M:autoextend:max:256M"),
+                            **answers})
+    monkeypatch.setattr(MySQLAdmin, "connect", lambda self, url, database=None: fake)
+    with pytest.raises(SessionError, match=message):
         MySQLAdmin().prepare_server(None)

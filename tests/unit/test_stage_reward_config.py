@@ -45,3 +45,40 @@ def test_without_the_section_the_stage_scores_plain_execution_match(db, tmp_path
 def test_a_half_set_or_misspelt_reward_section_is_a_clear_error(overrides, message):
     with pytest.raises(ValueError, match=message):
         load_stage_config("jobs/configs/stage3.yaml", overrides)
+
+
+def test_a_stage_prebuilds_its_suites_once_and_the_scorers_read_them_back(db, tmp_path):
+    """``Runtime.prebuild_suites`` (the stage's pre-step) distils each distinct gold's suite into
+    the run dir once; a second prebuild and the scorers read them back instead of distilling."""
+    from jobs.runtime import Runtime
+    from sqlrl.rewards import Judge
+    from sqlrl.suites.test_suite import TestSuites
+    from sqlrl.tasks.types import CriticTask
+
+    suites = tmp_path / "run" / "test_suite"
+    cfg = load_stage_config("jobs/configs/stage3.yaml", ["reward.test_suite=true", f"reward.test_suite_dir={suites}",
+                                                         f"run_dir={tmp_path / 'run'}"])
+    critic = CriticTask(instance_id="c", db_id="co", query="fix", issue_sql=["SELECT 1"], sol_sql=["SELECT 1"])
+    tasks = [task(), task(), task("SELECT nope FROM emp"), critic]
+    with Runtime(cfg, NS(catalog={"co": {"sqlite": url(db)}}, schemas={})) as rt:
+        first = rt.prebuild_suites(tasks)
+        again = rt.prebuild_suites(tasks)
+    assert (first.tasks, first.golds, first.distilled, first.skipped) == (3, 2, 1, 1)
+    assert first.variants >= 1  # the near miss needs a variant to be caught
+    assert len(first.failed) == 1 and "gold query fails" in first.failed[0][1]  # reported, not raised
+    assert again.distilled == 0 and again.golds == 2  # read back from the run dir
+    assert "2 test suites for 3 text-to-SQL tasks" in first.summary()
+    fresh = Judge({"co": {"sqlite": url(db)}}, suites=TestSuites(suites))  # a reward actor's judge
+    assert not fresh.text2sql(task(), NEAR_MISS).spider_suite
+    assert fresh.suites.distilled == 0
+    off = load_stage_config("jobs/configs/stage3.yaml", [f"run_dir={tmp_path / 'run2'}"])
+    with Runtime(off, NS(catalog={"co": {"sqlite": url(db)}}, schemas={})) as rt:
+        assert rt.prebuild_suites(tasks) is None  # option off: nothing built
+
+
+def test_prebuild_needs_a_judge_with_suites(db):
+    from sqlrl.rewards import Judge
+    from sqlrl.rewards.prebuild import prebuild_suites
+
+    with pytest.raises(ValueError, match="test suites"):
+        prebuild_suites(Judge({"co": {"sqlite": url(db)}}), [task()])

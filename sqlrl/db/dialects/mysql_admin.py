@@ -9,7 +9,10 @@ What the server enforces (docs/sessions.md, "Isolation"):
   without bound (``innodb_temp_data_file_path`` without ``:max:``; ``temp_space_bound``): sessions'
   ``CREATE TEMPORARY TABLE … ENGINE=InnoDB`` share that file, which never shrinks while the server
   runs, so its ``max`` is the bound on all sessions' temporary tables together (MariaDB 10.11 has
-  no per-session bound; ``scripts/dbservers.sh`` starts it with ``…:max:256M``).
+  no per-session bound; ``scripts/dbservers.sh`` starts it with ``…:max:256M``). On MariaDB it also
+  refuses one that does not enforce InnoDB for new tables (``enforce_storage_engine``: otherwise a
+  temporary table of another engine escapes that bound) or lets a session raise
+  ``tmp_disk_table_size`` without a ``--maximum-`` (``_temp_table_problem``).
 - **Bases** are loaded by the admin and granted to nobody: no agent account has any privilege on
   them. ``prepare_server`` revokes MariaDB's default grants to PUBLIC on ``test``/``test\\_%`` and
   refuses a server with symbolic links enabled (``have_symlink``: then ``CREATE TABLE … DATA
@@ -65,6 +68,36 @@ def temp_space_bound(path: str) -> int | None:
     return total
 
 
+UNBOUNDED = 2**64 - 1  # tmp_disk_table_size's "no limit"
+
+
+def _temp_table_problem(cur: Any) -> str | None:
+    """Why a MariaDB server lets one session's temporary tables grow without a bound the session
+    cannot lift, or None. Read on the admin connection: ``enforce_storage_engine`` (global; a
+    session needs SUPER to change it) must be InnoDB, so every temporary table is in the bounded
+    InnoDB temporary tablespace (an Aria/MyISAM/MEMORY one would be files in tmpdir or memory, with
+    no bound); and ``tmp_disk_table_size`` must have a server-wide ``--maximum-`` (probed: a
+    ``SET SESSION`` above it is cut to it, for every account) so each internal on-disk temporary
+    table (GROUP BY, DISTINCT, UNION, derived tables) stops at it."""
+    cur.execute("SELECT @@global.enforce_storage_engine")
+    (engine,) = cur.fetchone()
+    if str(engine or "").lower() != "innodb":
+        return ("this MariaDB server does not enforce InnoDB for new tables (enforce_storage_engine = "
+                f"{engine!r}): a session's CREATE TEMPORARY TABLE … ENGINE=Aria/MyISAM/MEMORY would "
+                "take disk or memory with no bound. Start it with --enforce-storage-engine=InnoDB "
+                "(scripts/dbservers.sh does; docs/sessions.md)")
+    cur.execute(f"SET SESSION tmp_disk_table_size = {UNBOUNDED}")
+    cur.execute("SELECT @@session.tmp_disk_table_size")
+    (cap,) = cur.fetchone()
+    cur.execute("SET SESSION tmp_disk_table_size = DEFAULT")
+    if int(cap) >= UNBOUNDED:
+        return ("this MariaDB server lets a session raise tmp_disk_table_size without bound: one "
+                "statement's internal temporary table (GROUP BY, DISTINCT, a derived table) could "
+                "fill the disk. Start it with --tmp-disk-table-size=256M "
+                "--maximum-tmp-disk-table-size=256M (scripts/dbservers.sh does; docs/sessions.md)")
+    return None
+
+
 def q(name: str) -> str:
     """A quoted identifier."""
     return "`" + name.replace("`", "``") + "`"
@@ -118,6 +151,10 @@ class MySQLAdmin:
                         "runs. Start it with a max, e.g. "
                         "--innodb-temp-data-file-path=ibtmp1:12M:autoextend:max:256M "
                         "(scripts/dbservers.sh does; docs/sessions.md)")
+                if "mariadb" in str(version).lower():
+                    problem = _temp_table_problem(cur)
+                    if problem:
+                        raise SessionError(problem)
                 cur.execute("SHOW GRANTS")
                 grants = " ".join(row[0] for row in cur.fetchall()).upper()
                 if "ALL PRIVILEGES ON *.*" not in grants and not (
@@ -193,7 +230,10 @@ class MySQLAdmin:
             cur.execute(f"SHOW FULL TABLES FROM {q(base)}")
             objects = cur.fetchall()
             cur.execute(f"CREATE DATABASE {q(name)} {charset.group() if charset else ''}")
-            cur.execute("SET SESSION foreign_key_checks=0")
+            # a base table of another engine (a user's MyISAM table) becomes InnoDB in the clone
+            # where the server enforces InnoDB, instead of failing the clone
+            cur.execute("SET @sqlrl_mode = @@session.sql_mode, SESSION foreign_key_checks=0, "
+                        "SESSION sql_mode = REPLACE(@@session.sql_mode, 'NO_ENGINE_SUBSTITUTION', '')")
             try:
                 for table, kind in objects:
                     if kind != "VIEW":
@@ -201,7 +241,7 @@ class MySQLAdmin:
                 self._clone_views(cur, base, name, account,
                                   [t for t, kind in objects if kind == "VIEW"])
             finally:
-                cur.execute("SET SESSION foreign_key_checks=1")
+                cur.execute("SET SESSION foreign_key_checks=1, SESSION sql_mode = @sqlrl_mode")
             cur.execute(f"GRANT {SCRATCH_PRIVILEGES} ON {grant_target(name)}.* TO {account}")
 
     @staticmethod
