@@ -70,9 +70,9 @@ sys.path.insert(0, str(ROOT))
 from actors.db_pool import DBPoolConfig, DBPoolGroup  # noqa: E402
 from sqlrl.db import SessionPool  # noqa: E402
 from sqlrl.db.dialects.descriptor import dialect_of, dialects, sqlglot_name  # noqa: E402
-from sqlrl.db.loader import SOURCE_DIALECT  # noqa: E402
-from sqlrl.db.lease import Catalog  # noqa: E402
-from sqlrl.db.shard import ShardConfig  # noqa: E402
+from sqlrl.db.provisioning.loader import SOURCE_DIALECT  # noqa: E402
+from sqlrl.db.leases.protocol import Catalog  # noqa: E402
+from sqlrl.db.leases.shard import ShardConfig  # noqa: E402
 
 DATABASES = ("concert_singer", "pets_1", "car_1", "employee_hire_evaluation")
 POOL_MODES = {"pool-1": (1, 1), "pool-4": (4, 1)}  # mode: (rollout workers, shards per worker)
@@ -445,7 +445,7 @@ def main() -> None:
                 if not admin:
                     skipped[dialect] = f"{engine.admin_url_env} unset"
                     continue
-                from sqlrl.db.loader import load_sqlite
+                from sqlrl.db.provisioning.loader import load_sqlite
                 urls = {}
                 for db, p in paths.items():
                     loaded.append((admin, f"bench_pool_{db}"))
@@ -457,7 +457,7 @@ def main() -> None:
             seq += s
     finally:
         ray.shutdown()
-        from sqlrl.db.provision import drop_database
+        from sqlrl.db.provisioning.provision import drop_database
         for admin, name in loaded:
             try:
                 drop_database(admin, name)

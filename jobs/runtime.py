@@ -41,8 +41,8 @@ def session_pool(catalog: Mapping[str, Mapping[str, str]], dialects: Sequence[st
     """A pool with one partition per rollout worker (``workers``: Ray workers, 0 = one in-process) over
     ``dialects``, plus a reward partition when ``reward``."""
     from actors.db_pool import DBPoolConfig, DBPoolGroup
-    from sqlrl.db.lease import Catalog
-    from sqlrl.db.shard import ShardConfig
+    from sqlrl.db.leases.protocol import Catalog
+    from sqlrl.db.leases.shard import ShardConfig
 
     group = "+".join(sorted(set(dialects)))
     return DBPoolGroup(DBPoolConfig(

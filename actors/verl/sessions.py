@@ -20,7 +20,7 @@ Guarantees:
 - ``unpublish_pool(name)`` forgets an in-process published pool and this process's cached source
   on it, so a pool shut down leaves nothing behind and its name can be published again.
 
-Not guaranteed here: the pool's own rules (TTL, routing, retries: ``sqlrl.db.pool_client``).
+Not guaranteed here: the pool's own rules (TTL, routing, retries: ``sqlrl.db.leases.client``).
 """
 
 from __future__ import annotations

@@ -30,8 +30,8 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Protocol, Sequence
 
-from .pool_client import LeasedSession
-from .session import open_session
+from .leases.client import LeasedSession
+from .sessions.session import open_session
 from .types import Limits, QueryResult
 
 

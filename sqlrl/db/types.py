@@ -45,7 +45,7 @@ class Limits:
     ``timeout_s`` bounds the whole ``execute`` call (all its statements and fetches). It is
     enforced by the database itself (SQLite progress handler, PostgreSQL ``statement_timeout`` +
     ``lock_timeout`` set to the time left, MariaDB ``max_statement_time``) so that the work really
-    stops, and on the servers also by the watchdog (``sqlrl.db.watchdog``) from outside the
+    stops, and on the servers also by the watchdog (``sqlrl.db.sessions.watchdog``) from outside the
     session. ``max_rows``/``max_bytes`` cap what one call returns (``truncated=True``); results
     are fetched in batches sized by bytes, so client memory stays near ``max_bytes``.
 

@@ -271,7 +271,7 @@ def _to_stored(variant: str, url: str) -> str:
 def _from_stored(stored: str, url: str) -> str:
     if not stored.startswith("db:"):
         return stored
-    from sqlrl.db.provision import session_url
+    from sqlrl.db.provisioning.provision import session_url
 
     return session_url(url, stored[3:])
 

@@ -8,10 +8,10 @@ import time
 import pytest
 
 from actors.db_pool import DBPoolConfig, DBPoolGroup
-from sqlrl.db.lease import Catalog, LeaseError, LeaseErrorKind
-from sqlrl.db.shard import ShardConfig
+from sqlrl.db.leases.protocol import Catalog, LeaseError, LeaseErrorKind
+from sqlrl.db.leases.shard import ShardConfig
 from sqlrl.db.types import ErrorKind, Limits
-from sqlrl.db.pool import PoolConfig
+from sqlrl.db.sessions.pool import PoolConfig
 
 
 def wait_for(predicate, timeout_s: float, what: str):

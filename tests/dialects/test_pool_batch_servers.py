@@ -5,8 +5,8 @@ state per lease, nothing left open."""
 import pytest
 
 from actors.db_pool import DBPoolConfig, DBPoolGroup
-from sqlrl.db.lease import Catalog
-from sqlrl.db.shard import ShardConfig
+from sqlrl.db.leases.protocol import Catalog
+from sqlrl.db.leases.shard import ShardConfig
 from sqlrl.db.types import ErrorKind
 
 

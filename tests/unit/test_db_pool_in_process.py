@@ -8,8 +8,8 @@ import pickle
 import pytest
 
 from actors.db_pool import DBPoolConfig, DBPoolGroup
-from sqlrl.db.lease import Catalog, LeaseError, LeaseErrorKind
-from sqlrl.db.shard import ShardConfig
+from sqlrl.db.leases.protocol import Catalog, LeaseError, LeaseErrorKind
+from sqlrl.db.leases.shard import ShardConfig
 from sqlrl.db.types import ErrorKind
 
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import threading
 
 from actors.db_pool import DBPoolConfig, DBPoolGroup
-from sqlrl.db.lease import Catalog
-from sqlrl.db.shard import ShardConfig
+from sqlrl.db.leases.protocol import Catalog
+from sqlrl.db.leases.shard import ShardConfig
 from sqlrl.db.types import ErrorKind
 
 ABANDONED = 6

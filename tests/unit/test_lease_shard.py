@@ -10,8 +10,8 @@ import time
 import pytest
 
 from sqlrl.db import open_session
-from sqlrl.db.lease import Catalog, Lease, LeaseError, LeaseErrorKind, LeaseRequest
-from sqlrl.db.shard import ShardConfig, ShardCore
+from sqlrl.db.leases.protocol import Catalog, Lease, LeaseError, LeaseErrorKind, LeaseRequest
+from sqlrl.db.leases.shard import ShardConfig, ShardCore
 from sqlrl.db.types import ErrorKind
 
 
@@ -50,7 +50,7 @@ class ShardClock:
 
 @pytest.fixture()
 def clock(monkeypatch) -> ShardClock:
-    import sqlrl.db.shard as shard_module
+    import sqlrl.db.leases.shard as shard_module
 
     fake = ShardClock()
     monkeypatch.setattr(shard_module, "time", fake)

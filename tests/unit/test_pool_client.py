@@ -1,4 +1,4 @@
-"""The pool client's rules without Ray (sqlrl/db/pool_client.py): routing, retry on a restarting
+"""The pool client's rules without Ray (sqlrl/db/leases/client.py): routing, retry on a restarting
 shard, all-or-nothing lease_many, per-shard batches, and typed results for a shard that does not
 answer — over ShardCores in this process, behind a transport that can take a shard down."""
 
@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from sqlrl.db.lease import Catalog, LeaseError, LeaseErrorKind
-from sqlrl.db.partition import PartitionPlan
-from sqlrl.db.pool_client import LocalTransport, PoolClient, ShardUnreachable
-from sqlrl.db.shard import ShardConfig, ShardCore
+from sqlrl.db.leases.protocol import Catalog, LeaseError, LeaseErrorKind
+from sqlrl.db.leases.partition import PartitionPlan
+from sqlrl.db.leases.client import LocalTransport, PoolClient, ShardUnreachable
+from sqlrl.db.leases.shard import ShardConfig, ShardCore
 from sqlrl.db.types import ErrorKind
 
 

@@ -149,8 +149,8 @@ def test_the_pools_reward_partition_serves_the_judge_and_the_agent_protocol(url)
     (in-process) DB pool: the same verdicts as local sessions, and the agent's batch calls."""
     from actors.db_pool import DBPoolConfig, DBPoolGroup
     from curriculum.builders import pool_opener
-    from sqlrl.db.lease import Catalog
-    from sqlrl.db.shard import ShardConfig
+    from sqlrl.db.leases.protocol import Catalog
+    from sqlrl.db.leases.shard import ShardConfig
 
     catalog = {"shop": {"sqlite": url}}
     group = DBPoolGroup(DBPoolConfig(rollout_workers=1, per_worker={"sqlite": 1}, in_process=True,

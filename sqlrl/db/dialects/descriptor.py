@@ -60,7 +60,7 @@ _PLAIN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 @dataclass(frozen=True)
 class LoadTypes:
-    """How ``sqlrl.db.loader`` creates a copied SQLite table on this engine (docs/loader.md)."""
+    """How ``sqlrl.db.provisioning.loader`` creates a copied SQLite table on this engine (docs/loader.md)."""
 
     types: Mapping[str, str]  # portable kind (integer real text blob date timestamp) -> column type
     table_suffix: str = ""  # appended to CREATE TABLE (MariaDB: charset and binary collation)

@@ -11,7 +11,7 @@ dispatches on its dialect to the admin class its descriptor names (``Dialect.adm
     open_session(session_url(admin_url, "shop"))       # every session: its own clone and role
 
 The agent's SQL never runs as the admin: a session on a server engine runs in a scratch database
-cloned from the base, as a login role/user created for that session alone (``sqlrl.db.scratch``),
+cloned from the base, as a login role/user created for that session alone (``sqlrl.db.provisioning.scratch``),
 and the base is reachable by no agent account. The session URL carries the admin credentials
 because the session's process creates and drops those clones. What each engine enforces is in
 the admin modules' docstrings and docs/sessions.md.
@@ -26,9 +26,9 @@ from typing import Any
 
 from sqlalchemy.engine import URL
 
-from .dialects.descriptor import dialects, find
-from .types import SessionError
-from .url import dialect_name, parse_url
+from ..dialects.descriptor import dialects, find
+from ..types import SessionError
+from ..url import dialect_name, parse_url
 
 SCRATCH_PREFIX = "sqlrl_s_"  # per-session scratch databases and their roles/users
 _NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_$-]{0,62}$")

@@ -38,12 +38,12 @@ from typing import Any
 
 from sqlalchemy.engine import URL
 
-from .admin_server import SWEEP_EVERY_S, AdminServer
-from .dialects.base import close_quietly
-from .dialects.contract import AgentLogin
+from .admin import SWEEP_EVERY_S, AdminServer
+from ..dialects.base import close_quietly
+from ..dialects.contract import AgentLogin
 from .provision import SCRATCH_PREFIX
-from .types import Limits, SessionError
-from .url import dialect_name, parse_url, redact
+from ..types import Limits, SessionError
+from ..url import dialect_name, parse_url, redact
 
 FORGET_WAIT_S = 60.0
 

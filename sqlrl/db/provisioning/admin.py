@@ -1,4 +1,4 @@
-"""The admin side of one database server, as ``sqlrl.db.scratch`` uses it.
+"""The admin side of one database server, as ``sqlrl.db.provisioning.scratch`` uses it.
 
 ``AdminServer(url)`` holds, for one server seen with one admin account:
 - a few **admin connections** (``run(fn)``: ``fn(connection)`` on an idle one; a connection found
@@ -17,11 +17,11 @@ from typing import Any
 
 from sqlalchemy.engine import URL
 
-from .dialects.base import close_quietly
+from ..dialects.base import close_quietly
 from .provision import admin_ops
-from .url import dialect_name
+from ..url import dialect_name
 
-SWEEP_EVERY_S = 300.0  # how often a process sweeps a server for orphans (sqlrl.db.scratch)
+SWEEP_EVERY_S = 300.0  # how often a process sweeps a server for orphans (sqlrl.db.provisioning.scratch)
 
 
 class AdminServer:

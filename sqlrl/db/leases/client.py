@@ -29,11 +29,11 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence
 
-from .lease import ExecuteRequest, Lease, LeaseError, LeaseErrorKind, LeaseRequest
+from .protocol import ExecuteRequest, Lease, LeaseError, LeaseErrorKind, LeaseRequest
 from .partition import PartitionPlan
 from .shard import ShardCore
-from .types import ErrorKind, Limits, QueryResult
-from .url import dialect_name, parse_url
+from ..types import ErrorKind, Limits, QueryResult
+from ..url import dialect_name, parse_url
 
 # Lease refusals that pass: a full shard, or one that died and is being restarted (nothing was
 # granted, so retrying cannot leak). lease() retries them until lease_wait_s.

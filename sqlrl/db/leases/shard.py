@@ -21,7 +21,7 @@ Guarantees:
 - Thread-safe: calls on different leases run concurrently; calls on one lease are serialised by
   its ``Session``.
 
-It does not retry, route or know about other shards (``sqlrl.db.partition`` and the client do).
+It does not retry, route or know about other shards (``sqlrl.db.leases.partition`` and the client do).
 """
 
 from __future__ import annotations
@@ -34,12 +34,12 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from .dialects.descriptor import find
-from .lease import Catalog, ExecuteRequest, Lease, LeaseError, LeaseErrorKind, LeaseRequest
-from .pool import PoolConfig, PoolStats, SessionPool
-from .session import Session
-from .types import ErrorKind, QueryResult, SessionError
-from .url import redact
+from ..dialects.descriptor import find
+from .protocol import Catalog, ExecuteRequest, Lease, LeaseError, LeaseErrorKind, LeaseRequest
+from ..sessions.pool import PoolConfig, PoolStats, SessionPool
+from ..sessions.session import Session
+from ..types import ErrorKind, QueryResult, SessionError
+from ..url import redact
 
 MetricHook = Callable[[str, float], None]
 # What the metric hook is called with: (counter name, increment), ("active_sessions", gauge value)

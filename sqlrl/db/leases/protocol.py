@@ -1,7 +1,7 @@
 """Typed contracts of the DB-session pool's lease protocol (Ray-free; sent across actor boundaries).
 
 A rollout worker or reward actor never holds a connection: it holds a ``Lease``, an id for one
-trajectory-scoped session living on one shard. The protocol (implemented by ``sqlrl.db.shard``):
+trajectory-scoped session living on one shard. The protocol (implemented by ``sqlrl.db.leases.shard``):
 
     lease(LeaseRequest) -> Lease                  raises LeaseError (typed kind) when it cannot
     execute(lease, sql) -> QueryResult            never raises; a dead lease is an error result
@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping
 
-from .types import Limits, SessionError
-from .url import dialect_name, parse_url
+from ..types import Limits, SessionError
+from ..url import dialect_name, parse_url
 
 
 class LeaseErrorKind(str, enum.Enum):
