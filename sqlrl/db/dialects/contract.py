@@ -137,6 +137,11 @@ class AgentLogin(Protocol):
 
 # --- the server admin (``Dialect.admin``) ------------------------------------------------------
 
+# Every per-session scratch database and its role/user is named ``SCRATCH_PREFIX`` + random hex
+# (``sqlrl.db.provisioning.scratch``); bases may not use it, and MariaDB's sandbox refuses SQL
+# naming it.
+SCRATCH_PREFIX = "sqlrl_s_"
+
 class ServerAdmin(Protocol):
     """Admin operations of a server-clone engine (``sqlrl.db.provisioning.provision``, ``sqlrl.db.provisioning.scratch``,
     ``sqlrl.db.provisioning.admin``). ``url`` is an admin URL; ``conn`` an admin connection."""

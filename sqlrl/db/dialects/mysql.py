@@ -64,9 +64,9 @@ from .base import error_message, register_dialect
 from .mysql_admin import grant_target
 from .mysql_fetch import Result as _Result, abandon_unbuffered, kill_query, register_admin_url
 from .mysql_fetch import stopped_by_timeout as _stopped_by_timeout
-from .mysql_lex import DEFAULT, SCRATCH_PREFIX, Flavor, denial, lex, server_flavor, split
+from .mysql_lex import DEFAULT, Flavor, denial, lex, server_flavor, split
 
-__all__ = ["MySQLDialect", "SCRATCH_PREFIX", "denial", "privilege_problem", "connect_kwargs"]
+__all__ = ["MySQLDialect", "denial", "privilege_problem", "connect_kwargs"]
 READ_TIMEOUT_MARGIN_S = 5.0
 # MariaDB: a write gets this share of the time left to its call as its own max_statement_time;
 # InnoDB's undo of a stopped UPDATE/DELETE took 1-2.5x the time the statement had run (measured

@@ -45,8 +45,8 @@ import psycopg2
 from psycopg2 import errors, sql
 from sqlalchemy.engine import URL
 
-from ..provisioning.provision import SCRATCH_PREFIX
 from ..types import SessionError
+from .contract import SCRATCH_PREFIX
 
 OWNER_ROLE = "sqlrl_owner"
 CONNECTION_LIMIT = 2

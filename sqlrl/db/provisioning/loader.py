@@ -30,6 +30,7 @@ from typing import Any, Callable, Iterable
 import sqlglot
 
 from . import provision
+from .admin import admin_ops
 from ..dialects.descriptor import Dialect, LoadTypes, dialects, find
 from ..types import SessionError
 from ..url import dialect_name, parse_url, redact
@@ -165,7 +166,7 @@ def _target(dialect: str) -> _Target:
     if engine is None or engine.load is None or engine.admin is None:
         raise SessionError(f"the loader supports {', '.join(d.name for d in dialects() if d.load)}, "
                            f"not {dialect!r}")
-    return _Target(engine, provision.admin_ops(engine.name))
+    return _Target(engine, admin_ops(engine.name))
 
 
 # --- loading ---------------------------------------------------------------------------------------
