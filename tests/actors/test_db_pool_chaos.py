@@ -25,7 +25,7 @@ from sqlrl.db.leases.protocol import Catalog, LeaseErrorKind
 from sqlrl.db.provisioning.loader import load_sqlite
 from sqlrl.db.sessions.pool import PoolConfig
 from sqlrl.db.leases.shard import ShardConfig
-from sqlrl.db.types import Limits
+from sqlrl.db.types import Limits, SessionRequest
 
 pytestmark = [pytest.mark.postgres, pytest.mark.mysql]
 
@@ -88,8 +88,9 @@ def worker_cls(ray_session):
             rng = random.Random(hash(key))
             dialect = rng.choice(["sqlite", "sqlite", "postgresql", "mysql"])
             try:
-                lease = self.client.lease("shop", dialect, key=f"traj-{key}",
-                                          preprocess_sql=["CREATE TEMPORARY TABLE notes (x INT)"])
+                lease = self.client.lease(SessionRequest(
+                    "shop", dialect, key=f"traj-{key}",
+                    preprocess_sql=("CREATE TEMPORARY TABLE notes (x INT)",)))
             except LeaseError as exc:
                 return f"lease-error:{exc.kind.value}", []
             calls = []
