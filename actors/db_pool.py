@@ -230,7 +230,5 @@ def _value(v: Any) -> Any:
     return None if isinstance(v, Failed) else v
 
 
-DBPoolClient = PoolClient  # the name jobs and docs use for the pool's client
-
-__all__ = ["DBPoolClient", "DBPoolConfig", "DBPoolGroup", "LeasedSession", "PendingBatch", "PoolShard",
+__all__ = ["DBPoolConfig", "DBPoolGroup", "LeasedSession", "PendingBatch", "PoolShard",
            "RayTransport"]

@@ -121,11 +121,11 @@ class Runtime:
         self._groups.append(group)
         return group
 
-    def session_opener(self) -> Any:
+    def session_source(self) -> Any:
         """Real sessions from the pool's reward partition, as ``Judge`` opens them."""
-        from curriculum.builders import pool_opener
+        from sqlrl.db.source import PoolSessions
 
-        return pool_opener(self.pool.client(role="reward"))
+        return PoolSessions(self.pool.client(role="reward"))
 
     def release(self, group: Any) -> None:
         group.shutdown()

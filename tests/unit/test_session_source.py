@@ -168,10 +168,10 @@ def test_the_critic_runner_and_the_judge_share_the_source(url):
 
 
 def test_the_pools_reward_partition_serves_the_judge_and_the_agent_protocol(url):
-    """``pool_opener`` (what the stage jobs give the judge and the stage-2 builder) over a real
-    (in-process) DB pool: the same verdicts as local sessions, and the agent's batch calls."""
+    """``PoolSessions`` on the reward partition (what the stage jobs give the judge and the stage-2
+    builder) over a real (in-process) DB pool: the same verdicts as local sessions, and the agent's
+    batch calls."""
     from actors.db_pool import DBPoolConfig, DBPoolGroup
-    from curriculum.builders import pool_opener
     from sqlrl.db.leases.protocol import Catalog
     from sqlrl.db.leases.shard import ShardConfig
 
@@ -179,8 +179,7 @@ def test_the_pools_reward_partition_serves_the_judge_and_the_agent_protocol(url)
     group = DBPoolGroup(DBPoolConfig(rollout_workers=1, per_worker={"sqlite": 1}, in_process=True,
                                      shard=ShardConfig(catalog=Catalog(catalog))))
     try:
-        source = pool_opener(group.client(role="reward"))
-        assert isinstance(source, PoolSessions)
+        source = PoolSessions(group.client(role="reward"))
         task = Text2SQLTask(task_id="t", db_id="shop", question="q", gold_sql="SELECT COUNT(*) FROM customers")
         for sql in ("SELECT COUNT(*) FROM customers", "SELECT 2"):
             assert Judge(catalog, sessions=source).text2sql(task, sql) == Judge(catalog).text2sql(task, sql)
