@@ -147,7 +147,7 @@ class Dialect:
     one_statement_per_call: bool = False  # its official driver runs one statement per call (BIRD)
     lexer: str | None = None  # "module" or "module:object" with split()/lex(): the engine's exact
     #                           lexer (statements.py); its adapter then has ExactLexer (contract.py)
-    admin: str | None = None  # "module:Class" of the admin operations (provision.py, loader.py)
+    admin: str | None = None  # "module:Class" of the admin operations (sqlrl.db.provisioning)
     admin_url_env: str | None = None  # environment variable naming a test server's admin URL
     load: LoadTypes | None = None  # the loader can copy SQLite databases into this engine
     columns_sql: str | None = None  # (table, column, type, not null) rows of every table and view,
