@@ -1,9 +1,9 @@
-"""The sharded DB-session pool on Ray: shard actors around ``sqlrl.db.shard.ShardCore``, the group
+"""The sharded DB-session pool on Ray: shard actors around ``sqlrl.db.leases.shard.ShardCore``, the group
 that creates them from a ``PartitionPlan``, and the Ray transport of the pool client.
 
 Thin by design: the lease protocol, TTL, renew-on-use, reclaim and partitioning rules live in the
-Ray-free core (``sqlrl/db/{lease,shard,partition}.py``), and so do the client's routing, retry
-with back-off, batch calls and lost-shard results (``sqlrl/db/pool_client.py``: ``PoolClient``
+Ray-free core (``sqlrl/db/leases/{protocol,shard,partition}.py``), and so do the client's routing, retry
+with back-off, batch calls and lost-shard results (``sqlrl/db/leases/client.py``: ``PoolClient``
 behind a ``Transport``; docs/pool.md). This module adds only:
 
 - **Placement and fault tolerance**: a shard is a threaded actor (``max_concurrency`` threads) with
@@ -32,11 +32,11 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from actors.group import ActorGroup, Failed
-from sqlrl.db.lease import LeaseError
-from sqlrl.db.partition import PartitionPlan, Rebalance, ShardSpec
-from sqlrl.db.pool_client import (LeasedSession, LocalTransport, PendingBatch, PoolClient,
+from sqlrl.db.leases.protocol import LeaseError
+from sqlrl.db.leases.partition import PartitionPlan, Rebalance, ShardSpec
+from sqlrl.db.leases.client import (LeasedSession, LocalTransport, PendingBatch, PoolClient,
                                   ShardUnreachable)
-from sqlrl.db.shard import COUNTERS, ShardConfig, ShardCore, ShardStats
+from sqlrl.db.leases.shard import COUNTERS, ShardConfig, ShardCore, ShardStats
 
 LATENCY_BOUNDARIES_MS = [0.1, 0.25, 0.5, 1, 2, 5, 10, 25, 50, 100, 250, 1000, 5000]
 
@@ -230,7 +230,5 @@ def _value(v: Any) -> Any:
     return None if isinstance(v, Failed) else v
 
 
-DBPoolClient = PoolClient  # the name jobs and docs use for the pool's client
-
-__all__ = ["DBPoolClient", "DBPoolConfig", "DBPoolGroup", "LeasedSession", "PendingBatch", "PoolShard",
+__all__ = ["DBPoolConfig", "DBPoolGroup", "LeasedSession", "PendingBatch", "PoolShard",
            "RayTransport"]

@@ -6,7 +6,7 @@ themselves are ``sqlrl.rewards``).
   the life of the actor (LRU) — instead of once per rollout.
 - **Parallel**: within an actor, items are scored by ``threads`` threads (database work releases
   the GIL; BIRD-CRITIC test-case code runs in killable child processes).
-- **Sessions** come from the DB pool's reward partition when a ``DBPoolClient`` is given (leased
+- **Sessions** come from the DB pool's reward partition when a ``PoolClient`` is given (leased
   per query or test case, released at once), else from a local ``open_session``.
 - **Timeouts never hang the group**: SQL is stopped by the database (``Limits.timeout_s``) and
   test-case code by killing its child, and the group waits at most ``batch_timeout_s`` for an

@@ -5,7 +5,7 @@ from the worker's own pool partition (``sqlrl.db.source.PoolSessions``, the Ray 
 
 - ``RolloutWorker.rollout(tasks, seed_indexes)`` is ``sqlrl.agent.rollouts.roll_out`` on the
   worker's engine: every task at once, at most ``loop.max_concurrent_trajectories`` in flight,
-  each leasing its session from this worker's shards as it starts (``DBPoolClient.lease_many``,
+  each leasing its session from this worker's shards as it starts (``PoolClient.lease_many``,
   the task's ``preprocess_sql`` applied) and releasing it as it ends. It never raises for a task:
   a refused lease or a failing loop gives ``stop_reason="error"`` trajectories with the message;
   a trajectory past ``loop.deadline_s`` is aborted in the engine and ends ``"timeout"``.

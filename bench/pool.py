@@ -70,9 +70,10 @@ sys.path.insert(0, str(ROOT))
 from actors.db_pool import DBPoolConfig, DBPoolGroup  # noqa: E402
 from sqlrl.db import SessionPool  # noqa: E402
 from sqlrl.db.dialects.descriptor import dialect_of, dialects, sqlglot_name  # noqa: E402
-from sqlrl.db.loader import SOURCE_DIALECT  # noqa: E402
-from sqlrl.db.lease import Catalog  # noqa: E402
-from sqlrl.db.shard import ShardConfig  # noqa: E402
+from sqlrl.db.provisioning.loader import SOURCE_DIALECT  # noqa: E402
+from sqlrl.db.leases.protocol import Catalog  # noqa: E402
+from sqlrl.db.leases.shard import ShardConfig  # noqa: E402
+from sqlrl.db.types import SessionRequest  # noqa: E402
 
 DATABASES = ("concert_singer", "pets_1", "car_1", "employee_hire_evaluation")
 POOL_MODES = {"pool-1": (1, 1), "pool-4": (4, 1)}  # mode: (rollout workers, shards per worker)
@@ -137,7 +138,7 @@ def run_threads(clients, dialect, trajs, tag, ex) -> tuple:
     def one(i):
         db, sqls = trajs[i]
         client, lat, bad = clients[i % len(clients)], [], 0
-        lease = client.lease(db, dialect, key=f"{tag}-{i}")
+        lease = client.lease(SessionRequest(db, dialect, key=f"{tag}-{i}"))
         for sql in sqls:
             t0 = time.perf_counter()
             bad += not client.execute(lease, sql).ok
@@ -153,7 +154,7 @@ def run_asyncio(clients, dialect, trajs, tag, _ex) -> tuple:
     async def one(i):
         db, sqls = trajs[i]
         client, lat, bad = clients[i % len(clients)], [], 0
-        lease = await client.lease_async(db, dialect, key=f"{tag}-{i}")
+        lease = await client.lease_async(SessionRequest(db, dialect, key=f"{tag}-{i}"))
         for sql in sqls:
             t0 = time.perf_counter()
             bad += not (await client.execute_async(lease, sql)).ok
@@ -173,7 +174,7 @@ def run_wait(clients, dialect, trajs, tag, _ex) -> tuple:
     lat, bad, step, leases, pending = [], 0, [0] * len(trajs), [None] * len(trajs), {}
     t_start = time.perf_counter()
     for i, (db, _) in enumerate(trajs):
-        pending[clients[i % len(clients)].lease_async(db, dialect, key=f"{tag}-{i}")] = (i, None)
+        pending[clients[i % len(clients)].lease_async(SessionRequest(db, dialect, key=f"{tag}-{i}"))] = (i, None)
     while pending:
         ready, rest = ray.wait(list(pending), num_returns=1)
         if rest:
@@ -201,7 +202,7 @@ def run_steps(clients, dialect, trajs, tag, _ex) -> tuple:
     lat, bad = [], 0
     t_start = time.perf_counter()
     owners = [clients[i % len(clients)] for i in range(len(trajs))]
-    leases = ray.get([c.lease_async(db, dialect, key=f"{tag}-{i}")
+    leases = ray.get([c.lease_async(SessionRequest(db, dialect, key=f"{tag}-{i}"))
                       for i, (c, (db, _)) in enumerate(zip(owners, trajs))])
     for step in range(max(len(sqls) for _, sqls in trajs)):
         t0 = time.perf_counter()
@@ -225,7 +226,7 @@ def run_batched(clients, dialect, trajs, tag, _ex) -> tuple:
     leases: list = [None] * len(trajs)
     for c, client in enumerate(clients):
         mine = [i for i in range(len(trajs)) if owners[i] == c]
-        for i, lease in zip(mine, client.lease_many([(trajs[i][0], dialect, f"{tag}-{i}") for i in mine])):
+        for i, lease in zip(mine, client.lease_many([SessionRequest(trajs[i][0], dialect, key=f"{tag}-{i}") for i in mine])):
             leases[i] = lease
     for step in range(max(len(sqls) for _, sqls in trajs)):
         t0 = time.perf_counter()
@@ -267,13 +268,13 @@ class _Echo:
 
 
 class EchoClient:
-    """DBPoolClient's interface over one ``_Echo`` actor (no database, no lease table)."""
+    """PoolClient's interface over one ``_Echo`` actor (no database, no lease table)."""
 
     def __init__(self, actor) -> None:
         self.actor = actor
 
-    def lease_async(self, db, dialect=None, *, key=None):
-        return self.actor.lease.remote(db)
+    def lease_async(self, request: SessionRequest):
+        return self.actor.lease.remote(request.db)
 
     def execute_async(self, lease, sql):
         return self.actor.execute.remote(lease, sql)
@@ -281,8 +282,8 @@ class EchoClient:
     def release_async(self, lease):
         return self.actor.release.remote(lease)
 
-    def lease(self, db, dialect=None, *, key=None):
-        return ray.get(self.lease_async(db))
+    def lease(self, request: SessionRequest):
+        return ray.get(self.lease_async(request))
 
     def execute(self, lease, sql):
         return ray.get(self.execute_async(lease, sql))
@@ -324,7 +325,7 @@ def sequential(pool: SessionPool, urls: dict, clients: list, dialect: str, trajs
             raw.append((time.perf_counter() - t0) * 1e3)
         session.close()
         client = clients[i % len(clients)]
-        lease = client.lease(db, dialect, key=f"seq-{i}")
+        lease = client.lease(SessionRequest(db, dialect, key=f"seq-{i}"))
         for sql in sqls:
             t0 = time.perf_counter()
             client.execute(lease, sql)
@@ -445,7 +446,7 @@ def main() -> None:
                 if not admin:
                     skipped[dialect] = f"{engine.admin_url_env} unset"
                     continue
-                from sqlrl.db.loader import load_sqlite
+                from sqlrl.db.provisioning.loader import load_sqlite
                 urls = {}
                 for db, p in paths.items():
                     loaded.append((admin, f"bench_pool_{db}"))
@@ -457,7 +458,7 @@ def main() -> None:
             seq += s
     finally:
         ray.shutdown()
-        from sqlrl.db.provision import drop_database
+        from sqlrl.db.provisioning.provision import drop_database
         for admin, name in loaded:
             try:
                 drop_database(admin, name)

@@ -77,8 +77,8 @@ from actors.db_pool import DBPoolConfig, DBPoolGroup  # noqa: E402
 from actors.rollout import PolicySpec, RolloutConfig, RolloutWorker  # noqa: E402
 from sqlrl.agent.loop import LoopConfig  # noqa: E402
 from sqlrl.agent.prompts import build_messages, tools_for  # noqa: E402
-from sqlrl.db.lease import Catalog  # noqa: E402
-from sqlrl.db.shard import ShardConfig  # noqa: E402
+from sqlrl.db.leases.protocol import Catalog  # noqa: E402
+from sqlrl.db.leases.shard import ShardConfig  # noqa: E402
 from sqlrl.policy.hf_backend import HFBackend  # noqa: E402
 from sqlrl.policy.types import Generation, SamplingParams  # noqa: E402
 from sqlrl.rewards import Judge, compute  # noqa: E402

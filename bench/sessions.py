@@ -4,7 +4,7 @@
 
 Per dialect, on a small and on the largest available Spider database:
 - session open+close (median). On the servers every session gets its own clone and role
-  (``sqlrl.db.scratch``): "lease" is open+close when a prepared clone is ready (the hot path),
+  (``sqlrl.db.provisioning.scratch``): "lease" is open+close when a prepared clone is ready (the hot path),
   "cold" when none is (the clone is made on the spot), "clone" the median preparation time
   (clone + connect, off the hot path), and a steady-state run of 8 threads opening, querying and
   closing sessions reports sessions/s, the share served from ready clones and the lease p50.
@@ -41,8 +41,8 @@ sys.path.insert(0, str(ROOT))
 from sqlrl.db import Limits, open_session  # noqa: E402
 from sqlrl.db.dialects import descriptor  # noqa: E402
 from sqlrl.db.dialects.descriptor import dialect_of, sqlglot_name  # noqa: E402
-from sqlrl.db.loader import SOURCE_DIALECT  # noqa: E402
-from sqlrl.db.scratch import SCRATCH  # noqa: E402
+from sqlrl.db.provisioning.loader import SOURCE_DIALECT  # noqa: E402
+from sqlrl.db.provisioning.scratch import SCRATCH  # noqa: E402
 from sqlrl.db.url import parse_url  # noqa: E402
 
 DATABASES = {"small": "concert_singer", "largest": "sakila_1"}
@@ -252,7 +252,7 @@ def server_url(dialect: str, sqlite_path: str, db_id: str) -> str | None:
     admin = os.environ.get(dialect_of(dialect).admin_url_env or "")
     if not admin:
         return None
-    from sqlrl.db.loader import load_sqlite
+    from sqlrl.db.provisioning.loader import load_sqlite
     return load_sqlite(sqlite_path, admin, f"bench_{db_id}".lower(), replace=True).session_url
 
 

@@ -64,8 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     from actors.db_pool import DBPoolConfig, DBPoolGroup
     from actors.rollout import PolicySpec, RolloutConfig, RolloutWorker
     from sqlrl.agent.loop import LoopConfig
-    from sqlrl.db.lease import Catalog
-    from sqlrl.db.shard import ShardConfig
+    from sqlrl.db.leases.protocol import Catalog
+    from sqlrl.db.leases.shard import ShardConfig
     from sqlrl.policy.types import SamplingParams
 
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,

@@ -11,7 +11,7 @@ See docs/curriculum.md. Nothing here imports ray; the curriculum jobs (``jobs/``
 """
 
 from .builders import (BuildReport, Outcome, build_rl_data, build_stage1, build_stage2,
-                       build_stage3, build_stage4, pool_opener)
+                       build_stage3, build_stage4)
 from .mixing import TALON, ZENO, MixtureConfig, MixtureError, allocate, mix, mixtures_from_config
 from .openai_teacher import OpenAIConfig, OpenAITeacher, TeacherError
 from .teachers import ProgrammaticTeacher, Teacher
@@ -19,4 +19,4 @@ from .teachers import ProgrammaticTeacher, Teacher
 __all__ = ["BuildReport", "MixtureConfig", "MixtureError", "OpenAIConfig", "OpenAITeacher",
            "Outcome", "ProgrammaticTeacher", "TALON", "Teacher", "TeacherError", "ZENO", "allocate",
            "build_rl_data", "build_stage1", "build_stage2", "build_stage3", "build_stage4", "mix",
-           "mixtures_from_config", "pool_opener"]
+           "mixtures_from_config"]

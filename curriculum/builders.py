@@ -47,7 +47,7 @@ from sqlrl.agent.loop import AgentLoop, LoopConfig, RolloutState
 from sqlrl.agent.prompts import build_messages, tools_for
 from sqlrl.db import Limits
 from sqlrl.policy.types import Generation, SamplingParams
-from sqlrl.db.source import LocalSessions, PoolSessions, SessionRequest, SessionSource, open_one
+from sqlrl.db.source import LocalSessions, SessionRequest, SessionSource, open_one
 from sqlrl.rewards import Judge, compute, extract_single
 from sqlrl.tasks.io import read_tasks, write_jsonl_atomic, write_tasks
 from sqlrl.tasks.loaders.verl import export_verl, load_verl
@@ -59,7 +59,7 @@ from .openai_teacher import progress_bar
 from .teachers import Teacher
 
 __all__ = ["BuildReport", "Outcome", "TextChatFormat", "build_stage1", "build_stage2",
-           "build_stage3", "build_stage4", "build_rl_data", "pool_opener"]
+           "build_stage3", "build_stage4", "build_rl_data"]
 
 
 @dataclass(frozen=True)
@@ -284,28 +284,23 @@ class _TeacherBackend:
         return [Generation(ids, (0.0,) * len(ids), body, "eos")]
 
 
-def pool_opener(client: Any) -> SessionSource:
-    """The session source (``sqlrl.db.source``, as ``Judge`` and ``build_stage2`` take) on a DB-pool
-    client, e.g. the job pool's reward partition (``DBPoolClient``): ``PoolSessions``."""
-    return PoolSessions(client)
-
-
 def build_stage2(tasks: Iterable[Task], teacher: Teacher, out_path: str | Path, *,
                  catalog: Mapping[str, Mapping[str, str]] | None = None, judge: Judge | None = None,
                  schemas: Mapping[str, DatabaseSchema] | None = None, min_score: float = 1.0,
-                 reward: str = "hybrid_agentic", opener: SessionSource | None = None,
+                 reward: str = "hybrid_agentic", sessions: SessionSource | None = None,
                  limits: Limits | None = None, max_turns: int = 8, parser: str = "hermes",
                  workers: int = 4, progress: bool = False, schema_style: str | None = None
                  ) -> tuple[list[dict[str, Any]], BuildReport]:
     """Multi-turn tool-use examples run on real sessions, verified; writes ``out_path`` (JSONL).
-    ``opener``: the ``SessionSource`` the trajectories run on (``LocalSessions()`` when None)."""
+    ``sessions``: the ``SessionSource`` the trajectories run on (``LocalSessions()`` when None;
+    ``PoolSessions(client)`` on a job's DB pool)."""
     tasks = _tasks(tasks)
     _check_common(min_score, workers)
     config = LoopConfig(max_turns=max_turns, max_total_tokens=_HUGE * 2, parser=parser, schema_style=schema_style,
                         mode="agentic", sampling=SamplingParams(max_new_tokens=_HUGE))
     judge = _judge(judge, catalog, tasks, limits)
     limits = limits or judge.limits
-    sessions = opener if opener is not None else LocalSessions()
+    sessions = sessions if sessions is not None else LocalSessions()
     schemas = schemas or {}
     tools = tools_for("agentic")
     fmt = TextChatFormat()

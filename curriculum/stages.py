@@ -47,7 +47,7 @@ class BuildInputs:
     tasks: Sequence[Any]
     catalog: Mapping[str, Mapping[str, str]]
     schemas: Mapping[str, Any]
-    opener: Any  # a sqlrl.db.source.SessionSource
+    sessions: Any  # a sqlrl.db.source.SessionSource
     progress: bool = False
 
 
@@ -105,7 +105,7 @@ def build_tooluse_sft(inp: BuildInputs) -> "tuple[list[Any], BuildReport]":
     teacher = cfg.teacher.build(cfg.stage_dir)
     rows, report = build_stage2(inp.tasks, teacher, cfg.stage_dir / "sft_data.jsonl",
                                 catalog=inp.catalog, schemas=inp.schemas, progress=inp.progress,
-                                max_turns=cfg.rollout.max_turns, opener=inp.opener,
+                                max_turns=cfg.rollout.max_turns, sessions=inp.sessions,
                                 schema_style=cfg.model.schema_style)
     rows, report = _with_replay(inp, teacher, rows, report)
     return _sft_rows(rows), report

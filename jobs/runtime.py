@@ -43,8 +43,8 @@ def session_pool(catalog: Mapping[str, Mapping[str, str]], dialects: Sequence[st
     """A pool with one partition per rollout worker (``workers``: Ray workers, 0 = one in-process) over
     ``dialects``, plus a reward partition when ``reward``."""
     from actors.db_pool import DBPoolConfig, DBPoolGroup
-    from sqlrl.db.lease import Catalog
-    from sqlrl.db.shard import ShardConfig
+    from sqlrl.db.leases.protocol import Catalog
+    from sqlrl.db.leases.shard import ShardConfig
 
     group = "+".join(sorted(set(dialects)))
     return DBPoolGroup(DBPoolConfig(
@@ -124,11 +124,11 @@ class Runtime:
         self._groups.append(group)
         return group
 
-    def session_opener(self) -> Any:
+    def session_source(self) -> Any:
         """Real sessions from the pool's reward partition, as ``Judge`` opens them."""
-        from curriculum.builders import pool_opener
+        from sqlrl.db.source import PoolSessions
 
-        return pool_opener(self.pool.client(role="reward"))
+        return PoolSessions(self.pool.client(role="reward"))
 
     def prebuild_suites(self, tasks: Sequence[Any]) -> Any:
         """With ``reward.test_suite``: every text-to-SQL task's test suite distilled now, through

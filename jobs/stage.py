@@ -64,7 +64,7 @@ def run_stage(cfg: StageConfig, *, config_path: str | Path | None = None) -> dic
             console.print(f"[bold]{cfg.stage}[/bold] test suites: {suites.summary()}")
         with build_phase(cfg, spec.build_note, len(data.train)):
             items, report = spec.build(BuildInputs(cfg, data.train, data.catalog, data.schemas,
-                                                   rt.session_opener(), progress=console.is_terminal))
+                                                   rt.session_source(), progress=console.is_terminal))
         console.print(f"[bold]{cfg.stage}[/bold] data: {report.summary()}")
         if not items:
             raise SystemExit(f"{cfg.stage}: {spec.build_note} kept nothing ({report.summary()}); "

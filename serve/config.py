@@ -10,7 +10,7 @@ wrong types are errors naming the dotted key).
   queue sizes; CPUs per replica, unset = a share of the cluster, ``serve/resources.py``). Adding a
   served model is one entry here, nothing else.
 - ``databases``: name -> ``DatabaseSpec``: a SQLite path, or for PostgreSQL / MariaDB the session
-  URL of a sealed base (``sqlrl.db.provision.session_url``: every session gets its own clone and
+  URL of a sealed base (``sqlrl.db.provisioning.provision.session_url``: every session gets its own clone and
   role). Clients name a database; they never pass a path or DSN.
 - ``sql_models``: which model answers ``/v1/sql/debug`` (Talon) and ``/v1/sql/generate`` (Zeno).
 - ``colocate``: the models run inside the ingress replicas instead of behind deployment handles

@@ -71,7 +71,7 @@ def _server_url(var: str, what: str) -> str:
 def agent_database(admin_url: str, name: str):
     """An empty base `name` on the server (replaced if it exists), sealed: yields its session URL
     (every session gets its own clone), drops the base afterwards. For module fixtures."""
-    from sqlrl.db import provision
+    from sqlrl.db.provisioning import provision
 
     provision.prepare_server(admin_url)
     provision.create_database(admin_url, name, replace=True)
@@ -86,7 +86,8 @@ def scratch_names(admin_url: str) -> set[str]:
     """The per-session scratch databases and roles/users on the server now (any process's).
     Tests compare against a baseline taken first: other processes (Ray actors of earlier tests,
     killed subprocesses) may hold or have left clones of their own."""
-    from sqlrl.db.provision import SCRATCH_PREFIX, admin_ops
+    from sqlrl.db.dialects.contract import SCRATCH_PREFIX
+    from sqlrl.db.provisioning.admin import admin_ops
     from sqlrl.db.url import dialect_name, parse_url
     url = parse_url(admin_url)
     ops = admin_ops(dialect_name(url))
@@ -101,12 +102,13 @@ def sealed_base(admin_url: str, name: str, statements: list[str]):
     """A base `name` (replaced if it exists) built by the admin with `statements`, then sealed:
     yields (the admin URL of the base, its session URL); drops the base afterwards. Prepares the
     server first (PostgreSQL's owner role), so it works on a fresh server in any test order."""
-    from sqlrl.db import provision
+    from sqlrl.db.provisioning import provision
+    from sqlrl.db.provisioning.admin import admin_ops
     from sqlrl.db.url import dialect_name, parse_url
 
     provision.prepare_server(admin_url)
     admin_db = provision.create_database(admin_url, name, replace=True)
-    ops = provision.admin_ops(dialect_name(parse_url(admin_url)))
+    ops = admin_ops(dialect_name(parse_url(admin_url)))
     conn = ops.connect(parse_url(admin_url), name)
     try:
         with conn.cursor() as cur:

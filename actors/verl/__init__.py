@@ -4,7 +4,7 @@
   trajectory-scoped session per trajectory and a deadline (``jobs/configs/verl/agent_loop.yaml``).
 - ``tools``: ``execute_sql`` / ``submit_solution`` as verl ``BaseTool`` classes that run on the
   trajectory's session (``jobs/configs/verl/tools.yaml``).
-- ``trajectory``: ``TrajectorySession``, the session and the calls of one trajectory.
+- ``trajectory``: ``TrajectoryTools``, the session and the calls of one trajectory.
 - ``sessions``: where a worker's sessions come from (its DB-pool partition, claimed by index from
   a published ``PoolDirectory``; or local sessions over a catalog).
 - ``reward_fn``: ``compute_score`` for ``reward.custom_reward_function`` (``pkg://actors.verl.reward_fn``).

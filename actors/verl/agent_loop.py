@@ -10,7 +10,7 @@ trajectory of that worker would get no ``pool``/``catalog`` (tests/verl/test_age
 
 What it changes in verl's ``ToolAgentLoop`` (its state machine, chat template, tool parser and
 token bookkeeping are used as they are):
-- **One session per trajectory**: ``run`` opens it (``TrajectorySession.open``) from the worker's
+- **One session per trajectory**: ``run`` opens it (``TrajectoryTools.open``) from the worker's
   ``SessionSource`` (``actors.verl.sessions``: leases on the DB-session pool's partition of this
   worker, or local ``open_session``) for the row's ``tools_kwargs.*.create_kwargs`` (db_id,
   dialect, preprocess_sql), and closes it in ``finally`` -- after a normal end, an exception, or
@@ -54,7 +54,7 @@ from sqlrl.tools import TOOLS
 
 from .sessions import worker_sessions
 from .tools import SqlrlTool
-from .trajectory import TrajectorySession
+from .trajectory import TrajectoryTools
 
 STOP_SUBMITTED, STOP_DEADLINE, STOP_ENDED = "submitted", "deadline", "ended"
 
@@ -93,14 +93,14 @@ class SqlrlAgentLoop(ToolAgentLoop):
         self.tool_schemas = [TOOLS[t.name].schema() if isinstance(t, SqlrlTool) else schema
                              for t, schema in zip(self.tools.values(), self.tool_schemas)]
         self.sessions = sessions if sessions is not None else worker_sessions(catalog=catalog, pool=pool)
-        self.trajectory: TrajectorySession | None = None
+        self.trajectory: TrajectoryTools | None = None
         self.stop_reason = STOP_ENDED
         self._deadline = 0.0
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         request = session_request(kwargs, key=f"{kwargs.get('index', '')}-{uuid.uuid4().hex}")
         self._deadline = asyncio.get_running_loop().time() + self.deadline_s
-        self.trajectory = await TrajectorySession.open(self.sessions, request)
+        self.trajectory = await TrajectoryTools.open(self.sessions, request)
         try:
             output = await super().run(sampling_params, **kwargs)
         finally:

@@ -3,7 +3,7 @@ or local sessions when no pool is configured.
 
 verl starts ``rollout.agent.num_workers`` ``AgentLoopWorker`` actors and does not tell them their
 index. The driver (``publish_pool``) therefore publishes a ``PoolDirectory``: a named Ray actor
-holding one picklable ``DBPoolClient`` per rollout-worker partition of a ``DBPoolGroup`` (built
+holding one picklable ``PoolClient`` per rollout-worker partition of a ``DBPoolGroup`` (built
 with ``rollout_workers = num_workers``). Each worker process claims an index there once, keyed by
 its own Ray actor id -- never by parsing actor names -- and leases only from that partition's shards.
 A pool built ``in_process`` (no Ray) is published in this process instead, and claimed by the
@@ -20,7 +20,7 @@ Guarantees:
 - ``unpublish_pool(name)`` forgets an in-process published pool and this process's cached source
   on it, so a pool shut down leaves nothing behind and its name can be published again.
 
-Not guaranteed here: the pool's own rules (TTL, routing, retries: ``sqlrl.db.pool_client``).
+Not guaranteed here: the pool's own rules (TTL, routing, retries: ``sqlrl.db.leases.client``).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ one source of the tools' names, descriptions and arguments) and loaded by verl's
 ``verl.tools.tool_registry.initialize_tools_from_config`` in every agent-loop worker.
 
 Guarantees:
-- A tool never opens a session: ``execute`` runs on the trajectory's ``TrajectorySession`` that
+- A tool never opens a session: ``execute`` runs on the trajectory's ``TrajectoryTools`` that
   ``actors.verl.agent_loop.SqlrlAgentLoop`` passes in (``trajectory=``), so all calls of a
   trajectory share one session. Called without one (verl's own ``tool_agent`` loop, which creates
   and releases a tool instance per call) it answers with an error observation naming the agent

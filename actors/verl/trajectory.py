@@ -1,6 +1,6 @@
-"""One trajectory's database session inside verl's asyncio agent loop.
+"""One trajectory's tool calls inside verl's asyncio agent loop, on the trajectory's one session.
 
-``TrajectorySession.open(source, request)`` opens exactly one session (from a
+``TrajectoryTools.open(source, request)`` opens exactly one session (from a
 ``sqlrl.db.source.SessionSource``: leases on the DB-session pool, or local ``open_session``) and
 every tool call of the trajectory runs on it; ``close()`` gives it back.
 
@@ -33,8 +33,9 @@ from sqlrl.tools import ToolOutcome, run_raw
 _THREADS = concurrent.futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="sqlrl-verl-session")
 
 
-class TrajectorySession:
-    """The trajectory's session and what its tool calls produced."""
+class TrajectoryTools:
+    """The tool calls of one trajectory: the session they run on (an object with ``execute``,
+    from a ``SessionSource``) and what they produced. Not a session itself."""
 
     def __init__(self, source: SessionSource, session: Any) -> None:
         self.source = source
@@ -46,7 +47,7 @@ class TrajectorySession:
         self._running: concurrent.futures.Future | None = None  # the call on the session now
 
     @classmethod
-    async def open(cls, source: SessionSource, request: SessionRequest) -> "TrajectorySession":
+    async def open(cls, source: SessionSource, request: SessionRequest) -> "TrajectoryTools":
         """Open the trajectory's one session (in a worker thread); raises what the source raises."""
         (session,) = await asyncio.wrap_future(_THREADS.submit(source.open_many, [request]))
         return cls(source, session)

@@ -4,8 +4,8 @@ Public API: ``open_session``, ``Session``, ``QueryResult``, ``QueryError``, ``Er
 ``Limits``, ``SessionError``, ``SessionPool``. See docs/sessions.md.
 """
 
-from .pool import PoolConfig, PoolStats, PoolTimeout, SessionPool
-from .session import Session, open_session
+from .sessions.pool import PoolConfig, PoolStats, PoolTimeout, SessionPool
+from .sessions.session import Session, open_session
 from .types import ErrorKind, Limits, QueryError, QueryResult, SessionError
 
 __all__ = ["ErrorKind", "Limits", "PoolConfig", "PoolStats", "PoolTimeout", "QueryError",

@@ -8,9 +8,10 @@ take a ``SessionSource``; there is no other way to ask for a session.
     with open_one(source, SessionRequest("shop", "sqlite")) as session:
         session.execute("SELECT 1")
 
-- ``SessionRequest(db, dialect, preprocess_sql, limits, key)``: ``db`` is a catalog id or a
-  database URL; ``limits`` None means the source's default; ``key`` (a trajectory id) lets a pool
-  route the request (which shard), others ignore it.
+- ``SessionRequest(db, dialect, preprocess_sql, limits, key, worker_id)`` (``sqlrl.db.types``):
+  ``db`` is a catalog id or a database URL; ``limits`` None means the source's default; ``key``
+  (a trajectory id) lets a pool route the request (which shard), others ignore it. The same
+  object goes on to the pool client and the shard (``PoolClient.lease_many(requests)``).
 - ``SessionSource``: ``open_many(requests)`` gives one fresh session per request, in order (an
   object with ``execute(sql) -> QueryResult``), all or nothing: when one cannot be opened it
   raises (``SessionError``; the pool's ``LeaseError`` is one) after closing those it opened.
@@ -18,7 +19,7 @@ take a ``SessionSource``; there is no other way to ask for a session.
   ``[(session, sql)] -> [QueryResult]`` in one call (the agent loop then runs a round's tool calls
   at once; the Ray pool: one round trip per shard).
 - Two implementations: ``LocalSessions`` (in this process: ``open_session``, or checkouts of a
-  ``SessionPool``) and ``PoolSessions`` (leases from a DB-pool client: ``lease_many``,
+  ``SessionPool``) and ``PoolSessions`` (leases from a ``PoolClient``: ``lease_many``,
   ``execute_many``, ``release_many``; Ray-free itself, the client carries the transport).
 
 Not guaranteed here: what a session isolates (``docs/sessions.md``) -- a source only opens them.
@@ -27,21 +28,11 @@ Not guaranteed here: what a session isolates (``docs/sessions.md``) -- a source 
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Protocol, Sequence
 
-from .pool_client import LeasedSession
-from .session import open_session
-from .types import Limits, QueryResult
-
-
-@dataclass(frozen=True)
-class SessionRequest:
-    db: str  # a catalog id, or a database URL
-    dialect: str | None = None  # needed when a catalog id has copies in several dialects
-    preprocess_sql: tuple[str, ...] = ()
-    limits: Limits | None = None  # None: the source's default
-    key: str | None = None  # routing key (e.g. the trajectory id); a pool picks a shard by it
+from .leases.client import LeasedSession, PoolClient
+from .sessions.session import open_session
+from .types import Limits, QueryResult, SessionRequest
 
 
 class SessionSource(Protocol):
@@ -110,30 +101,16 @@ class LocalSessions:
 
 
 class PoolSessions:
-    """Leases from a DB-pool client (the Ray pool's ``DBPoolClient``, or any client with
-    ``lease_many`` / ``execute`` / ``execute_many`` / ``release_many``): one ``lease_many`` per
-    call (one round trip per shard; a request's ``key`` picks the shard), a round's SQL in one
-    ``execute_many``, everything released together."""
+    """Leases from a ``PoolClient`` (or any object with its ``lease_many`` / ``execute`` /
+    ``execute_many`` / ``release_many``): one ``lease_many`` of the requests themselves per call
+    (one round trip per shard; a request's ``key`` picks the shard; all or nothing), a round's SQL
+    in one ``execute_many``, everything released together."""
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: PoolClient) -> None:
         self.client = client
 
     def open_many(self, requests: Sequence[SessionRequest]) -> list["LeasedSession"]:
-        by_limits: dict[Limits | None, list[int]] = {}
-        for i, r in enumerate(requests):
-            by_limits.setdefault(r.limits, []).append(i)
-        out: list[Any] = [None] * len(requests)
-        try:
-            for limits, idx in by_limits.items():
-                leases = self.client.lease_many(
-                    [(requests[i].db, requests[i].dialect, requests[i].key,
-                      tuple(requests[i].preprocess_sql)) for i in idx], limits=limits)
-                for i, lease in zip(idx, leases):
-                    out[i] = LeasedSession(self.client, lease)
-        except BaseException:
-            self.close_many([s for s in out if s is not None])
-            raise
-        return out
+        return [LeasedSession(self.client, lease) for lease in self.client.lease_many(requests)]
 
     def close_many(self, sessions: Sequence["LeasedSession"]) -> None:
         self.client.release_many([s.lease for s in sessions])
@@ -141,3 +118,6 @@ class PoolSessions:
     def execute_many(self, pairs: Sequence[tuple["LeasedSession", str]]) -> list[QueryResult]:
         """A round's execute_sql calls: one ``submit_many`` per shard (never raises)."""
         return self.client.execute_many([(s.lease, sql) for s, sql in pairs])
+
+
+__all__ = ["LocalSessions", "PoolSessions", "SessionRequest", "SessionSource", "open_one"]

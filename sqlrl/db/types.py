@@ -1,4 +1,4 @@
-"""Typed contracts of the session layer: limits, errors and query results.
+"""Typed contracts of the session layer: session requests, limits, errors and query results.
 
 Guarantees:
 - Every value here is a frozen dataclass or an enum, picklable, and safe to send across process
@@ -45,7 +45,7 @@ class Limits:
     ``timeout_s`` bounds the whole ``execute`` call (all its statements and fetches). It is
     enforced by the database itself (SQLite progress handler, PostgreSQL ``statement_timeout`` +
     ``lock_timeout`` set to the time left, MariaDB ``max_statement_time``) so that the work really
-    stops, and on the servers also by the watchdog (``sqlrl.db.watchdog``) from outside the
+    stops, and on the servers also by the watchdog (``sqlrl.db.sessions.watchdog``) from outside the
     session. ``max_rows``/``max_bytes`` cap what one call returns (``truncated=True``); results
     are fetched in batches sized by bytes, so client memory stays near ``max_bytes``.
 
@@ -69,6 +69,33 @@ class Limits:
         for name in ("max_rows", "max_bytes", "max_statements", "max_sql_chars"):
             if getattr(self, name) < 1:
                 raise ValueError(f"Limits.{name} must be >= 1, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
+class SessionRequest:
+    """Ask for one trajectory-scoped session. The one shape of a request from its maker (the agent,
+    the judge, the gateway) through a ``SessionSource`` and the pool client to the shard that
+    opens it: nothing on the way converts it to another type (a pool client fills in ``key`` and
+    ``worker_id`` with ``dataclasses.replace``).
+
+    ``db`` is a catalog id or a database URL; ``dialect`` is needed when a catalog id has copies
+    in several dialects; ``limits`` None means the source's (or shard's) default; ``key`` (e.g. the
+    trajectory id) lets a pool route the request to a shard, others ignore it; ``worker_id`` names
+    who holds the session in a pool's logs, stats and reclaim reports. ``preprocess_sql`` must be
+    a sequence of SQL strings (kept as a tuple); one string is refused with ``TypeError``."""
+
+    db: str
+    dialect: str | None = None
+    preprocess_sql: tuple[str, ...] = ()
+    limits: Limits | None = None
+    key: str | None = None
+    worker_id: str | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.preprocess_sql, str) or not all(
+                isinstance(s, str) for s in self.preprocess_sql):
+            raise TypeError("SessionRequest.preprocess_sql must be a sequence of SQL strings")
+        object.__setattr__(self, "preprocess_sql", tuple(self.preprocess_sql))
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
     kept, report = translate_tasks(tasks, {"library": "/data/library.sqlite"}, "postgresql", admin_url)
 
 For each database the tasks use, the SQLite file is loaded onto the server
-(``sqlrl.db.loader.load_sqlite(..., replace=True)``); each gold query is transpiled with
+(``sqlrl.db.provisioning.loader.load_sqlite(..., replace=True)``); each gold query is transpiled with
 ``sqlglot.transpile(sql, read="sqlite", write=<dialect>)`` and run through a ``sqlrl.db`` session
 on the server (as the unprivileged agent role) and on SQLite.
 
@@ -21,7 +21,7 @@ Guarantees:
 - Kept tasks have ``dialect`` set to the target, the transpiled ``gold_sql``, ``task_id`` suffixed
   with ``@<dialect>``, and ``meta["server_database"]`` / ``meta["sqlite_sql"]``.
   ``report.databases`` maps each db_id to the server database name and agent URL; the caller owns
-  them (drop them with ``sqlrl.db.provision.drop_database`` when done).
+  them (drop them with ``sqlrl.db.provisioning.provision.drop_database`` when done).
 - An unknown target dialect raises ``ValueError`` before anything is created.
 """
 
@@ -37,7 +37,7 @@ import sqlglot
 
 from ..db import Limits, SessionError, open_session
 from ..db.dialects.descriptor import dialects, sqlglot_name
-from ..db.loader import SOURCE_DIALECT, load_sqlite
+from ..db.provisioning.loader import SOURCE_DIALECT, load_sqlite
 from ..eval.compare import outer_order_by, same_result
 from ..tasks.types import Text2SQLTask, norm_dialect
 

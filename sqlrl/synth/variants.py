@@ -35,7 +35,7 @@ Guarantees of a fuzzed variant (tests/unit/test_variants.py):
 - Bad input: a missing or non-SQLite source raises ``FileNotFoundError`` / ``ValueError`` naming it.
 
 Server databases (PostgreSQL, MariaDB/MySQL): ``server_variant`` loads a variant file on the
-server of a database loaded from SQLite (``sqlrl.db.loader.load_sqlite``: the same loader, so
+server of a database loaded from SQLite (``sqlrl.db.provisioning.loader.load_sqlite``: the same loader, so
 the same column types and lower-cased names) as a sealed base named by the file's SHA-256, once
 per server (a marker file under the cache folder, written after the load; a file lock keeps two
 processes from loading it twice). They stay on the server until ``drop_server_variants``.
@@ -178,7 +178,7 @@ def drop_server_variants(url: str, cache_dir: str | Path) -> list[str]:
     """Drop every variant base this cache loaded on the server of ``url`` (an admin or session
     URL of that server) and forget them; returns their names. Variant bases are one per variant
     file and stay on the server until this is called (e.g. when a run ends)."""
-    from sqlrl.db.provision import drop_database
+    from sqlrl.db.provisioning.provision import drop_database
 
     dropped = []
     for marker in sorted(_server_folder(url, cache_dir).glob("*.loaded")):
@@ -199,8 +199,8 @@ def server_variant(path: Path, url: str, cache_dir: str | Path) -> str:
     loaded from SQLite, which carries the admin account), loaded once (module doc)."""
     import fcntl
 
-    from sqlrl.db.loader import load_sqlite
-    from sqlrl.db.provision import session_url
+    from sqlrl.db.provisioning.loader import load_sqlite
+    from sqlrl.db.provisioning.provision import session_url
 
     name = server_variant_name(path)
     folder = _server_folder(url, cache_dir)

@@ -19,7 +19,7 @@ Guarantees:
   Spider's generic types (``number``, ``text``, ``time``, ``boolean``, ``others``) are mapped to
   SQL types, and for other dialects types are transpiled by sqlglot when it knows them. Names
   are rendered as the source spells them: a database loaded into PostgreSQL/MariaDB by
-  ``sqlrl.db.loader`` has lower-cased names, so render its prompt from that database instead.
+  ``sqlrl.db.provisioning.loader`` has lower-cased names, so render its prompt from that database instead.
 - Malformed ``tables.json`` entries raise ``TaskError`` naming the database and the field.
 """
 

@@ -8,10 +8,10 @@ import time
 import pytest
 
 from actors.db_pool import DBPoolConfig, DBPoolGroup
-from sqlrl.db.lease import Catalog, LeaseError, LeaseErrorKind
-from sqlrl.db.shard import ShardConfig
-from sqlrl.db.types import ErrorKind, Limits
-from sqlrl.db.pool import PoolConfig
+from sqlrl.db.leases.protocol import Catalog, LeaseError, LeaseErrorKind
+from sqlrl.db.leases.shard import ShardConfig
+from sqlrl.db.types import ErrorKind, Limits, SessionRequest
+from sqlrl.db.sessions.pool import PoolConfig
 
 
 def wait_for(predicate, timeout_s: float, what: str):
@@ -43,7 +43,7 @@ def active(group) -> int:
 
 def test_a_trajectory_through_a_shard_actor(group) -> None:
     client = group.client(0)
-    lease = client.lease("shop", key="traj-1", preprocess_sql=["CREATE TEMP TABLE seen(x)"])
+    lease = client.lease(SessionRequest("shop", key="traj-1", preprocess_sql=["CREATE TEMP TABLE seen(x)"]))
     assert lease.shard == "rollout/w0/sqlite/0" and lease.worker_id == "rollout-0"
     assert client.execute(lease, "INSERT INTO seen VALUES (42)").ok
     assert client.execute(lease, "SELECT x FROM seen").rows == ((42,),)
@@ -57,16 +57,16 @@ def test_a_trajectory_through_a_shard_actor(group) -> None:
 def test_lease_errors_cross_the_actor_boundary_typed(group) -> None:
     client = group.client(1)
     with pytest.raises(LeaseError) as e:
-        client.lease("no_such_db")
+        client.lease(SessionRequest("no_such_db"))
     assert type(e.value) is LeaseError and e.value.kind is LeaseErrorKind.UNKNOWN_DATABASE
     with pytest.raises(LeaseError) as e:
-        client.resolve(client.lease_async("shop", preprocess_sql=["SELEC broken"]))
+        client.resolve(client.lease_async(SessionRequest("shop", preprocess_sql=["SELEC broken"])))
     assert e.value.kind is LeaseErrorKind.OPEN_FAILED
 
 
 def test_async_variants_return_object_refs(group, ray_session) -> None:
     client = group.client(0)
-    ref = client.lease_async("shop", key="a")
+    ref = client.lease_async(SessionRequest("shop", key="a"))
     assert isinstance(ref, ray_session.ObjectRef)
     lease = client.resolve(ref)
     refs = [client.execute_async(lease, f"SELECT {i}") for i in range(5)]
@@ -76,7 +76,7 @@ def test_async_variants_return_object_refs(group, ray_session) -> None:
 
 def test_an_idle_lease_expires_and_says_so(group) -> None:
     client = group.client(0)
-    lease = client.lease("shop")
+    lease = client.lease(SessionRequest("shop"))
     wait_for(lambda: active(group) == 0, 60, "the reaper to reclaim the idle lease")
     result = client.execute(lease, "SELECT 1")
     assert result.error.kind is ErrorKind.LEASE_EXPIRED
@@ -86,7 +86,7 @@ def test_an_idle_lease_expires_and_says_so(group) -> None:
 def test_a_killed_shard_restarts_and_callers_get_typed_errors_not_hangs(group, ray_session) -> None:
     client = group.client(0)
     # a long statement timeout: the runaway call cannot end by itself before the kill lands
-    lease = client.lease("shop", key="k", limits=Limits(timeout_s=120))
+    lease = client.lease(SessionRequest("shop", key="k", limits=Limits(timeout_s=120)))
     assert client.execute(lease, "CREATE TABLE mine(x)").ok
     slow = client.execute_async(
         lease, "WITH RECURSIVE c(n) AS (SELECT 1 UNION ALL SELECT n+1 FROM c) SELECT COUNT(*) FROM c")
@@ -101,7 +101,7 @@ def test_a_killed_shard_restarts_and_callers_get_typed_errors_not_hangs(group, r
     wait_for(lambda: group.stats()[lease.shard] is not None, 120, "the shard to restart")
     after = client.execute(lease, "SELECT * FROM mine")  # the old lease, on the restarted shard
     assert after.error.kind is ErrorKind.SESSION_LOST and "restarted" in after.error.message
-    fresh = client.lease("shop", key="k")  # the restarted shard serves new leases
+    fresh = client.lease(SessionRequest("shop", key="k"))  # the restarted shard serves new leases
     assert fresh.incarnation != lease.incarnation
     assert client.execute(fresh, "SELECT COUNT(*) FROM products").ok
     assert client.execute(fresh, "SELECT * FROM mine").error.kind is ErrorKind.RUNTIME
@@ -113,7 +113,7 @@ def test_a_blocking_execute_in_flight_on_a_killed_shard_is_session_lost(group, r
     import threading
 
     client = group.client(1)
-    lease = client.lease("shop", limits=Limits(timeout_s=120))  # it cannot end before the kill
+    lease = client.lease(SessionRequest("shop", limits=Limits(timeout_s=120)))  # it cannot end before the kill
     submitted = threading.Event()  # the blocking call has sent its request: the kill lands after
     send = client.execute_async
 
@@ -145,7 +145,7 @@ def caller_cls(ray_session):
             self.leases = []
 
         def hold(self, n: int) -> list[str]:
-            self.leases += [self.client.lease("shop", key=str(i)) for i in range(n)]
+            self.leases += [self.client.lease(SessionRequest("shop", key=str(i))) for i in range(n)]
             return [lease.id for lease in self.leases]
 
         def work(self) -> list[bool]:
@@ -185,7 +185,7 @@ def test_rebalance_starts_and_retires_shard_actors(group, ray_session) -> None:
     change = group.rebalance(3)
     assert [s.id for s in change.added] == ["rollout/w2/sqlite/0"]
     client = group.client(2)
-    with client.session("shop") as s:
+    with client.session(SessionRequest("shop")) as s:
         assert s.execute("SELECT 1").ok
     leaving = group.shards["rollout/w1/sqlite/0"]
     group.rebalance([0, 2])
@@ -224,14 +224,14 @@ def _sample(text: str, metric: str, shard: str, worker: str) -> float | None:
 def test_metrics_reach_the_ray_metrics_endpoint(group, ray_session) -> None:
     client = group.client(0)
     shard = "rollout/w0/sqlite/0"
-    lease = client.lease("shop", key="m")
+    lease = client.lease(SessionRequest("shop", key="m"))
     for _ in range(3):
         assert client.execute(lease, "SELECT COUNT(*) FROM orders").ok
     client.execute(lease, "SELEC oops")
     client.execute(lease, "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) "
                           "SELECT COUNT(*) FROM c")  # stopped by the 2 s statement timeout
     client.release(lease)
-    client.lease("shop", key="m2")  # never used again: the reaper reclaims it after the 2 s TTL
+    client.lease(SessionRequest("shop", key="m2"))  # never used again: the reaper reclaims it after the 2 s TTL
     wait_for(lambda: group.stats()[shard].reclaimed == 1, 60,
              "the reaper to reclaim the idle lease")
 
@@ -260,7 +260,7 @@ def test_batched_calls_across_shards_and_a_killed_shard(ray_session, demo_db_pat
     try:
         client = g.client(0)
         keys = [f"t{i}" for i in range(8)]
-        leases = client.lease_many([("shop", "sqlite", k) for k in keys])
+        leases = client.lease_many([SessionRequest("shop", "sqlite", key=k) for k in keys])
         assert len({l.shard for l in leases}) == 2  # crc32 spreads 8 keys over both shards
         pending = client.execute_many_async([(l, "SELECT COUNT(*) FROM products") for l in leases])
         assert len(pending.refs) == 2  # one round trip per shard

@@ -19,12 +19,13 @@ import uuid
 import pytest
 
 from actors.db_pool import DBPoolConfig, DBPoolGroup
-from sqlrl.db import ErrorKind, open_session, provision
-from sqlrl.db.lease import Catalog, LeaseErrorKind
-from sqlrl.db.loader import load_sqlite
-from sqlrl.db.pool import PoolConfig
-from sqlrl.db.shard import ShardConfig
-from sqlrl.db.types import Limits
+from sqlrl.db import ErrorKind, open_session
+from sqlrl.db.provisioning import provision
+from sqlrl.db.leases.protocol import Catalog, LeaseErrorKind
+from sqlrl.db.provisioning.loader import load_sqlite
+from sqlrl.db.sessions.pool import PoolConfig
+from sqlrl.db.leases.shard import ShardConfig
+from sqlrl.db.types import Limits, SessionRequest
 
 pytestmark = [pytest.mark.postgres, pytest.mark.mysql]
 
@@ -81,14 +82,15 @@ def worker_cls(ray_session):
             """-> (how the lease went, the error kind or "ok" of every call)."""
             import random
             import time
-            from sqlrl.db.lease import LeaseError
+            from sqlrl.db.leases.protocol import LeaseError
             from sqlrl.db.types import QueryResult
 
             rng = random.Random(hash(key))
             dialect = rng.choice(["sqlite", "sqlite", "postgresql", "mysql"])
             try:
-                lease = self.client.lease("shop", dialect, key=f"traj-{key}",
-                                          preprocess_sql=["CREATE TEMPORARY TABLE notes (x INT)"])
+                lease = self.client.lease(SessionRequest(
+                    "shop", dialect, key=f"traj-{key}",
+                    preprocess_sql=("CREATE TEMPORARY TABLE notes (x INT)",)))
             except LeaseError as exc:
                 return f"lease-error:{exc.kind.value}", []
             calls = []
@@ -126,7 +128,7 @@ def server_leftovers(pg_admin_url: str, mysql_admin_url: str) -> tuple[int, int]
     drops them; every other clone was dropped when its session closed."""
     import psycopg2
     import pymysql
-    from sqlrl.db.scratch import SCRATCH
+    from sqlrl.db.provisioning.scratch import SCRATCH
     from sqlrl.db.url import parse_url
 
     SCRATCH.settle()

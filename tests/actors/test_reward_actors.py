@@ -10,8 +10,8 @@ import pytest
 from actors.db_pool import DBPoolConfig, DBPoolGroup
 from actors.reward import RewardGroup, RewardGroupConfig, RewardRequest
 from sqlrl.db import Limits
-from sqlrl.db.lease import Catalog
-from sqlrl.db.shard import ShardConfig
+from sqlrl.db.leases.protocol import Catalog
+from sqlrl.db.leases.shard import ShardConfig
 from sqlrl.tasks.types import CriticTask, Text2SQLTask
 from sqlrl.tools import ToolCall
 

@@ -10,8 +10,8 @@ pytest.importorskip("transformers", reason="the policy stack (transformers) is n
 from actors.db_pool import DBPoolConfig, DBPoolGroup  # noqa: E402
 from actors.rollout import PolicySpec, RolloutConfig, RolloutGroup, RolloutWorker  # noqa: E402
 from sqlrl.agent.loop import LoopConfig  # noqa: E402
-from sqlrl.db.lease import Catalog  # noqa: E402
-from sqlrl.db.shard import ShardConfig  # noqa: E402
+from sqlrl.db.leases.protocol import Catalog  # noqa: E402
+from sqlrl.db.leases.shard import ShardConfig  # noqa: E402
 from sqlrl.policy.types import SamplingParams  # noqa: E402
 from sqlrl.tasks.schema import DatabaseSchema  # noqa: E402
 from sqlrl.tasks.types import CriticTask, Text2SQLTask  # noqa: E402

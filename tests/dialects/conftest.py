@@ -1,12 +1,12 @@
 """The demo "shop" database on each real server (PostgreSQL, MariaDB), loaded with
-``sqlrl.db.loader`` under a fresh name per test module and dropped after it."""
+``sqlrl.db.provisioning.loader`` under a fresh name per test module and dropped after it."""
 
 import uuid
 
 import pytest
 
-from sqlrl.db import provision
-from sqlrl.db.loader import load_sqlite
+from sqlrl.db.provisioning import provision
+from sqlrl.db.provisioning.loader import load_sqlite
 
 
 @pytest.fixture(scope="module", params=[pytest.param("postgresql", marks=pytest.mark.postgres),

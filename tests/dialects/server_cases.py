@@ -17,8 +17,8 @@ from typing import Any, Callable
 
 import pytest
 
-from sqlrl.db import provision
-from sqlrl.db.scratch import SCRATCH
+from sqlrl.db.provisioning import provision
+from sqlrl.db.provisioning.scratch import SCRATCH
 from sqlrl.db.url import parse_url
 from tests.conftest import scratch_names, sealed_base
 

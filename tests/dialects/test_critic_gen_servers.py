@@ -7,8 +7,8 @@ import uuid
 
 import pytest
 
-from sqlrl.db import provision
-from sqlrl.db.loader import load_sqlite
+from sqlrl.db.provisioning import provision
+from sqlrl.db.provisioning.loader import load_sqlite
 from sqlrl.eval.critic import run_critic
 from sqlrl.synth.bugs import schema_from_url
 from sqlrl.synth.critic_gen import make_critic_tasks

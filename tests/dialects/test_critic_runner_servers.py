@@ -1,5 +1,5 @@
 """The BIRD-CRITIC runner's default test case (and one sandboxed custom test case) on PostgreSQL and
-MariaDB: the demo "shop" database loaded with ``sqlrl.db.loader``, run through agent-role sessions."""
+MariaDB: the demo "shop" database loaded with ``sqlrl.db.provisioning.loader``, run through agent-role sessions."""
 
 import hashlib
 

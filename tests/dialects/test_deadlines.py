@@ -21,7 +21,7 @@ import pytest
 from tests.conftest import agent_database
 
 from sqlrl.db import ErrorKind, Limits, open_session
-from sqlrl.db import executor
+from sqlrl.db.sessions import executor
 from sqlrl.db.dialects import base as dialect_base
 from sqlrl.db.dialects import mysql as my_adapter
 from sqlrl.db.dialects import postgresql as pg_adapter

@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from sqlrl.db import ErrorKind, Limits, open_session, provision
+from sqlrl.db import ErrorKind, Limits, open_session
+from sqlrl.db.provisioning import provision
 from sqlrl.db.url import parse_url
 
 NAME = f"sqlrl_attack_{os.getpid()}"

@@ -16,9 +16,10 @@ import os
 
 import pytest
 
-from sqlrl.db import ErrorKind, Limits, open_session, provision
-from sqlrl.db.executor import set_text_filter
-from sqlrl.db.scratch import SCRATCH
+from sqlrl.db import ErrorKind, Limits, open_session
+from sqlrl.db.provisioning import provision
+from sqlrl.db.sessions.executor import set_text_filter
+from sqlrl.db.provisioning.scratch import SCRATCH
 from tests.conftest import sealed_base
 
 PID = os.getpid()

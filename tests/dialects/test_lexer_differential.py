@@ -26,7 +26,7 @@ import pymysql
 import pymysql.constants.CLIENT as CLIENT
 import pytest
 
-from sqlrl.db import provision
+from sqlrl.db.provisioning import provision
 from sqlrl.db.dialects import mysql_lex, postgresql_lex
 from sqlrl.db.dialects.mysql import SQL_MODE
 from sqlrl.db.url import parse_url

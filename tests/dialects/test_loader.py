@@ -10,8 +10,9 @@ import uuid
 import pytest
 import sqlglot
 
-from sqlrl.db import open_session, provision
-from sqlrl.db.loader import load_sqlite, plan_column, _scan
+from sqlrl.db import open_session
+from sqlrl.db.provisioning import provision
+from sqlrl.db.provisioning.loader import load_sqlite, plan_column, _scan
 
 SPIDER_DBS = ["concert_singer", "pets_1", "car_1", "flight_2", "employee_hire_evaluation",
               "cre_Doc_Template_Mgt", "world_1"]

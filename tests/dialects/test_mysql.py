@@ -3,7 +3,7 @@ is in test_server_sessions.py, run on MariaDB too): the scratch database that co
 generated columns and views, a database and an account per session, deep recursion, the
 comment-aware denial and the privileged-account check.
 
-Each test gets its own small database made through ``sqlrl.db.provision`` (the base of
+Each test gets its own small database made through ``sqlrl.db.provisioning.provision`` (the base of
 ``server_cases.MYSQL``) and opens sessions with the unprivileged agent URL, exactly as users do.
 """
 
@@ -11,7 +11,7 @@ import pytest
 
 from sqlrl.db import ErrorKind, Limits, PoolConfig, SessionPool, open_session
 from sqlrl.db.dialects import mysql as my_adapter
-from sqlrl.db.scratch import SCRATCH
+from sqlrl.db.provisioning.scratch import SCRATCH
 from tests.dialects.server_cases import MYSQL, leftovers, make_db, mysql_admin_query, ok
 
 pytestmark = pytest.mark.mysql

@@ -5,9 +5,9 @@ state per lease, nothing left open."""
 import pytest
 
 from actors.db_pool import DBPoolConfig, DBPoolGroup
-from sqlrl.db.lease import Catalog
-from sqlrl.db.shard import ShardConfig
-from sqlrl.db.types import ErrorKind
+from sqlrl.db.leases.protocol import Catalog
+from sqlrl.db.leases.shard import ShardConfig
+from sqlrl.db.types import ErrorKind, SessionRequest
 
 
 @pytest.fixture
@@ -22,7 +22,7 @@ def test_a_batch_on_a_server_shard(server) -> None:
                                      shard=ShardConfig(catalog=Catalog({"shop": {dialect: url}}))))
     try:
         client = group.client(0)
-        leases = client.lease_many([("shop", dialect, f"t{i}") for i in range(6)])
+        leases = client.lease_many([SessionRequest("shop", dialect, key=f"t{i}") for i in range(6)])
         # each lease's own scratch state: a table only it can see
         made = client.execute_many([(l, f"CREATE TEMPORARY TABLE mine AS SELECT {i} AS v")
                                     for i, l in enumerate(leases)])

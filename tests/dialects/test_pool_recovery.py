@@ -13,8 +13,9 @@ from pathlib import Path
 import psycopg2
 import pytest
 
-from sqlrl.db import ErrorKind, PoolConfig, SessionPool, provision
-from sqlrl.db.scratch import SCRATCH
+from sqlrl.db import ErrorKind, PoolConfig, SessionPool
+from sqlrl.db.provisioning import provision
+from sqlrl.db.provisioning.scratch import SCRATCH
 from tests.conftest import scratch_names
 
 ROOT = Path(__file__).resolve().parents[2]

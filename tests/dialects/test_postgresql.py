@@ -4,7 +4,7 @@ statement rolled back alone, dynamic SQL that cannot lift the timeout or end the
 streamed results in batches, a fresh database and role per session, sessions that never wait for
 each other, and the lexer guard.
 
-Each test gets its own small database made through ``sqlrl.db.provision`` (the base of
+Each test gets its own small database made through ``sqlrl.db.provisioning.provision`` (the base of
 ``server_cases.PG``) and opens sessions with the unprivileged agent URL, exactly as users do.
 """
 
@@ -14,7 +14,7 @@ import pytest
 
 from sqlrl.db import ErrorKind, Limits, PoolConfig, SessionPool, open_session
 from sqlrl.db.dialects import postgresql as pg_adapter
-from sqlrl.db.scratch import SCRATCH
+from sqlrl.db.provisioning.scratch import SCRATCH
 from tests.dialects.server_cases import PG, PG_SESSION_ADVISORY_LOCKS, make_db, ok, pg_admin_query
 
 pytestmark = pytest.mark.postgres

@@ -1,4 +1,4 @@
-"""sqlrl.db.provision and the scratch roles against real servers: what the servers enforce.
+"""sqlrl.db.provisioning.provision and the scratch roles against real servers: what the servers enforce.
 
 Bases are reachable by no agent account; every session runs as a role/user made for it alone,
 with rights on its own clone only, and both are gone after the session. All provisioning calls
@@ -9,9 +9,10 @@ import os
 
 import pytest
 
-from sqlrl.db import SessionError, open_session, provision
+from sqlrl.db import SessionError, open_session
+from sqlrl.db.provisioning import provision
 from sqlrl.db.dialects.postgresql_admin import OWNER_ROLE
-from sqlrl.db.scratch import SCRATCH
+from sqlrl.db.provisioning.scratch import SCRATCH
 from sqlrl.db.url import parse_url
 from tests.dialects.server_cases import mysql_admin_query, pg_admin_query
 

@@ -1,6 +1,6 @@
 """The shaped rewards' floor on PostgreSQL and MariaDB: only an answer the server attests was
 read-only earns it (``QueryResult.read_only``, docs/rewards.md). The demo "shop" database is
-loaded with ``sqlrl.db.loader`` and judged through agent-role sessions.
+loaded with ``sqlrl.db.provisioning.loader`` and judged through agent-role sessions.
 
 PostgreSQL attests a streamed statement (no xid in its cursor's transaction block); MariaDB
 attests nothing, so no answer earns the floor there and a solved task still scores 1."""
@@ -9,8 +9,9 @@ import uuid
 
 import pytest
 
-from sqlrl.db import Limits, open_session, provision
-from sqlrl.db.loader import load_sqlite
+from sqlrl.db import Limits, open_session
+from sqlrl.db.provisioning import provision
+from sqlrl.db.provisioning.loader import load_sqlite
 from sqlrl.rewards import Judge, compute
 from sqlrl.tasks.types import CriticTask, Text2SQLTask
 

@@ -1,4 +1,4 @@
-"""sqlrl.db.scratch on the real servers: clones prepared ahead, bounded, forgotten, and never leaked.
+"""sqlrl.db.provisioning.scratch on the real servers: clones prepared ahead, bounded, forgotten, and never leaked.
 
 Behaviour, not time: a take served from the ready queue is counted as a ``ready_hit`` (no clone on
 the lease path); the ready queue never exceeds its bounds; a process killed with clones in hand
@@ -19,8 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from sqlrl.db import open_session, provision
-from sqlrl.db.scratch import SCRATCH
+from sqlrl.db import open_session
+from sqlrl.db.provisioning import provision
+from sqlrl.db.provisioning.scratch import SCRATCH
 from tests.conftest import scratch_names
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -88,7 +89,7 @@ CHILD = textwrap.dedent("""
     import os, sys, time
     sys.path.insert(0, {root!r})
     from sqlrl.db import open_session
-    from sqlrl.db.scratch import SCRATCH
+    from sqlrl.db.provisioning.scratch import SCRATCH
     url = {url!r}
     open_session(url).close(); open_session(url).close()   # clones ahead
     held = open_session(url)                               # and one in use

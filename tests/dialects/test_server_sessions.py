@@ -6,7 +6,7 @@ sandbox, the agent never running as the admin, lost sessions), through the engin
 ``DialectAdapter``. What one engine does its own way is tested in test_postgresql.py /
 test_mysql.py.
 
-Each test gets its own small base made through ``sqlrl.db.provision`` and opens sessions with the
+Each test gets its own small base made through ``sqlrl.db.provisioning.provision`` and opens sessions with the
 unprivileged agent URL, exactly as users do.
 """
 
@@ -257,7 +257,7 @@ def test_a_killed_connection_gives_session_lost_and_its_scratch_is_collected(db)
 
 
 def test_the_registered_adapter_keeps_the_contract_and_pings_and_closes(db):
-    from sqlrl.db.scratch import SCRATCH
+    from sqlrl.db.provisioning.scratch import SCRATCH
 
     adapter = get_dialect(db.case.dialect)
     assert isinstance(adapter, DialectAdapter) and adapter.name == db.case.dialect

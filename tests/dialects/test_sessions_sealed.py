@@ -25,9 +25,10 @@ import textwrap
 
 import pytest
 
-from sqlrl.db import ErrorKind, Limits, open_session, provision
-from sqlrl.db.executor import set_text_filter
-from sqlrl.db.scratch import SCRATCH
+from sqlrl.db import ErrorKind, Limits, open_session
+from sqlrl.db.provisioning import provision
+from sqlrl.db.sessions.executor import set_text_filter
+from sqlrl.db.provisioning.scratch import SCRATCH
 from sqlrl.db.types import SessionError
 from tests.conftest import sealed_base
 
@@ -171,7 +172,7 @@ def test_3_pg_no_session_can_fill_the_shared_lock_table(pg_admin_url, pg_base, t
 _MEMORY_PROBE = textwrap.dedent("""
     import json, resource, sys, time
     from sqlrl.db import Limits, open_session
-    from sqlrl.db.executor import set_text_filter
+    from sqlrl.db.sessions.executor import set_text_filter
     url, filter_on, sqls = sys.argv[1], sys.argv[2] == "filter-on", sys.argv[3:]
     set_text_filter(filter_on)
     out = []

@@ -5,7 +5,8 @@ from dataclasses import replace
 
 import pytest
 
-from sqlrl.db import open_session, provision
+from sqlrl.db import open_session
+from sqlrl.db.provisioning import provision
 from sqlrl.synth.domains import build_domain_db
 from sqlrl.synth.text2sql import generate_text2sql
 from sqlrl.eval.compare import canonical_value, same_result

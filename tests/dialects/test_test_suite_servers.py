@@ -8,8 +8,9 @@ import uuid
 
 import pytest
 
-from sqlrl.db import Limits, provision
-from sqlrl.db.loader import load_sqlite
+from sqlrl.db import Limits
+from sqlrl.db.provisioning import provision
+from sqlrl.db.provisioning.loader import load_sqlite
 from sqlrl.db.url import parse_url
 from sqlrl.suites.test_suite import TestSuites
 from sqlrl.rewards import Judge, RewardConfig, compute

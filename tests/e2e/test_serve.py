@@ -91,8 +91,8 @@ def server():
     servers = {}  # dialect -> admin URL of the servers this run has
     for dialect, var in (("postgresql", "SQLRL_PG_ADMIN_URL"), ("mysql", "SQLRL_MYSQL_ADMIN_URL")):
         if os.environ.get(var):
-            from sqlrl.db import provision
-            from sqlrl.db.loader import load_sqlite
+            from sqlrl.db.provisioning import provision
+            from sqlrl.db.provisioning.loader import load_sqlite
 
             provision.prepare_server(os.environ[var])
             report = load_sqlite(str(db), os.environ[var], "sqlrl_serve_shop", replace=True)
@@ -146,7 +146,7 @@ def server():
     serve.shutdown()
     ray.shutdown()
     for admin_url in servers.values():
-        from sqlrl.db import provision
+        from sqlrl.db.provisioning import provision
 
         provision.drop_database(admin_url, "sqlrl_serve_shop")
 

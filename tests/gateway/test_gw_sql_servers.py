@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from sqlrl.db.scratch import SCRATCH
+from sqlrl.db.provisioning.scratch import SCRATCH
 from sqlrl.policy.scripted import ScriptedEngine
 from tests.conftest import scratch_names
 
@@ -23,8 +23,8 @@ FILE_READ = {"postgresql": "SELECT pg_read_file('/etc/passwd')", "mysql": "SELEC
                                         pytest.param("mysql", marks=pytest.mark.mysql)])
 def server_shop(request, demo_db_path):
     """``(dialect, admin URL, catalog)`` of the shop database loaded on that server."""
-    from sqlrl.db import provision
-    from sqlrl.db.loader import load_sqlite
+    from sqlrl.db.provisioning import provision
+    from sqlrl.db.provisioning.loader import load_sqlite
 
     admin = request.getfixturevalue("pg_admin_url" if request.param == "postgresql" else "mysql_admin_url")
     name = f"t_gw_{uuid.uuid4().hex[:8]}"

@@ -21,8 +21,8 @@ from actors.db_pool import DBPoolConfig, DBPoolGroup  # noqa: E402
 from actors.rollout import PolicySpec, RolloutConfig, RolloutWorker  # noqa: E402
 from sqlrl.agent import LoopConfig, build_messages, tools_for  # noqa: E402
 from sqlrl.agent.trajectory import Trajectory  # noqa: E402
-from sqlrl.db.lease import Catalog  # noqa: E402
-from sqlrl.db.shard import ShardConfig  # noqa: E402
+from sqlrl.db.leases.protocol import Catalog  # noqa: E402
+from sqlrl.db.leases.shard import ShardConfig  # noqa: E402
 from sqlrl.policy import smollm  # noqa: E402
 from sqlrl.policy.types import SamplingParams  # noqa: E402
 from sqlrl.tasks.schema import DatabaseSchema  # noqa: E402

@@ -30,8 +30,8 @@ from actors.rollout import PolicySpec, RolloutConfig, RolloutWorker  # noqa: E40
 from sqlrl.agent import LoopConfig, build_messages, tools_for  # noqa: E402
 from sqlrl.agent.agent import Agent  # noqa: E402
 from sqlrl.agent.chat_format import HFChatFormat  # noqa: E402
-from sqlrl.db.lease import Catalog  # noqa: E402
-from sqlrl.db.shard import ShardConfig  # noqa: E402
+from sqlrl.db.leases.protocol import Catalog  # noqa: E402
+from sqlrl.db.leases.shard import ShardConfig  # noqa: E402
 from sqlrl.learn.batch import rl_batch  # noqa: E402
 from sqlrl.learn.config import GRPOConfig  # noqa: E402
 from sqlrl.learn.engine import Learner  # noqa: E402

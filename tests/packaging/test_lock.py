@@ -88,11 +88,11 @@ def test_ray_job_uploads_skip_the_environment_and_run_outputs(tmp_path: Path) ->
     packaging = pytest.importorskip("ray._private.runtime_env.packaging")
     shutil.copy(ROOT / ".rayignore", tmp_path / ".rayignore")
     for rel in (".venv/bin/python", "runs/main/stage1/final/model.safetensors", ".cache/tools/uv",
-                ".git/HEAD", "sqlrl/db/session.py", "jobs/configs/stage1.yaml", "scripts/setup.sh"):
+                ".git/HEAD", "sqlrl/db/sessions/session.py", "jobs/configs/stage1.yaml", "scripts/setup.sh"):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text("x")
     seen = []
     packaging._dir_travel(tmp_path, [], lambda p: seen.append(p.relative_to(tmp_path).as_posix()),
                           include_gitignore=False)
     files = {s for s in seen if (tmp_path / s).is_file()}
-    assert files == {".rayignore", "sqlrl/db/session.py", "jobs/configs/stage1.yaml", "scripts/setup.sh"}
+    assert files == {".rayignore", "sqlrl/db/sessions/session.py", "jobs/configs/stage1.yaml", "scripts/setup.sh"}

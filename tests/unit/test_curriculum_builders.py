@@ -216,7 +216,7 @@ def test_stage2_session_failure_drops_only_that_task(data, tmp_path):
                 raise ConnectionError("no session for you")
             return super().open_many(requests)
     tasks = data["tasks"]
-    rows, report = build_stage2(tasks, ProgrammaticTeacher(), tmp_path / "s2.jsonl", opener=NoLibrary(),
+    rows, report = build_stage2(tasks, ProgrammaticTeacher(), tmp_path / "s2.jsonl", sessions=NoLibrary(),
                                 **kw(data))
     n_lib = sum(t.db_id == "library" for t in tasks)
     assert 0 < n_lib < len(tasks)
@@ -228,7 +228,7 @@ def test_stage2_on_a_session_pool_gives_the_same_rows(data, tmp_path):
     local, _ = build_stage2(tasks, ProgrammaticTeacher(), tmp_path / "a.jsonl", **kw(data))
     with SessionPool() as pool:
         pooled, report = build_stage2(tasks, ProgrammaticTeacher(), tmp_path / "b.jsonl",
-                                      opener=LocalSessions(pool=pool), **kw(data))
+                                      sessions=LocalSessions(pool=pool), **kw(data))
         assert pool.stats().leases >= len(tasks)  # the trajectories ran on the pool's sessions
     assert pooled == local and report.kept == len(tasks)
 
@@ -339,7 +339,7 @@ def test_tooluse_sft_replays_verified_single_turn_rows_for_a_fraction_of_the_tas
     bad = {tasks[0].task_id: "wrong"}  # its single-turn answer fails: dropped, counted as replay-*
     cfg = load_stage_config(STAGES["stage2"].config_path(),
                             [f"run_dir={tmp_path}", f"sft.replay={replay}", "teacher.explore=0"])
-    inp = BuildInputs(cfg=cfg, tasks=tasks, opener=LocalSessions(), **kw(data))
+    inp = BuildInputs(cfg=cfg, tasks=tasks, sessions=LocalSessions(), **kw(data))
     monkeypatch.setattr("curriculum.config.TeacherConfig.build", lambda self, stage_dir: Scripted(bad))
     examples, report = build_tooluse_sft(inp)
     agentic = [e for e in examples if e.tools]

@@ -8,9 +8,9 @@ import pickle
 import pytest
 
 from actors.db_pool import DBPoolConfig, DBPoolGroup
-from sqlrl.db.lease import Catalog, LeaseError, LeaseErrorKind
-from sqlrl.db.shard import ShardConfig
-from sqlrl.db.types import ErrorKind
+from sqlrl.db.leases.protocol import Catalog, LeaseError, LeaseErrorKind
+from sqlrl.db.leases.shard import ShardConfig
+from sqlrl.db.types import ErrorKind, SessionRequest
 
 
 @pytest.fixture()
@@ -39,9 +39,9 @@ def test_in_process_mode_never_touches_ray(demo_db_path, monkeypatch) -> None:
     try:
         assert len(g.shards) == 5  # 2 workers x 2 sqlite shards + 1 reward shard
         client = g.client(1)
-        with client.session("shop", key="t") as s:
+        with client.session(SessionRequest("shop", key="t")) as s:
             assert s.execute("SELECT COUNT(*) FROM products").ok
-        ref = client.lease_async("shop", key="u")
+        ref = client.lease_async(SessionRequest("shop", key="u"))
         client.release(client.resolve(ref))
         assert all(st is not None and st.active_leases == 0 for st in g.stats().values())
     finally:
@@ -53,19 +53,19 @@ def test_client_routes_only_to_its_own_shards_and_is_deterministic_by_key(group)
     assert set(c0.shards).isdisjoint(c1.shards)
     shards = set()
     for i in range(8):
-        lease = c0.lease("shop", key=f"traj-{i}")
+        lease = c0.lease(SessionRequest("shop", key=f"traj-{i}"))
         shards.add(lease.shard)
         c0.release(lease)
     assert shards == {"rollout/w0/sqlite/0", "rollout/w0/sqlite/1"}
-    again = c1.lease("shop", "sqlite", key="traj-x").shard
-    c1.release(c1.lease("shop", key="traj-y"))
+    again = c1.lease(SessionRequest("shop", "sqlite", key="traj-x")).shard
+    c1.release(c1.lease(SessionRequest("shop", key="traj-y")))
     assert again == group.plan.pick("rollout", 1, "sqlite", "traj-x")
 
 
 def test_session_context_manager_releases_even_when_the_body_raises(group) -> None:
     client = group.client(0)
     with pytest.raises(RuntimeError):
-        with client.session("shop", key="t") as s:
+        with client.session(SessionRequest("shop", key="t")) as s:
             assert s.execute("SELECT COUNT(*) FROM products").ok
             lease = s.lease
             raise RuntimeError("trajectory crashed")
@@ -75,19 +75,19 @@ def test_session_context_manager_releases_even_when_the_body_raises(group) -> No
 
 def test_async_variants_return_futures_and_resolve_raises_typed_errors(group) -> None:
     client = group.client(0)
-    lease = client.resolve(client.lease_async("shop", key="a"))
+    lease = client.resolve(client.lease_async(SessionRequest("shop", key="a")))
     assert client.resolve(client.execute_async(lease, "SELECT 1")).rows == ((1,),)
     assert client.resolve(client.release_async(lease)) is True
     with pytest.raises(LeaseError) as e:
-        client.resolve(client.lease_async("missing"))
+        client.resolve(client.lease_async(SessionRequest("missing")))
     assert e.value.kind is LeaseErrorKind.UNKNOWN_DATABASE
 
 
 def test_a_full_shard_is_retried_until_lease_wait_then_capacity(group) -> None:
     client = group.client(0)
-    held = [client.lease("shop", key="same") for _ in range(2)]  # max_leases=2 on that shard
+    held = [client.lease(SessionRequest("shop", key="same")) for _ in range(2)]  # max_leases=2 on that shard
     with pytest.raises(LeaseError) as e:
-        client.lease("shop", key="same")
+        client.lease(SessionRequest("shop", key="same"))
     assert e.value.kind is LeaseErrorKind.CAPACITY
     assert group.stats()[held[0].shard].refused >= 2  # it retried before giving up
     for lease in held:
@@ -95,12 +95,12 @@ def test_a_full_shard_is_retried_until_lease_wait_then_capacity(group) -> None:
 
 
 def test_another_workers_lease_and_an_unserved_dialect_are_clear_errors(group) -> None:
-    lease = group.client(0).lease("shop", key="k")
+    lease = group.client(0).lease(SessionRequest("shop", key="k"))
     other = group.client(1)
     assert other.execute(lease, "SELECT 1").error.kind is ErrorKind.SESSION_LOST
     assert other.release(lease) is False
     with pytest.raises(LeaseError) as e:
-        other.lease("shop", "postgresql")
+        other.lease(SessionRequest("shop", "postgresql"))
     assert e.value.kind is LeaseErrorKind.BAD_REQUEST
     with pytest.raises(ValueError, match="not in this plan"):
         group.client(7)
@@ -108,46 +108,46 @@ def test_another_workers_lease_and_an_unserved_dialect_are_clear_errors(group) -
 
 def test_reward_client_uses_the_reward_partition(group) -> None:
     reward = group.client(role="reward")
-    with reward.session("shop") as s:
+    with reward.session(SessionRequest("shop")) as s:
         assert s.lease.shard == "reward/sqlite/0" and s.lease.worker_id == "reward"
         assert s.execute("SELECT 1").ok
 
 
 def test_release_worker_frees_a_dead_workers_leases_at_once(group) -> None:
     client = group.client(1)
-    leases = [client.lease("shop", key=str(i)) for i in range(2)]
+    leases = [client.lease(SessionRequest("shop", key=str(i))) for i in range(2)]
     assert group.release_worker("rollout-1") == 2
     assert all(client.execute(x, "SELECT 1").error.kind is ErrorKind.SESSION_LOST for x in leases)
 
 
 def test_rebalance_keeps_live_leases_of_survivors_and_retires_drained_shards(group) -> None:
     survivor, leaver = group.client(0), group.client(1)
-    kept = survivor.lease("shop", key="k")
-    draining = leaver.lease("shop", key="k")
+    kept = survivor.lease(SessionRequest("shop", key="k"))
+    draining = leaver.lease(SessionRequest("shop", key="k"))
     change = group.rebalance([0, 2])
     assert {s.worker for s in change.added} == {2} and {s.worker for s in change.removed} == {1}
     assert survivor.execute(kept, "SELECT 1").ok  # untouched
     assert leaver.execute(draining, "SELECT 1").ok  # a drained shard finishes its leases
     with pytest.raises(LeaseError) as e:
-        leaver.lease("shop", key="k")
+        leaver.lease(SessionRequest("shop", key="k"))
     assert e.value.kind is LeaseErrorKind.CLOSED
     assert group.retire_idle() == []  # still holds a lease
     leaver.release(draining)
     assert group.retire_idle() == [draining.shard]
-    assert group.client(2).lease("shop").shard.startswith("rollout/w2/")
+    assert group.client(2).lease(SessionRequest("shop")).shard.startswith("rollout/w2/")
 
 
 
 def test_batched_calls_keep_order_and_type_each_failure(group) -> None:
     client = group.client(0)
-    leases = client.lease_many([("shop", "sqlite", f"b{i}") for i in range(2)])
+    leases = client.lease_many([SessionRequest("shop", "sqlite", key=f"b{i}") for i in range(2)])
     assert {l.shard for l in leases} <= set(client.shards) and len(leases) == 2
     tables = ["customers", "orders"]
     results = client.execute_many([(l, f"SELECT COUNT(*) FROM {t}") for l, t in zip(leases, tables)])
     single = [client.execute(l, f"SELECT COUNT(*) FROM {t}") for l, t in zip(leases, tables)]
     assert [r.rows for r in results] == [r.rows for r in single] and all(r.ok for r in results)
     assert client.release_many([leases[0]]) == [True]
-    stranger = group.client(1).lease("shop", key="x")
+    stranger = group.client(1).lease(SessionRequest("shop", key="x"))
     mixed = client.execute_many([(leases[0], "SELECT 1"), (leases[1], "SELEC 1"),
                                  (leases[1], "SELECT 2"), (stranger, "SELECT 3")])
     assert [r.error.kind if r.error else None for r in mixed] == [
@@ -160,11 +160,12 @@ def test_batched_calls_keep_order_and_type_each_failure(group) -> None:
 def test_lease_many_is_all_or_nothing(group) -> None:
     client = group.client(0)
     with pytest.raises(LeaseError) as e:
-        client.lease_many([("shop", "sqlite", "ok"), ("no_such_db", "sqlite", "bad")])
+        client.lease_many([SessionRequest("shop", "sqlite", key="ok"),
+                           SessionRequest("no_such_db", "sqlite", key="bad")])
     assert e.value.kind is LeaseErrorKind.UNKNOWN_DATABASE
     assert all(s.active_leases == 0 for s in group.stats().values())
     # more than the shards' capacity (2 shards x max_leases 2): the client retries, then gives up
     with pytest.raises(LeaseError) as e:
-        client.lease_many([("shop", "sqlite", f"k{i}") for i in range(5)])
+        client.lease_many([SessionRequest("shop", "sqlite", key=f"k{i}") for i in range(5)])
     assert e.value.kind is LeaseErrorKind.CAPACITY
     assert all(s.active_leases == 0 for s in group.stats().values())

@@ -7,9 +7,9 @@ from __future__ import annotations
 import threading
 
 from actors.db_pool import DBPoolConfig, DBPoolGroup
-from sqlrl.db.lease import Catalog
-from sqlrl.db.shard import ShardConfig
-from sqlrl.db.types import ErrorKind
+from sqlrl.db.leases.protocol import Catalog
+from sqlrl.db.leases.shard import ShardConfig
+from sqlrl.db.types import ErrorKind, SessionRequest
 
 ABANDONED = 6
 WAIT_S = 20.0  # bound on the wait; reclaiming takes ~ ttl + interval (0.5 s) when all is well
@@ -37,7 +37,7 @@ def test_abandoned_leases_are_reclaimed_and_shutdown_stops_the_reaper(demo_db_pa
         for shard in group.shards.values():
             shard.on_metric(on_metric)
         client = group.client(0)
-        leases = [client.lease("shop", key=f"traj-{i}") for i in range(ABANDONED)]
+        leases = [client.lease(SessionRequest("shop", key=f"traj-{i}")) for i in range(ABANDONED)]
         assert all(client.execute(lease, "SELECT COUNT(*) FROM products").ok for lease in leases)
         assert sum(s.active_leases for s in group.stats().values()) == ABANDONED
         # the callers "die": nothing touches these leases again until the reaper has run

@@ -19,7 +19,7 @@ from sqlrl.db.dialects.contract import (CAPABILITIES, AdapterContractError, Agen
 from sqlrl.db.dialects.descriptor import (Dialect, FileCopy, ServerClone, ServerTransaction,
                                           dialects, registered)
 from sqlrl.db.dialects.engines import POSTGRESQL, SQLITE
-from sqlrl.db.executor import run_call
+from sqlrl.db.sessions.executor import run_call
 from sqlrl.db.types import SessionError
 
 

@@ -280,8 +280,8 @@ def test_critic_test_cases(fakeduck, fake_url: str) -> None:
 
 def test_its_files_names_and_fences(fakeduck, duck_root: Path, tmp_path: Path) -> None:
     from jobs.main import serve_command
-    from sqlrl.db.lease import Lease
-    from sqlrl.db.shard import _on_server
+    from sqlrl.db.leases.protocol import Lease
+    from sqlrl.db.leases.shard import _on_server
     from sqlrl.eval.critic_eval import resolve_url
     from sqlrl.rewards.parse import extract_single
     from sqlrl.tasks.loaders import load_bird, load_critic, load_jsonl

@@ -8,9 +8,9 @@ import threading
 import time
 
 from sqlrl.db import ErrorKind, Limits
-from sqlrl.db import executor
+from sqlrl.db.sessions import executor
 from sqlrl.db.statements import Statement, split
-from sqlrl.db.watchdog import Watchdog
+from sqlrl.db.sessions.watchdog import Watchdog
 
 
 class _Cursor:

@@ -37,7 +37,7 @@ APP_FOLDERS = {"actors", "bench", "curriculum", "jobs", "serve"}  # above sqlrl;
 
 
 def unit_of(module: str) -> str | None:
-    """``sqlrl.synth.bugs`` -> ``synth``; ``sqlrl.db.pool`` -> ``db``; ``sqlrl`` -> None."""
+    """``sqlrl.synth.bugs`` -> ``synth``; ``sqlrl.db.sessions.pool`` -> ``db``; ``sqlrl`` -> None."""
     parts = module.split(".")
     if parts[0] != "sqlrl" or len(parts) < 2:
         return None

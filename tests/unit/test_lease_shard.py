@@ -10,9 +10,9 @@ import time
 import pytest
 
 from sqlrl.db import open_session
-from sqlrl.db.lease import Catalog, Lease, LeaseError, LeaseErrorKind, LeaseRequest
-from sqlrl.db.shard import ShardConfig, ShardCore
-from sqlrl.db.types import ErrorKind
+from sqlrl.db.leases.protocol import Catalog, Lease, LeaseError, LeaseErrorKind
+from sqlrl.db.leases.shard import ShardConfig, ShardCore
+from sqlrl.db.types import ErrorKind, SessionRequest
 
 
 @pytest.fixture()
@@ -50,7 +50,7 @@ class ShardClock:
 
 @pytest.fixture()
 def clock(monkeypatch) -> ShardClock:
-    import sqlrl.db.shard as shard_module
+    import sqlrl.db.leases.shard as shard_module
 
     fake = ShardClock()
     monkeypatch.setattr(shard_module, "time", fake)
@@ -65,8 +65,8 @@ def wait_for(predicate, what: str, timeout_s: float = 60) -> None:
         time.sleep(0.01)
 
 
-def req(db: str = "shop", **kw) -> LeaseRequest:
-    return LeaseRequest(kw.pop("worker_id", "rollout-0"), db, **kw)
+def req(db: str = "shop", **kw) -> SessionRequest:
+    return SessionRequest(db, worker_id=kw.pop("worker_id", "rollout-0"), **kw)
 
 
 def checksum(path: str) -> tuple:
@@ -104,10 +104,10 @@ def test_catalog_rejects_url_under_the_wrong_dialect() -> None:
         Catalog({"x": {"postgresql": "sqlite:///x.sqlite"}})
 
 
-def test_lease_request_rejects_a_bare_string_as_preprocess_sql() -> None:
-    with pytest.raises(TypeError, match="tuple of SQL strings"):
-        LeaseRequest("w", "shop", preprocess_sql="CREATE TABLE t(x)")  # type: ignore[arg-type]
-    assert LeaseRequest("w", "shop", preprocess_sql=["SELECT 1"]).preprocess_sql == ("SELECT 1",)
+def test_session_request_rejects_a_bare_string_as_preprocess_sql() -> None:
+    with pytest.raises(TypeError, match="sequence of SQL strings"):
+        SessionRequest("shop", preprocess_sql="CREATE TABLE t(x)")  # type: ignore[arg-type]
+    assert SessionRequest("shop", preprocess_sql=["SELECT 1"]).preprocess_sql == ("SELECT 1",)
 
 
 # -- the protocol -------------------------------------------------------------------------------
@@ -232,8 +232,11 @@ def test_unknown_database_and_urls_when_not_allowed(catalog, demo_db_path) -> No
         assert e.value.kind is LeaseErrorKind.BAD_REQUEST and "catalog" in e.value.message
         with pytest.raises(LeaseError) as e:
             core.lease({"db": "shop"})  # type: ignore[arg-type]
-        assert e.value.kind is LeaseErrorKind.BAD_REQUEST
-        assert core.stats().refused == 3
+        assert e.value.kind is LeaseErrorKind.BAD_REQUEST and "SessionRequest" in e.value.message
+        with pytest.raises(LeaseError) as e:  # the holder is named (a pool client fills it in)
+            core.lease(SessionRequest("shop"))
+        assert e.value.kind is LeaseErrorKind.BAD_REQUEST and "worker_id" in e.value.message
+        assert core.stats().refused == 4 and core.stats().active_leases == 0
     finally:
         core.close()
 

@@ -3,7 +3,7 @@ import decimal
 import json
 import uuid
 
-from sqlrl.db.normalize import normalize_rows, normalize_value
+from sqlrl.db.sessions.normalize import normalize_rows, normalize_value
 
 
 def test_documented_conversions():

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from sqlrl.db.lease import LeaseError, LeaseErrorKind
-from sqlrl.db.partition import PartitionPlan
+from sqlrl.db.leases.protocol import LeaseError, LeaseErrorKind
+from sqlrl.db.leases.partition import PartitionPlan
 
 
 def test_every_rollout_worker_owns_its_own_shards_and_reward_shards_are_separate() -> None:

@@ -1,4 +1,4 @@
-"""The pool client's rules without Ray (sqlrl/db/pool_client.py): routing, retry on a restarting
+"""The pool client's rules without Ray (sqlrl/db/leases/client.py): routing, retry on a restarting
 shard, all-or-nothing lease_many, per-shard batches, and typed results for a shard that does not
 answer — over ShardCores in this process, behind a transport that can take a shard down."""
 
@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from sqlrl.db.lease import Catalog, LeaseError, LeaseErrorKind
-from sqlrl.db.partition import PartitionPlan
-from sqlrl.db.pool_client import LocalTransport, PoolClient, ShardUnreachable
-from sqlrl.db.shard import ShardConfig, ShardCore
-from sqlrl.db.types import ErrorKind
+from sqlrl.db.leases.protocol import Catalog, LeaseError, LeaseErrorKind
+from sqlrl.db.leases.partition import PartitionPlan
+from sqlrl.db.leases.client import LocalTransport, PoolClient, ShardUnreachable
+from sqlrl.db.leases.shard import ShardConfig, ShardCore
+from sqlrl.db.types import ErrorKind, SessionRequest
 
 
 class Flaky(LocalTransport):
@@ -56,7 +56,7 @@ def test_routing_is_crc32_over_the_callers_own_shards(pool) -> None:
     client, transport, cores = pool
     c = client(1)
     for key in ("a", "b", "c", "d"):
-        lease = c.lease("shop", "sqlite", key=key)
+        lease = c.lease(SessionRequest("shop", "sqlite", key=key))
         assert lease.shard == c.plan.pick("rollout", 1, "sqlite", key) and lease.shard.startswith("rollout/w1/")
         assert c.release(lease)
     assert {op for _, op in transport.sent} == {"lease", "release"}  # typed calls by their method
@@ -68,13 +68,13 @@ def test_a_restarting_shard_is_retried_and_a_dead_one_is_typed(pool) -> None:
     c = client(0, on_lease_wait=lambda role, ms: waits.append((role, ms)))
     shard = c.plan.pick("rollout", 0, "sqlite", "k")
     transport.down_for[shard] = 2  # two refusals, then back
-    lease = c.lease("shop", "sqlite", key="k")
+    lease = c.lease(SessionRequest("shop", "sqlite", key="k"))
     assert lease.shard == shard and waits and waits[0][0] == "rollout"
     transport.down.add(shard)
     assert c.execute(lease, "SELECT 1").error.kind is ErrorKind.SESSION_LOST
     assert c.release(lease) is False
     with pytest.raises(LeaseError) as e:
-        c.lease("shop", "sqlite", key="k")  # retried until lease_wait_s
+        c.lease(SessionRequest("shop", "sqlite", key="k"))  # retried until lease_wait_s
     assert e.value.kind is LeaseErrorKind.SHARD_UNAVAILABLE and "did not answer" in e.value.message
     assert sum(1 for s, op in transport.sent if s == shard and op == "lease") > 2
 
@@ -86,7 +86,7 @@ def test_execute_many_groups_per_shard_and_a_dead_shard_loses_only_its_calls(poo
     for k in map(str, range(40)):
         by_shard.setdefault(c.plan.pick("rollout", 0, "sqlite", k), []).append(k)
     keys = [k for ks in by_shard.values() for k in ks[:2]]
-    leases = c.lease_many([("shop", "sqlite", k) for k in keys])
+    leases = c.lease_many([SessionRequest("shop", "sqlite", key=k) for k in keys])
     assert len({l.shard for l in leases}) == 2  # both of worker 0's shards (max_leases=2 each)
     transport.sent.clear()
     results = c.execute_many([(l, f"SELECT {i}") for i, l in enumerate(leases)])
@@ -104,7 +104,8 @@ def test_lease_many_releases_what_it_granted_when_a_request_fails(pool) -> None:
     client, transport, cores = pool
     c = client(0)
     with pytest.raises(LeaseError) as e:
-        c.lease_many([("shop", "sqlite", "a"), ("shop", "sqlite", "b"), ("nope", "sqlite", "c")])
+        c.lease_many([SessionRequest("shop", "sqlite", key=k) for k in "ab"]
+                     + [SessionRequest("nope", "sqlite", key="c")])
     assert e.value.kind is LeaseErrorKind.UNKNOWN_DATABASE
     assert all(core.stats().active_leases == 0 for core in cores.values())
 
@@ -112,7 +113,7 @@ def test_lease_many_releases_what_it_granted_when_a_request_fails(pool) -> None:
 def test_leases_of_other_callers_get_lost_results_without_a_call(pool) -> None:
     client, transport, _ = pool
     mine, other = client(0), client(role="reward")
-    lease = mine.lease("shop", "sqlite", key="x")
+    lease = mine.lease(SessionRequest("shop", "sqlite", key="x"))
     transport.sent.clear()
     assert other.execute(lease, "SELECT 1").error.kind is ErrorKind.SESSION_LOST
     assert other.execute_many([(lease, "SELECT 1")])[0].error.kind is ErrorKind.SESSION_LOST

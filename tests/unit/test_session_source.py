@@ -82,11 +82,11 @@ class FakeClient:
         self.released: list[str] = []
         self.refuse = refuse
 
-    def lease_many(self, dbs, *, limits=None):
-        self.calls.append(("lease_many", tuple(dbs), limits))
-        if any(d[0] == self.refuse for d in dbs):
+    def lease_many(self, requests):
+        self.calls.append(("lease_many", tuple(requests)))
+        if any(r.db == self.refuse for r in requests):
             raise RuntimeError("refused")
-        return [f"lease:{d[0]}:{d[2]}" for d in dbs]
+        return [f"lease:{r.db}:{r.key}" for r in requests]
 
     def execute(self, lease, sql):
         return f"{lease}/{sql}"
@@ -100,27 +100,50 @@ class FakeClient:
         return [True] * len(leases)
 
 
-def test_pool_sessions_batch_per_limits_keep_order_and_release():
+def test_pool_sessions_pass_the_requests_on_unchanged_in_one_batch():
     client = FakeClient()
     slow = Limits(timeout_s=30)
     source = PoolSessions(client)
-    a, b, c = source.open_many([SessionRequest("x", "sqlite", ("P",), key="k1"),
-                                SessionRequest("y", "sqlite", limits=slow, key="k2"),
-                                SessionRequest("z", "sqlite", key="k3")])
-    assert [c_[0] for c_ in client.calls] == ["lease_many", "lease_many"]  # one per distinct limits
-    assert client.calls[0][1] == (("x", "sqlite", "k1", ("P",)), ("z", "sqlite", "k3", ()))
-    assert client.calls[1][2] == slow
+    requests = [SessionRequest("x", "sqlite", ("P",), key="k1"),
+                SessionRequest("y", "sqlite", limits=slow, key="k2"),
+                SessionRequest("z", "sqlite", key="k3")]
+    a, b, c = source.open_many(requests)
+    assert client.calls == [("lease_many", tuple(requests))]  # the same objects, mixed limits
+    assert all(sent is made for sent, made in zip(client.calls[0][1], requests))
     assert a.execute("SELECT 1") == "lease:x:k1/SELECT 1"
     assert source.execute_many([(c, "q1"), (a, "q2")]) == ["lease:z:k3/q1", "lease:x:k1/q2"]
     source.close_many([a, b, c])
     assert client.released == ["lease:x:k1", "lease:y:k2", "lease:z:k3"]
 
 
-def test_pool_sessions_release_what_they_got_when_a_later_batch_fails():
-    client = FakeClient(refuse="y")
-    with pytest.raises(RuntimeError, match="refused"):
-        PoolSessions(client).open_many([SessionRequest("x"), SessionRequest("y", limits=Limits(timeout_s=1))])
-    assert client.released == ["lease:x:None"]
+def test_pool_sessions_over_a_real_client_are_all_or_nothing_with_mixed_limits(demo_db_path):
+    from sqlrl.db.leases.client import LocalTransport, PoolClient
+    from sqlrl.db.leases.partition import PartitionPlan
+    from sqlrl.db.leases.protocol import Catalog, LeaseError, LeaseErrorKind
+    from sqlrl.db.leases.shard import ShardConfig, ShardCore
+
+    plan = PartitionPlan.build(1, {"sqlite": 2}, {"sqlite": 1})
+    config = ShardConfig(catalog=Catalog({"shop": {"sqlite": f"sqlite:///{demo_db_path}"}}))
+    cores = {s.id: ShardCore(s.id, config) for s in plan.shards()}
+    client = PoolClient(plan, [s.id for s in plan.shards_for("rollout", 0)], "rollout", 0,
+                        LocalTransport(cores))
+    source = PoolSessions(client)
+    try:
+        fast = Limits(timeout_s=1)
+        a, b = source.open_many([SessionRequest("shop", key="a"), SessionRequest("shop", limits=fast)])
+        held = [h for core in cores.values() for h in core._held.values()]
+        timeouts = sorted(h.session.limits.timeout_s for h in held)
+        assert timeouts[0] == 1 < timeouts[1]  # each request's own limits (None: the default)
+        assert {h.lease.worker_id for h in held} == {"rollout-0"}  # the client named the holder
+        assert a.execute("SELECT 1").rows == ((1,),)
+        source.close_many([a, b])
+        with pytest.raises(LeaseError) as e:
+            source.open_many([SessionRequest("shop", key="c"), SessionRequest("nope", key="d")])
+        assert e.value.kind is LeaseErrorKind.UNKNOWN_DATABASE
+        assert all(core.stats().active_leases == 0 for core in cores.values())
+    finally:
+        for core in cores.values():
+            core.close()
 
 
 def test_the_judge_runs_every_query_through_its_source(url):
@@ -145,19 +168,18 @@ def test_the_critic_runner_and_the_judge_share_the_source(url):
 
 
 def test_the_pools_reward_partition_serves_the_judge_and_the_agent_protocol(url):
-    """``pool_opener`` (what the stage jobs give the judge and the stage-2 builder) over a real
-    (in-process) DB pool: the same verdicts as local sessions, and the agent's batch calls."""
+    """``PoolSessions`` on the reward partition (what the stage jobs give the judge and the stage-2
+    builder) over a real (in-process) DB pool: the same verdicts as local sessions, and the agent's
+    batch calls."""
     from actors.db_pool import DBPoolConfig, DBPoolGroup
-    from curriculum.builders import pool_opener
-    from sqlrl.db.lease import Catalog
-    from sqlrl.db.shard import ShardConfig
+    from sqlrl.db.leases.protocol import Catalog
+    from sqlrl.db.leases.shard import ShardConfig
 
     catalog = {"shop": {"sqlite": url}}
     group = DBPoolGroup(DBPoolConfig(rollout_workers=1, per_worker={"sqlite": 1}, in_process=True,
                                      shard=ShardConfig(catalog=Catalog(catalog))))
     try:
-        source = pool_opener(group.client(role="reward"))
-        assert isinstance(source, PoolSessions)
+        source = PoolSessions(group.client(role="reward"))
         task = Text2SQLTask(task_id="t", db_id="shop", question="q", gold_sql="SELECT COUNT(*) FROM customers")
         for sql in ("SELECT COUNT(*) FROM customers", "SELECT 2"):
             assert Judge(catalog, sessions=source).text2sql(task, sql) == Judge(catalog).text2sql(task, sql)

@@ -77,7 +77,7 @@ def fake_stage(monkeypatch):
             seen["learners"].append((model, optim))
             return FakeLearner()
 
-        def session_opener(self):
+        def session_source(self):
             return None
 
         def release(self, group):

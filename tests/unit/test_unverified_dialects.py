@@ -28,7 +28,7 @@ from sqlrl.db.dialects import available_dialects, get_dialect
 from sqlrl.db.dialects.base import DialectAdapter, common_denial
 from sqlrl.db.dialects import mssql, oracle
 from sqlrl.db.dialects.glot_lex import ORACLE, TSQL
-from sqlrl.db.session import Session
+from sqlrl.db.sessions.session import Session
 from sqlrl.db.url import dialect_name, parse_url
 
 

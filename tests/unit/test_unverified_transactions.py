@@ -35,7 +35,7 @@ from sqlglot import exp
 
 from sqlrl.db import ErrorKind, Limits, SessionError, open_session
 from sqlrl.db.dialects import get_dialect, mssql, oracle
-from sqlrl.db.session import Session
+from sqlrl.db.sessions.session import Session
 from sqlrl.db.url import parse_url
 
 from .test_unverified_dialects import odbc, ora
@@ -494,7 +494,7 @@ class SteppingClock:
 
 @pytest.fixture()
 def stepping_clock(monkeypatch) -> SteppingClock:
-    from sqlrl.db import executor
+    from sqlrl.db.sessions import executor
 
     clock = SteppingClock()
     for module in (executor, mssql, oracle):

@@ -74,8 +74,8 @@ def in_process_pool():
     and sessions do not outlive the test."""
     from actors.db_pool import DBPoolConfig, DBPoolGroup
     from actors.verl.sessions import publish_pool, unpublish_pool
-    from sqlrl.db.lease import Catalog
-    from sqlrl.db.shard import ShardConfig
+    from sqlrl.db.leases.protocol import Catalog
+    from sqlrl.db.leases.shard import ShardConfig
 
     made: list[tuple[str, Any]] = []
 

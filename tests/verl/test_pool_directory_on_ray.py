@@ -38,8 +38,8 @@ def test_each_worker_process_claims_its_own_partition(ray_local, demo_db_path):
     ray = ray_local
     from actors.db_pool import DBPoolConfig, DBPoolGroup
     from actors.verl.sessions import publish_pool
-    from sqlrl.db.lease import Catalog
-    from sqlrl.db.shard import ShardConfig
+    from sqlrl.db.leases.protocol import Catalog
+    from sqlrl.db.leases.shard import ShardConfig
 
     group = DBPoolGroup(DBPoolConfig(rollout_workers=2, per_worker={"sqlite": 1}, num_cpus_per_shard=0.1,
                                      shard=ShardConfig(catalog=Catalog({"shop": {"sqlite": f"sqlite:///{demo_db_path}"}}))))

@@ -5,7 +5,7 @@ An adapter owns everything engine-specific: how to connect (applying the stateme
 refusing privileged roles), how a session's workspace is isolated (``begin``/``end``), how one
 statement runs (``run``), and how driver exceptions map onto ``ErrorKind``. Everything else —
 splitting, the sandbox's common rules, row caps, normalisation, timing — is the single executor's
-(``sqlrl.db.executor``) and identical for every engine.
+(``sqlrl.db.sessions.executor``) and identical for every engine.
 
 Adapters register themselves by name with ``@register_dialect``, which checks the class against
 the contract (``contract.check_adapter``: a missing method is an error naming it, here, not an

@@ -125,7 +125,7 @@ class ReadOnlyAttestation(Protocol):
 
 class AgentLogin(Protocol):
     """Server-clone engines: the scratch manager logs the session's own role in on a clone it
-    made (``sqlrl.db.scratch``), and closes that login when it drops the clone."""
+    made (``sqlrl.db.provisioning.scratch``), and closes that login when it drops the clone."""
 
     def open_agent(self, url: URL, limits: Limits) -> Any:
         """Log in as the session's role on its clone (``url``), limits applied; refuses a
@@ -137,9 +137,14 @@ class AgentLogin(Protocol):
 
 # --- the server admin (``Dialect.admin``) ------------------------------------------------------
 
+# Every per-session scratch database and its role/user is named ``SCRATCH_PREFIX`` + random hex
+# (``sqlrl.db.provisioning.scratch``); bases may not use it, and MariaDB's sandbox refuses SQL
+# naming it.
+SCRATCH_PREFIX = "sqlrl_s_"
+
 class ServerAdmin(Protocol):
-    """Admin operations of a server-clone engine (``sqlrl.db.provision``, ``sqlrl.db.scratch``,
-    ``sqlrl.db.admin_server``). ``url`` is an admin URL; ``conn`` an admin connection."""
+    """Admin operations of a server-clone engine (``sqlrl.db.provisioning.provision``, ``sqlrl.db.provisioning.scratch``,
+    ``sqlrl.db.provisioning.admin``). ``url`` is an admin URL; ``conn`` an admin connection."""
 
     def connect(self, url: URL, database: str | None = None) -> Any:
         """An admin connection (autocommit) to ``database`` or the server's default one."""
@@ -181,7 +186,7 @@ class ServerAdmin(Protocol):
 
 
 class BulkLoad(Protocol):
-    """The loader's target (``Dialect.load``, ``sqlrl.db.loader``)."""
+    """The loader's target (``Dialect.load``, ``sqlrl.db.provisioning.loader``)."""
 
     def load_connection(self, url: URL, database: str) -> Any:
         """A connection to ``database`` inside one transaction."""

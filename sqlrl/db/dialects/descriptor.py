@@ -60,7 +60,7 @@ _PLAIN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 @dataclass(frozen=True)
 class LoadTypes:
-    """How ``sqlrl.db.loader`` creates a copied SQLite table on this engine (docs/loader.md)."""
+    """How ``sqlrl.db.provisioning.loader`` creates a copied SQLite table on this engine (docs/loader.md)."""
 
     types: Mapping[str, str]  # portable kind (integer real text blob date timestamp) -> column type
     table_suffix: str = ""  # appended to CREATE TABLE (MariaDB: charset and binary collation)
@@ -147,7 +147,7 @@ class Dialect:
     one_statement_per_call: bool = False  # its official driver runs one statement per call (BIRD)
     lexer: str | None = None  # "module" or "module:object" with split()/lex(): the engine's exact
     #                           lexer (statements.py); its adapter then has ExactLexer (contract.py)
-    admin: str | None = None  # "module:Class" of the admin operations (provision.py, loader.py)
+    admin: str | None = None  # "module:Class" of the admin operations (sqlrl.db.provisioning)
     admin_url_env: str | None = None  # environment variable naming a test server's admin URL
     load: LoadTypes | None = None  # the loader can copy SQLite databases into this engine
     columns_sql: str | None = None  # (table, column, type, not null) rows of every table and view,

@@ -58,10 +58,9 @@ from sqlalchemy.engine import URL
 from ..statements import Statement
 from ..types import ErrorKind, Limits, SessionError
 from ..url import redact
-from .base import close_quietly, error_message, register_dialect, url_flag, url_option
+from .base import close_quietly, error_message, register_dialect, url_option
 from .glot_lex import TSQL
-
-SAVEPOINT = "sqlrl_sp"
+from .transaction import SAVEPOINT, SessionLost, TransactionDialect, refuse_privileged, setup_failed
 MAX_VALUE_BYTES = 64 * 1024 * 1024  # SET TEXTSIZE: the largest (max)/text value returned
 DEFAULT_LOGIN_TIMEOUT_S = 10
 SQL_SS_TIMESTAMPOFFSET = -155  # DATETIMEOFFSET, which pyodbc cannot read without a converter
@@ -71,10 +70,6 @@ _GUARD = (f"IF XACT_STATE() = 1 AND @@TRANCOUNT = 1 SAVE TRANSACTION {SAVEPOINT}
 _PREFERRED_DRIVERS = ("ODBC Driver 18 for SQL Server", "ODBC Driver 17 for SQL Server", "FreeTDS")
 _SQLRL_KEYS = {"driver", "odbc_connect", "allow_superuser", "connect_timeout"}
 _ODBC_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_ ]*$")
-
-
-class SessionLost(Exception):
-    """The session's transaction or connection is gone (always ``ErrorKind.SESSION_LOST``)."""
 
 
 @dataclass
@@ -441,8 +436,10 @@ class _Results:
 # --- the adapter ---------------------------------------------------------------------------------
 
 @register_dialect("mssql")
-class MSSQLDialect:
-    isolation = "transaction"
+class MSSQLDialect(TransactionDialect):
+    lexer = TSQL  # sqlglot's T-SQL tokenizer (glot_lex.TSQL)
+    denial = staticmethod(mssql_denial)
+    classify_error = staticmethod(classify_mssql)
 
     def connect(self, url: URL, limits: Limits) -> Any:
         connstr = odbc_connection_string(url, pyodbc.drivers() if not url_option(url, "driver") else ())
@@ -465,14 +462,9 @@ class MSSQLDialect:
             finally:
                 cur.close()
         except Exception as exc:
-            close_quietly(conn)
-            raise SessionError(f"cannot set up a session on {redact(url)}: "
-                               f"{error_message(readable(exc))}") from exc
-        if (sysadmin == 1 or control_server == 1) and not url_flag(url, "allow_superuser"):
-            close_quietly(conn)
-            raise SessionError(
-                f"refusing to run model-written SQL as a sysadmin (or CONTROL SERVER) login on "
-                f"{redact(url)}: use an unprivileged login, or add ?allow_superuser=1")
+            raise setup_failed(conn, url, exc, readable) from exc
+        if sysadmin == 1 or control_server == 1:
+            refuse_privileged(conn, url, "a sysadmin (or CONTROL SERVER) login", "login")
         return conn
 
     def begin(self, conn: Any, url: URL) -> Any:
@@ -552,17 +544,3 @@ class MSSQLDialect:
                 cur.close()
         except Exception:
             return False
-
-    def classify(self, exc: BaseException) -> ErrorKind:
-        return classify_mssql(exc)
-
-    def lex(self, conn: Any, sql: str) -> list[Statement]:
-        """``sql``'s statements by sqlglot's T-SQL tokenizer (``glot_lex.TSQL``)."""
-        return TSQL.split(sql)
-
-    def denied(self, statement: Statement | str) -> str | None:
-        return mssql_denial(statement)
-
-    def close(self, conn: Any) -> None:
-        conn.close()
-

@@ -1,7 +1,7 @@
 """MariaDB / MySQL adapter: every session works in its own database, as its own account.
 
 Isolation ("scratch-database"): ``connect`` takes a prepared clone of the URL's base from
-``sqlrl.db.scratch`` — a database cloned by the admin and an account ``<name>@'%'`` made for this
+``sqlrl.db.provisioning.scratch`` — a database cloned by the admin and an account ``<name>@'%'`` made for this
 session alone, holding privileges on that database only (``mysql_admin``: what the server
 enforces). DDL commits implicitly on these engines; here it has nothing to escape into. The
 session's TEMPORARY tables, user variables, prepared statements and locks die with its
@@ -64,9 +64,9 @@ from .base import error_message, register_dialect
 from .mysql_admin import grant_target
 from .mysql_fetch import Result as _Result, abandon_unbuffered, kill_query, register_admin_url
 from .mysql_fetch import stopped_by_timeout as _stopped_by_timeout
-from .mysql_lex import DEFAULT, SCRATCH_PREFIX, Flavor, denial, lex, server_flavor, split
+from .mysql_lex import DEFAULT, Flavor, denial, lex, server_flavor, split
 
-__all__ = ["MySQLDialect", "SCRATCH_PREFIX", "denial", "privilege_problem", "connect_kwargs"]
+__all__ = ["MySQLDialect", "denial", "privilege_problem", "connect_kwargs"]
 READ_TIMEOUT_MARGIN_S = 5.0
 # MariaDB: a write gets this share of the time left to its call as its own max_statement_time;
 # InnoDB's undo of a stopped UPDATE/DELETE took 1-2.5x the time the statement had run (measured
@@ -120,7 +120,7 @@ class StatementError(Exception):
 
 
 def connect_kwargs(url: URL, database: str | None) -> dict[str, Any]:
-    """pymysql.connect keywords for ``url`` (shared with sqlrl.db.provision)."""
+    """pymysql.connect keywords for ``url`` (shared with sqlrl.db.provisioning.provision)."""
     kw: dict[str, Any] = {
         "host": url.host or "127.0.0.1", "port": url.port or 3306, "user": url.username,
         "password": url.password or "", "database": database, "charset": "utf8mb4",
@@ -177,7 +177,7 @@ class MySQLDialect:
         if "allow_superuser" in url.query:
             raise SessionError("?allow_superuser is not supported: the agent's SQL always runs as "
                                "an account made for its session; give the admin URL of the base")
-        from ..scratch import SCRATCH
+        from ..provisioning.scratch import SCRATCH
         register_admin_url(url)  # the watchdog's KILL QUERY runs as the admin
         return SCRATCH.take(url, limits, self)
 
@@ -233,7 +233,7 @@ class MySQLDialect:
 
     def close(self, conn: Any) -> None:
         """Give the connection back: ``scratch`` closes it and drops its database and account."""
-        from ..scratch import SCRATCH
+        from ..provisioning.scratch import SCRATCH
         SCRATCH.give_back(conn)
 
     def close_agent(self, conn: Any) -> None:

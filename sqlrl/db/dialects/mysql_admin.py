@@ -1,6 +1,6 @@
 """MariaDB/MySQL administration on an admin connection: bases, and per-session scratch databases.
 
-Used by ``sqlrl.db.provision`` (bases) and ``sqlrl.db.scratch`` (per-session scratch databases);
+Used by ``sqlrl.db.provisioning.provision`` (bases) and ``sqlrl.db.provisioning.scratch`` (per-session scratch databases);
 the agent's SQL never runs on these connections.
 
 What the server enforces (docs/sessions.md, "Isolation"):
@@ -186,7 +186,7 @@ class MySQLAdmin:
             raise SessionError(f"no database {name!r} on this MariaDB/MySQL server")
 
     def load_connection(self, url: URL, database: str) -> Any:
-        """A connection to ``database`` in one transaction, for ``sqlrl.db.loader``."""
+        """A connection to ``database`` in one transaction, for ``sqlrl.db.provisioning.loader``."""
         from .mysql import connect_kwargs
         kw = connect_kwargs(url, database)
         kw["autocommit"] = False
@@ -202,7 +202,7 @@ class MySQLAdmin:
     def drop_database(self, url: URL, name: str) -> None:
         self._run(url, [(f"DROP DATABASE IF EXISTS {q(name)}", ())])
 
-    # -- scratch databases (on one long-lived admin connection of sqlrl.db.scratch) -------------
+    # -- scratch databases (on one long-lived admin connection of sqlrl.db.provisioning.scratch) -------------
 
     def base_size(self, conn: Any, base: str) -> int:
         with conn.cursor() as cur:

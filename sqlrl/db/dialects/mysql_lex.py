@@ -40,8 +40,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from ..statements import MAX_WORDS, Statement
+from .contract import SCRATCH_PREFIX
 
-SCRATCH_PREFIX = "sqlrl_s_"
 _WS = " \t\n\r\x0b\x0c"
 
 

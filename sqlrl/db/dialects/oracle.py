@@ -43,8 +43,8 @@ from ..types import ErrorKind, Limits, SessionError
 from ..url import redact
 from .base import close_quietly, error_message, register_dialect, url_flag, url_option
 from .glot_lex import ORACLE
+from .transaction import SAVEPOINT, SessionLost, TransactionDialect, refuse_privileged, setup_failed
 
-SAVEPOINT = "sqlrl_sp"
 DEFAULT_CONNECT_TIMEOUT_S = 10.0
 PTT_PREFIX = "ORA$PTT_"  # the default private_temp_table_prefix
 _ARRAYSIZE = 256
@@ -59,10 +59,6 @@ PRIVILEGED_PRIVILEGES = {
     "DROP ANY TABLE", "CREATE ANY PROCEDURE", "ALTER ANY PROCEDURE", "CREATE ANY JOB",
 }
 PRIVILEGED_USERS = {"SYS", "SYSTEM", "SYSBACKUP", "SYSDG", "SYSKM", "SYSRAC"}
-
-
-class SessionLost(Exception):
-    """The session's transaction or connection is gone (always ``ErrorKind.SESSION_LOST``)."""
 
 
 @dataclass
@@ -313,8 +309,10 @@ def oracle_denial(statement: Statement | str) -> str | None:
 # --- the adapter ---------------------------------------------------------------------------------
 
 @register_dialect("oracle")
-class OracleDialect:
-    isolation = "transaction"
+class OracleDialect(TransactionDialect):
+    lexer = ORACLE  # sqlglot's Oracle tokenizer (glot_lex.ORACLE)
+    denial = staticmethod(oracle_denial)
+    classify_error = staticmethod(classify_oracle)
 
     def connect(self, url: URL, limits: Limits) -> Any:
         params = connect_params(url)
@@ -335,15 +333,11 @@ class OracleDialect:
             finally:
                 cur.close()
         except Exception as exc:
-            close_quietly(conn)
-            raise SessionError(f"cannot set up a session on {redact(url)}: "
-                               f"{error_message(readable(exc))}") from exc
+            raise setup_failed(conn, url, exc, readable) from exc
         reasons = privileged_reasons(user, is_dba, roles, privs)
-        if reasons and not url_flag(url, "allow_superuser"):
-            close_quietly(conn)
-            raise SessionError(
-                f"refusing to run model-written SQL as a privileged Oracle account on {redact(url)} "
-                f"({', '.join(reasons[:5])}): use an unprivileged user, or add ?allow_superuser=1")
+        if reasons:
+            refuse_privileged(conn, url, f"a privileged Oracle account ({', '.join(reasons[:5])})",
+                              "user")
         return conn
 
     def begin(self, conn: Any, url: URL) -> Any:
@@ -410,17 +404,3 @@ class OracleDialect:
             return True
         except Exception:
             return False
-
-    def classify(self, exc: BaseException) -> ErrorKind:
-        return classify_oracle(exc)
-
-    def lex(self, conn: Any, sql: str) -> list[Statement]:
-        """``sql``'s statements by sqlglot's Oracle tokenizer (``glot_lex.ORACLE``)."""
-        return ORACLE.split(sql)
-
-    def denied(self, statement: Statement | str) -> str | None:
-        return oracle_denial(statement)
-
-    def close(self, conn: Any) -> None:
-        conn.close()
-

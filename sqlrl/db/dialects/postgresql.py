@@ -1,7 +1,7 @@
 """PostgreSQL adapter: every session works in its own database, as its own role, in autocommit.
 
 Isolation ("scratch-database"): ``connect`` takes a prepared clone of the URL's base from
-``sqlrl.db.scratch`` — a database ``CREATE DATABASE … TEMPLATE <base>`` and a login role made for
+``sqlrl.db.provisioning.scratch`` — a database ``CREATE DATABASE … TEMPLATE <base>`` and a login role made for
 this session alone (``postgresql_admin``: what the server enforces). Everything the session does
 (TEMP tables, CREATE/ALTER/DROP, DML, views, sequences, its own role's settings) stays in that
 database and role, is invisible to every other session, and is dropped when the session closes;
@@ -105,7 +105,7 @@ class StatementError(Exception):
         self.kind = kind
 
 
-# --- URL -> libpq keywords (shared with sqlrl.db.provision) ----------------------------------------
+# --- URL -> libpq keywords (shared with sqlrl.db.provisioning.provision) ----------------------------------------
 
 def connect_kwargs(url: URL, database: str | None = None) -> dict[str, Any]:
     """psycopg2.connect keywords for ``url`` (its query string passes through to libpq)."""
@@ -192,7 +192,7 @@ class PostgreSQLDialect:
         if "allow_superuser" in url.query:
             raise SessionError("?allow_superuser is not supported: the agent's SQL always runs as "
                                "a role made for its session; give the admin URL of the base")
-        from ..scratch import SCRATCH
+        from ..provisioning.scratch import SCRATCH
         return SCRATCH.take(url, limits, self)
 
     def open_agent(self, url: URL, limits: Limits) -> Any:
@@ -240,7 +240,7 @@ class PostgreSQLDialect:
             raise SessionError(
                 f"refusing to run agent SQL as PostgreSQL role {conn.info.user!r}, which {why} "
                 f"(was it made by an older sqlrl, or is the role {OWNER_ROLE!r} granted a "
-                "privileged role? sqlrl.db.provision.prepare_server(admin_url) revokes that)")
+                "privileged role? sqlrl.db.provisioning.provision.prepare_server(admin_url) revokes that)")
 
     def ping(self, conn: Any) -> bool:
         if conn.closed:
@@ -254,7 +254,7 @@ class PostgreSQLDialect:
 
     def close(self, conn: Any) -> None:
         """Give the connection back: ``scratch`` closes it and drops its database and role."""
-        from ..scratch import SCRATCH
+        from ..provisioning.scratch import SCRATCH
         SCRATCH.give_back(conn)
 
     def close_agent(self, conn: Any) -> None:

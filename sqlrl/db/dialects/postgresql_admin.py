@@ -1,6 +1,6 @@
 """PostgreSQL administration on an admin connection: bases, and per-session scratch databases.
 
-Used by ``sqlrl.db.provision`` (bases) and ``sqlrl.db.scratch`` (per-session scratch databases);
+Used by ``sqlrl.db.provisioning.provision`` (bases) and ``sqlrl.db.provisioning.scratch`` (per-session scratch databases);
 the agent's SQL never runs on these connections.
 
 What the server enforces (docs/sessions.md, "Isolation"):
@@ -45,8 +45,8 @@ import psycopg2
 from psycopg2 import errors, sql
 from sqlalchemy.engine import URL
 
-from ..provision import SCRATCH_PREFIX
 from ..types import SessionError
+from .contract import SCRATCH_PREFIX
 
 OWNER_ROLE = "sqlrl_owner"
 CONNECTION_LIMIT = 2
@@ -228,7 +228,7 @@ class PostgresAdmin:
                     sql.Identifier(OWNER_ROLE)))
 
     def load_connection(self, url: URL, database: str) -> Any:
-        """A connection to ``database`` in one transaction, for ``sqlrl.db.loader``."""
+        """A connection to ``database`` in one transaction, for ``sqlrl.db.provisioning.loader``."""
         from .postgresql import connect_kwargs
         conn = psycopg2.connect(**connect_kwargs(url, database))
         conn.autocommit = False
@@ -251,7 +251,7 @@ class PostgresAdmin:
         finally:
             conn.close()
 
-    # -- scratch databases (on one long-lived admin connection of sqlrl.db.scratch) -------------
+    # -- scratch databases (on one long-lived admin connection of sqlrl.db.provisioning.scratch) -------------
 
     def base_size(self, conn: Any, base: str) -> int:
         with conn.cursor() as cur:

@@ -2,7 +2,7 @@
 
 Guarantees:
 - ``TaskSet`` is a frozen dataclass of plain values (tasks, a catalog of database URLs in the shape
-  ``sqlrl.db.lease.Catalog`` takes, schemas, skip counts): picklable, safe across Ray boundaries.
+  ``sqlrl.db.leases.protocol.Catalog`` takes, schemas, skip counts): picklable, safe across Ray boundaries.
 - ``skipped`` counts, per database id, the tasks a loader left out because their database file
   is missing; nothing is dropped silently.
 - ``require_file`` / ``require_dir`` raise ``FileNotFoundError`` that names what was expected.
@@ -45,8 +45,8 @@ class TaskSet:
         return tuple(sorted({t.db_id for t in self.tasks}))
 
     def to_catalog(self):
-        """The ``sqlrl.db.lease.Catalog`` of this set's databases (checks each URL's dialect)."""
-        from ...db.lease import Catalog
+        """The ``sqlrl.db.leases.protocol.Catalog`` of this set's databases (checks each URL's dialect)."""
+        from ...db.leases.protocol import Catalog
 
         return Catalog(self.catalog)
 

@@ -1,6 +1,6 @@
 """Copy a SQLite database into PostgreSQL or MariaDB/MySQL, so one task runs on several dialects.
 
-    python -m sqlrl.db.loader path/to/db.sqlite postgresql://postgres@127.0.0.1:55432/postgres
+    python -m sqlrl.db.provisioning.loader path/to/db.sqlite postgresql://postgres@127.0.0.1:55432/postgres
 
 Guarantees:
 - Tables, rows and (when sqlglot can transpile them) views are copied; the row count of every
@@ -30,9 +30,10 @@ from typing import Any, Callable, Iterable
 import sqlglot
 
 from . import provision
-from .dialects.descriptor import Dialect, LoadTypes, dialects, find
-from .types import SessionError
-from .url import dialect_name, parse_url, redact
+from .admin import admin_ops
+from ..dialects.descriptor import Dialect, LoadTypes, dialects, find
+from ..types import SessionError
+from ..url import dialect_name, parse_url, redact
 
 BATCH_ROWS = 2000
 _ISO_DATE = re.compile(r"\d{4}-\d{2}-\d{2}\Z")
@@ -165,7 +166,7 @@ def _target(dialect: str) -> _Target:
     if engine is None or engine.load is None or engine.admin is None:
         raise SessionError(f"the loader supports {', '.join(d.name for d in dialects() if d.load)}, "
                            f"not {dialect!r}")
-    return _Target(engine, provision.admin_ops(engine.name))
+    return _Target(engine, admin_ops(engine.name))
 
 
 # --- loading ---------------------------------------------------------------------------------------

@@ -3,6 +3,8 @@ pool's shards (Ray-free; the shards are reached through a ``Transport``).
 
 The client owns every rule of the caller's side of the lease protocol (docs/pool.md):
 
+- **One request type**: every lease call takes the caller's ``SessionRequest`` and sends it on
+  unchanged but for ``key`` (a fresh one when None) and ``worker_id`` (this client's when None).
 - **Routing**: a request goes to one of this caller's own shards, ``PartitionPlan.pick`` (crc32
   of the key, e.g. the trajectory id, over the caller's shards of the dialect's group).
 - **Retry with back-off**: ``lease`` retries a shard that refused as full (``capacity``) or did
@@ -26,14 +28,14 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence
 
-from .lease import ExecuteRequest, Lease, LeaseError, LeaseErrorKind, LeaseRequest
+from .protocol import ExecuteRequest, Lease, LeaseError, LeaseErrorKind
 from .partition import PartitionPlan
 from .shard import ShardCore
-from .types import ErrorKind, Limits, QueryResult
-from .url import dialect_name, parse_url
+from ..types import ErrorKind, QueryResult, SessionRequest
+from ..url import dialect_name, parse_url
 
 # Lease refusals that pass: a full shard, or one that died and is being restarted (nothing was
 # granted, so retrying cannot leak). lease() retries them until lease_wait_s.
@@ -98,14 +100,12 @@ class PoolClient:
 
     # -- blocking ----------------------------------------------------------------------------------
 
-    def lease(self, db: str, dialect: str | None = None, *, key: str | None = None,
-              preprocess_sql: Sequence[str] = (), limits: Limits | None = None,
-              worker_id: str | None = None) -> Lease:
-        """Lease a session on ``db`` (catalog id or URL). ``key`` (e.g. the trajectory id) picks
-        among this caller's shards. Retries a full or restarting shard until ``lease_wait_s``;
-        raises ``LeaseError`` otherwise."""
+    def lease(self, request: SessionRequest) -> Lease:
+        """Lease a session on ``request.db`` (catalog id or URL). ``request.key`` (e.g. the
+        trajectory id) picks among this caller's shards. Retries a full or restarting shard until
+        ``lease_wait_s``; raises ``LeaseError`` otherwise."""
         since = time.monotonic()
-        lease = self._lease_retrying(db, dialect, key, preprocess_sql, limits, worker_id)
+        lease = self._lease_retrying(self._route(request))
         self._waited(since)
         return lease
 
@@ -125,31 +125,27 @@ class PoolClient:
             return False
 
     @contextlib.contextmanager
-    def session(self, db: str, dialect: str | None = None, **kwargs: Any) -> Iterator["LeasedSession"]:
-        """``with client.session("concert_singer", "sqlite", key=traj_id) as s: s.execute(sql)``"""
-        lease = self.lease(db, dialect, **kwargs)
+    def session(self, request: SessionRequest) -> Iterator["LeasedSession"]:
+        """``with client.session(SessionRequest("concert_singer", "sqlite", key=traj_id)) as s:``"""
+        lease = self.lease(request)
         try:
             yield LeasedSession(self, lease)
         finally:
             self.release(lease)
 
-    def lease_many(self, dbs: Sequence[tuple[Any, ...]], *, preprocess_sql: Sequence[str] = (),
-                   limits: Limits | None = None) -> list[Lease]:
-        """Lease sessions for a batch of trajectories, ``(db, dialect, key)`` or ``(db, dialect,
-        key, preprocess_sql)`` each (the default ``preprocess_sql`` otherwise), with one call per
-        shard; requests refused as full or restarting are retried one by one (``lease``). Raises
+    def lease_many(self, requests: Sequence[SessionRequest]) -> list[Lease]:
+        """Lease sessions for a batch of trajectories, one per request, with one call per shard;
+        requests refused as full or restarting are retried one by one (``lease``). Raises
         ``LeaseError`` for any other refusal, after releasing what was granted."""
         since = time.monotonic()
-        specs = [(db, dialect, key, rest[0] if rest else preprocess_sql)
-                 for db, dialect, key, *rest in dbs]
-        routed = [self._request(db, dialect, key, pre, limits, None) for db, dialect, key, pre in specs]
+        routed = [self._route(request) for request in requests]
         by_shard: dict[str, list[int]] = {}
         for i, (_, shard) in enumerate(routed):
             by_shard.setdefault(shard, []).append(i)
         sent = [(self.transport.send(shard, ShardCore.lease_many,
                                      tuple(routed[i][0] for i in idx)), idx)
                 for shard, idx in by_shard.items()]
-        out: list[Any] = [None] * len(dbs)
+        out: list[Any] = [None] * len(requests)
         for handle, idx in sent:
             try:
                 values = self._get(handle, lease_error=True)
@@ -162,7 +158,7 @@ class PoolClient:
                 if isinstance(v, LeaseError):
                     if v.kind not in RETRIED:
                         raise LeaseError(v.kind, v.message)
-                    out[i] = self._lease_retrying(*specs[i], limits, None)
+                    out[i] = self._lease_retrying(routed[i])
         except LeaseError:
             self.release_many([v for v in out if isinstance(v, Lease)])
             raise
@@ -188,11 +184,9 @@ class PoolClient:
 
     # -- handle-returning (an ObjectRef with the Ray transport, a completed Future in-process) -----
 
-    def lease_async(self, db: str, dialect: str | None = None, *, key: str | None = None,
-                    preprocess_sql: Sequence[str] = (), limits: Limits | None = None,
-                    worker_id: str | None = None) -> Any:
+    def lease_async(self, request: SessionRequest) -> Any:
         """One attempt (no capacity retry); a refusal is raised by ``resolve``."""
-        request, shard = self._request(db, dialect, key, preprocess_sql, limits, worker_id)
+        request, shard = self._route(request)
         return self.transport.send(shard, ShardCore.lease, request)
 
     def execute_async(self, lease: Lease, sql: str) -> Any:
@@ -228,9 +222,8 @@ class PoolClient:
 
     # -- internals ---------------------------------------------------------------------------------
 
-    def _lease_retrying(self, db: str, dialect: str | None, key: str | None, preprocess_sql: Any,
-                        limits: Limits | None, worker_id: str | None) -> Lease:
-        request, shard = self._request(db, dialect, key, preprocess_sql, limits, worker_id)
+    def _lease_retrying(self, routed: tuple[SessionRequest, str]) -> Lease:
+        request, shard = routed
         deadline = time.monotonic() + self.lease_wait_s
         delay = 0.01
         while True:
@@ -243,15 +236,17 @@ class PoolClient:
             time.sleep(delay)
             delay = min(delay * 2, 0.5)
 
-    def _request(self, db: str, dialect: str | None, key: str | None, preprocess_sql: Any,
-                 limits: Limits | None, worker_id: str | None) -> tuple[LeaseRequest, str]:
-        request = LeaseRequest(worker_id or self.worker_id, db, dialect, tuple(preprocess_sql),
-                               limits)
-        if dialect is None:
-            dialect = self._dialect_of(db)
+    def _route(self, request: SessionRequest) -> tuple[SessionRequest, str]:
+        """The request as sent (``key`` and ``worker_id`` filled in) and the shard it goes to."""
+        if not isinstance(request, SessionRequest):
+            raise LeaseError(LeaseErrorKind.BAD_REQUEST,
+                             f"expected a SessionRequest, got {type(request).__name__}")
+        key = request.key
         if key is None:
             self._keys += 1
             key = f"{self.worker_id}:{self._keys}"
+        request = replace(request, key=key, worker_id=request.worker_id or self.worker_id)
+        dialect = request.dialect or self._dialect_of(request.db)
         return request, self.plan.pick(self.role, self.worker, dialect, key)
 
     def _dialect_of(self, db: str) -> str:

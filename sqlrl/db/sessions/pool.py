@@ -10,7 +10,7 @@ Modelled on SQLAlchemy's ``QueuePool`` (``lib/sqlalchemy/pool/{base,impl,events}
 - **Reset on return** is an explicit mode: ``"reset"`` ends the session's workspace and keeps the
   connection warm when the engine says it is reusable; ``"discard"`` ends the workspace and closes
   the connection. Server engines never reuse a connection (it belongs to one session's database
-  and role, ``sqlrl.db.scratch``): "opening" one takes a prepared clone, "closing" it drops the
+  and role, ``sqlrl.db.provisioning.scratch``): "opening" one takes a prepared clone, "closing" it drops the
   clone.
 - **Pre-ping** (optional, on by default): an idle connection is pinged before reuse; a dead one is
   invalidated and replaced, so a restarted server costs one failed ping, not a failed trajectory.
@@ -32,10 +32,10 @@ from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Literal
 
-from .dialects.base import DialectAdapter, get_dialect
+from ..dialects.base import DialectAdapter, get_dialect
 from .session import Session, close_connection, connect, start_session
-from .types import ErrorKind, Limits, QueryResult, SessionError
-from .url import dialect_name, parse_url, redact
+from ..types import ErrorKind, Limits, QueryResult, SessionError
+from ..url import dialect_name, parse_url, redact
 
 EVENTS = ("connect", "checkout", "checkin", "invalidate", "result")
 

@@ -1,4 +1,10 @@
-"""The admin side of one database server, as ``sqlrl.db.scratch`` uses it.
+"""The admin side of database servers: each engine's admin operations, and one server seen with
+one admin account as ``sqlrl.db.provisioning.scratch`` uses it.
+
+``admin_ops(dialect)`` is the admin class its descriptor names (``Dialect.admin``), made once per
+process: ``provision`` (bases), ``scratch`` (clones) and ``loader`` all reach the engine's admin
+statements through it. This module imports neither of them (``admin`` < ``scratch`` <
+``provision``: no import cycle).
 
 ``AdminServer(url)`` holds, for one server seen with one admin account:
 - a few **admin connections** (``run(fn)``: ``fn(connection)`` on an idle one; a connection found
@@ -7,7 +13,7 @@
 - one **holder connection** carrying the liveness locks (``hold(name)`` / ``unhold(name)``:
   PostgreSQL advisory locks, MariaDB ``GET_LOCK``) of the scratch databases this process owns. A
   new holder connection (the old one died) takes every held lock again.
-The engine-specific statements are the admin module's (``provision.admin_ops``).
+The engine-specific statements are the admin class's (``admin_ops``).
 """
 
 from __future__ import annotations
@@ -17,11 +23,28 @@ from typing import Any
 
 from sqlalchemy.engine import URL
 
-from .dialects.base import close_quietly
-from .provision import admin_ops
-from .url import dialect_name
+from ..dialects.base import close_quietly
+from ..dialects.descriptor import dialects, find
+from ..types import SessionError
+from ..url import dialect_name
 
-SWEEP_EVERY_S = 300.0  # how often a process sweeps a server for orphans (sqlrl.db.scratch)
+SWEEP_EVERY_S = 300.0  # how often a process sweeps a server for orphans (sqlrl.db.provisioning.scratch)
+_ADMINS: dict[str, Any] = {}
+
+
+def admin_ops(dialect: str) -> Any:
+    """The admin operations object of ``dialect`` (raises ``SessionError`` for an engine without
+    server-side scratch databases)."""
+    if dialect not in _ADMINS:
+        engine = find(dialect)
+        if engine is None or engine.admin is None:
+            raise SessionError(f"no provisioning for dialect {dialect!r}; known: "
+                               f"{', '.join(d.name for d in dialects() if d.admin)}")
+        try:
+            _ADMINS[dialect] = engine.admin_ops()
+        except ImportError as exc:
+            raise SessionError(f"the {dialect} driver is not installed: {exc}") from exc
+    return _ADMINS[dialect]
 
 
 class AdminServer:

@@ -17,7 +17,7 @@ Guarantees:
 - ``Limits.timeout_s`` bounds the whole call (every statement and every fetch): one deadline is
   set when the call starts and passed to every ``adapter.run``; the fetch loop checks it between
   batches; an adapter with ``Cancellable`` (``canceller(conn)``) has the call armed on the process's watchdog
-  (``sqlrl.db.watchdog``), which stops the statement from outside the session if the deadline
+  (``sqlrl.db.sessions.watchdog``), which stops the statement from outside the session if the deadline
   passes. A call stopped by the deadline is always ``ErrorKind.TIMEOUT``; one that the server
   ended more than ``_LATE_S`` after its deadline (an undo, an uninterruptible function) says so.
 - Fetching is byte-bounded: batches start at ``FIRST_BATCH_ROWS`` and are then sized from the
@@ -41,12 +41,12 @@ import marshal
 import time
 from typing import Any, cast
 
-from .dialects.base import common_denial, error_message
-from .dialects.contract import (Abandoning, Cancellable, DialectAdapter, ExactLexer,
+from ..dialects.base import common_denial, error_message
+from ..dialects.contract import (Abandoning, Cancellable, DialectAdapter, ExactLexer,
                                 ReadOnlyAttestation, contract_of)
 from .normalize import normalize_rows
-from .statements import Statement, split
-from .types import ErrorKind, Limits, QueryResult, read_only_of
+from ..statements import Statement, split
+from ..types import ErrorKind, Limits, QueryResult, read_only_of
 from .watchdog import WATCHDOG
 
 FIRST_BATCH_ROWS = 16  # rows of a result's first batch (its width is not known yet)

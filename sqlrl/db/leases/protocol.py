@@ -1,15 +1,17 @@
 """Typed contracts of the DB-session pool's lease protocol (Ray-free; sent across actor boundaries).
 
 A rollout worker or reward actor never holds a connection: it holds a ``Lease``, an id for one
-trajectory-scoped session living on one shard. The protocol (implemented by ``sqlrl.db.shard``):
+trajectory-scoped session living on one shard. The protocol (implemented by ``sqlrl.db.leases.shard``):
 
-    lease(LeaseRequest) -> Lease                  raises LeaseError (typed kind) when it cannot
+    lease(SessionRequest) -> Lease                raises LeaseError (typed kind) when it cannot
     execute(lease, sql) -> QueryResult            never raises; a dead lease is an error result
     renew(lease) -> Lease                         heartbeat for long gaps between calls
     release(lease) -> bool                        idempotent; True only for the call that ended it
 
 Guarantees:
 - Every class here is a frozen dataclass, an enum, or an exception that pickles with its fields.
+- A lease is asked for with the same ``sqlrl.db.types.SessionRequest`` the caller made (its
+  ``worker_id`` filled in by the pool client): there is no separate lease-request type.
 - ``Lease.expires_at`` is wall-clock (``time.time()``) so it means the same in every process; the
   shard keeps its own monotonic deadline, renewed on every ``execute`` (renew-on-use).
 - ``Lease.incarnation`` names the shard process that granted it: a lease presented to a restarted
@@ -23,15 +25,15 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping
 
-from .types import Limits, SessionError
-from .url import dialect_name, parse_url
+from ..types import SessionError
+from ..url import dialect_name, parse_url
 
 
 class LeaseErrorKind(str, enum.Enum):
     """Why a lease could not be granted. Values are stable strings (logged, shown in metrics)."""
 
     UNKNOWN_DATABASE = "unknown-database"  # a db id that is not in the catalog for that dialect
-    BAD_REQUEST = "bad-request"  # malformed request: wrong dialect for a URL, bad preprocess_sql type
+    BAD_REQUEST = "bad-request"  # malformed request: not a SessionRequest, no worker_id, wrong dialect for a URL
     CAPACITY = "capacity"  # the shard holds its maximum number of leases
     OPEN_FAILED = "open-failed"  # the session could not be set up (server down, preprocess_sql failed)
     SHARD_UNAVAILABLE = "shard-unavailable"  # the shard actor died or did not answer in time
@@ -106,23 +108,6 @@ class Catalog:
                              f"database {db!r} is not loaded into {dialect} "
                              f"(available: {', '.join(sorted(by_dialect))})")
         return url, dialect
-
-
-@dataclass(frozen=True)
-class LeaseRequest:
-    """Ask for one trajectory-scoped session. ``db`` is a catalog id or a database URL."""
-
-    worker_id: str  # who holds it (for logs, stats and reclaim reports), e.g. "rollout-3"
-    db: str
-    dialect: str | None = None  # required for a catalog id present in several dialects
-    preprocess_sql: tuple[str, ...] = ()
-    limits: Limits | None = None  # None: the shard's default limits
-
-    def __post_init__(self) -> None:
-        if isinstance(self.preprocess_sql, str) or not all(
-                isinstance(s, str) for s in self.preprocess_sql):
-            raise TypeError("LeaseRequest.preprocess_sql must be a tuple of SQL strings")
-        object.__setattr__(self, "preprocess_sql", tuple(self.preprocess_sql))
 
 
 @dataclass(frozen=True)

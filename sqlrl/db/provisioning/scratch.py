@@ -4,7 +4,7 @@ engines (PostgreSQL, MariaDB/MySQL), process-wide.
 A session URL of a server engine names a base and carries admin credentials
 (``provision.session_url``). ``SCRATCH.take(url, limits, adapter)`` returns an agent connection:
 logged in as a role/user created for this session alone, on a database cloned from the base
-(``provision.admin_ops(dialect).create_scratch``), with the session's limits applied by the
+(``admin.admin_ops(dialect).create_scratch``), with the session's limits applied by the
 adapter (``adapter.open_agent``). ``SCRATCH.give_back(conn)`` closes it and drops the database
 and the role. The admin connections never run agent SQL.
 
@@ -38,12 +38,11 @@ from typing import Any
 
 from sqlalchemy.engine import URL
 
-from .admin_server import SWEEP_EVERY_S, AdminServer
-from .dialects.base import close_quietly
-from .dialects.contract import AgentLogin
-from .provision import SCRATCH_PREFIX
-from .types import Limits, SessionError
-from .url import dialect_name, parse_url, redact
+from ..dialects.base import close_quietly
+from ..dialects.contract import SCRATCH_PREFIX, AgentLogin
+from ..types import Limits, SessionError
+from ..url import dialect_name, parse_url, redact
+from .admin import SWEEP_EVERY_S, AdminServer
 
 FORGET_WAIT_S = 60.0
 

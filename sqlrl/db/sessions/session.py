@@ -21,10 +21,10 @@ import time
 import os
 from typing import Any, Callable, Iterable
 
-from .dialects.base import DialectAdapter, error_message, get_dialect
+from ..dialects.base import DialectAdapter, error_message, get_dialect
 from .executor import run_call
-from .types import ErrorKind, Limits, QueryResult, SessionError
-from .url import dialect_name, parse_url, redact
+from ..types import ErrorKind, Limits, QueryResult, SessionError
+from ..url import dialect_name, parse_url, redact
 
 # Called on close with (conn, state, reusable); the pool uses it to take the connection back.
 ReleaseHook = Callable[[Any, Any, bool], None]

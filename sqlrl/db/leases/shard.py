@@ -4,9 +4,10 @@
 Every rule of the lease protocol lives here, so it is tested without Ray.
 
 Guarantees:
-- ``lease`` opens a trajectory-scoped session (``SessionPool.session``) and returns a ``Lease``,
-  or raises ``LeaseError`` with a typed kind; it never waits for capacity (a full shard answers
-  ``capacity`` at once, so waiting callers never occupy the actor's threads — the client retries).
+- ``lease(SessionRequest)`` opens a trajectory-scoped session (``SessionPool.session``) and
+  returns a ``Lease``, or raises ``LeaseError`` with a typed kind; it never waits for capacity (a
+  full shard answers ``capacity`` at once, so waiting callers never occupy the actor's threads —
+  the client retries). The request must name its holder (``worker_id``; the client fills it in).
 - ``execute`` never raises. On a lease that was released, reclaimed, granted by an earlier shard
   process, or never existed, it returns an error ``QueryResult``: ``lease-expired`` when the TTL
   reclaimed it, ``session-lost`` otherwise, each with a message saying which case it is.
@@ -21,7 +22,7 @@ Guarantees:
 - Thread-safe: calls on different leases run concurrently; calls on one lease are serialised by
   its ``Session``.
 
-It does not retry, route or know about other shards (``sqlrl.db.partition`` and the client do).
+It does not retry, route or know about other shards (``sqlrl.db.leases.partition`` and the client do).
 """
 
 from __future__ import annotations
@@ -34,12 +35,12 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from .dialects.descriptor import find
-from .lease import Catalog, ExecuteRequest, Lease, LeaseError, LeaseErrorKind, LeaseRequest
-from .pool import PoolConfig, PoolStats, SessionPool
-from .session import Session
-from .types import ErrorKind, QueryResult, SessionError
-from .url import redact
+from ..dialects.descriptor import find
+from .protocol import Catalog, ExecuteRequest, Lease, LeaseError, LeaseErrorKind
+from ..sessions.pool import PoolConfig, PoolStats, SessionPool
+from ..sessions.session import Session
+from ..types import ErrorKind, QueryResult, SessionError, SessionRequest
+from ..url import redact
 
 MetricHook = Callable[[str, float], None]
 # What the metric hook is called with: (counter name, increment), ("active_sessions", gauge value)
@@ -125,17 +126,17 @@ class ShardCore:
 
     # -- protocol --------------------------------------------------------------------------------
 
-    def lease(self, request: LeaseRequest) -> Lease:
+    def lease(self, request: SessionRequest) -> Lease:
         try:
             return self._grant(request)
         except LeaseError:
             self._count("refused")
             raise
 
-    def lease_many(self, requests: tuple[LeaseRequest, ...]) -> tuple[Lease | LeaseError, ...]:
+    def lease_many(self, requests: tuple[SessionRequest, ...]) -> tuple[Lease | LeaseError, ...]:
         """Several ``lease`` calls in one; a refusal comes back as its ``LeaseError`` in place
         (not raised), so one full or failing request does not cost the others their leases."""
-        def one(request: LeaseRequest) -> Lease | LeaseError:
+        def one(request: SessionRequest) -> Lease | LeaseError:
             try:
                 return self.lease(request)
             except LeaseError as exc:
@@ -268,10 +269,14 @@ class ShardCore:
 
     # -- internals -------------------------------------------------------------------------------
 
-    def _grant(self, request: LeaseRequest) -> Lease:
-        if not isinstance(request, LeaseRequest):
+    def _grant(self, request: SessionRequest) -> Lease:
+        if not isinstance(request, SessionRequest):
             raise LeaseError(LeaseErrorKind.BAD_REQUEST,
-                             f"expected a LeaseRequest, got {type(request).__name__}")
+                             f"expected a SessionRequest, got {type(request).__name__}")
+        if not request.worker_id:
+            raise LeaseError(LeaseErrorKind.BAD_REQUEST,
+                             "the request names no worker_id (who holds the session); "
+                             "a pool client fills it in")
         if "://" in request.db and not self.config.allow_urls:
             raise LeaseError(LeaseErrorKind.BAD_REQUEST,
                              "this pool only serves catalog database ids, not URLs")

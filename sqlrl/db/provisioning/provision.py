@@ -1,7 +1,7 @@
 """Admin operations on database servers: the bases sessions clone, and the URLs they use.
 
 Every function takes an **admin** URL (an account that may create roles/users and databases) and
-dispatches on its dialect to the admin class its descriptor names (``Dialect.admin`` in
+dispatches on its dialect to the admin class its descriptor names (``admin.admin_ops``) (``Dialect.admin`` in
 ``dialects/engines.py``: ``dialects/postgresql_admin.py``, ``dialects/mysql_admin.py``).
 
     prepare_server(admin_url)                          # once per server (idempotent)
@@ -11,7 +11,7 @@ dispatches on its dialect to the admin class its descriptor names (``Dialect.adm
     open_session(session_url(admin_url, "shop"))       # every session: its own clone and role
 
 The agent's SQL never runs as the admin: a session on a server engine runs in a scratch database
-cloned from the base, as a login role/user created for that session alone (``sqlrl.db.scratch``),
+cloned from the base, as a login role/user created for that session alone (``sqlrl.db.provisioning.scratch``),
 and the base is reachable by no agent account. The session URL carries the admin credentials
 because the session's process creates and drops those clones. What each engine enforces is in
 the admin modules' docstrings and docs/sessions.md.
@@ -26,28 +26,12 @@ from typing import Any
 
 from sqlalchemy.engine import URL
 
-from .dialects.descriptor import dialects, find
-from .types import SessionError
-from .url import dialect_name, parse_url
+from ..dialects.contract import SCRATCH_PREFIX
+from ..url import dialect_name, parse_url
+from .admin import admin_ops
+from .scratch import SCRATCH
 
-SCRATCH_PREFIX = "sqlrl_s_"  # per-session scratch databases and their roles/users
 _NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_$-]{0,62}$")
-_ADMINS: dict[str, Any] = {}
-
-
-def admin_ops(dialect: str) -> Any:
-    """The admin operations object of ``dialect`` (raises ``SessionError`` for an engine without
-    server-side scratch databases)."""
-    if dialect not in _ADMINS:
-        engine = find(dialect)
-        if engine is None or engine.admin is None:
-            raise SessionError(f"no provisioning for dialect {dialect!r}; known: "
-                               f"{', '.join(d.name for d in dialects() if d.admin)}")
-        try:
-            _ADMINS[dialect] = engine.admin_ops()
-        except ImportError as exc:
-            raise SessionError(f"the {dialect} driver is not installed: {exc}") from exc
-    return _ADMINS[dialect]
 
 
 # --- public API ----------------------------------------------------------------------------------
@@ -96,7 +80,6 @@ def drop_database(admin_url: str, name: str) -> None:
 
 
 def _forget_clones(url: URL, name: str) -> None:
-    from .scratch import SCRATCH
     SCRATCH.forget(url, name)
 
 

@@ -26,8 +26,8 @@ import zlib
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
-from .dialects.base import available_dialects
-from .lease import LeaseError, LeaseErrorKind
+from ..dialects.base import available_dialects
+from .protocol import LeaseError, LeaseErrorKind
 
 ROLES = ("rollout", "reward")
 
