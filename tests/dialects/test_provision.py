@@ -111,6 +111,7 @@ def test_pg_an_account_that_cannot_create_roles_gets_a_clear_error(pg_admin_url,
     plain = f"sqlrl_plain_{PID}"
     pg_query(pg_admin_url, f"DROP ROLE IF EXISTS {plain}; CREATE ROLE {plain} LOGIN PASSWORD 'pw'")
     try:
+        provision.prepare_server(pg_admin_url)  # a fresh server has no owner role yet
         provision.create_database(pg_admin_url, pg_db)
         provision.seal_database(pg_admin_url, pg_db)
         url = parse_url(provision.session_url(pg_admin_url, pg_db)).set(username=plain, password="pw")

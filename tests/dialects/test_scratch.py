@@ -32,6 +32,7 @@ def bases(request, pg_admin_url, mysql_admin_url):
     """Three small sealed bases on one server: (admin URL, [session URLs])."""
     admin = pg_admin_url if request.param == "postgresql" else mysql_admin_url
     names = [f"sqlrl_sc_{uuid.uuid4().hex[:6]}_{i}" for i in range(3)]
+    provision.prepare_server(admin)  # a fresh server has no owner role yet (any test order)
     for name in names:
         provision.create_database(admin, name, replace=True)
         provision.seal_database(admin, name)

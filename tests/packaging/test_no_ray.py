@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 CORE = Path(__file__).resolve().parents[2] / "sqlrl"
 
 
@@ -23,6 +25,7 @@ def test_no_module_in_sqlrl_imports_ray():
     assert offenders == []
 
 
+@pytest.mark.slow  # a subprocess importing every core module (the slowest fast-tier test measured)
 def test_importing_every_core_module_leaves_ray_unloaded():
     modules = sorted(".".join(p.relative_to(CORE.parent).with_suffix("").parts)
                      for p in CORE.rglob("*.py") if p.name != "__main__.py")

@@ -12,6 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow  # a subprocess that imports torch
 def test_without_a_gpu_it_says_so_and_exits_2():
     import torch
 

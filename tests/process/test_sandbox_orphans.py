@@ -24,6 +24,7 @@ def alive(pid: int) -> bool:
     return "\nState:\tZ" not in state  # a zombie has already died
 
 
+@pytest.mark.slow  # a subprocess tree killed and waited on
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signal is Linux-only")
 def test_test_case_code_dies_with_its_owner(demo_db_path, tmp_path) -> None:
     pid_file = tmp_path / "child.pid"

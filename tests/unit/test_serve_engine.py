@@ -242,6 +242,7 @@ def test_bad_text_completion_input_is_a_400(tiny, tmp_path, body, param):
     assert e.value.status == 400 and e.value.param == param
 
 
+@pytest.mark.slow  # builds two model replicas (vLLM's faked, HF's real)
 def test_a_vllm_replica_builds_no_hf_model_beside_its_engine(tiny, monkeypatch):
     """The replica hands vLLM's factory a policy without weights (one copy of the weights: vLLM's),
     with the tokenizer and end tokens ``load_policy`` would give; an HF replica still loads them."""
