@@ -27,7 +27,8 @@ from the worker's own pool partition (``sqlrl.db.source.PoolSessions``, the Ray 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import copy
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Sequence
 
 from actors.group import RAISED, TIMEOUT, ActorGroup, Failed
@@ -101,14 +102,21 @@ class RolloutWorker:
         self.agent.backend = engine
         self.agent.version_map = {engine.policy_version: self.agent.version}
 
-    def rollout(self, tasks: Sequence[Any], seed_indexes: Sequence[int] | None = None) -> list[Trajectory]:
+    def rollout(self, tasks: Sequence[Any], seed_indexes: Sequence[int] | None = None,
+                loop: LoopConfig | None = None) -> list[Trajectory]:
         """Every task at once on this worker's engine (``sqlrl.agent.rollouts.roll_out``: at most
         ``loop.max_concurrent_trajectories`` in flight, a session leased per trajectory).
-        ``seed_indexes``: each task's index in the whole call (turn seeds). Never raises for a task:
-        a refused lease or a failing loop gives error trajectories."""
+        ``seed_indexes``: each task's index in the whole call (turn seeds); ``loop``: this call's
+        agent loop (mode, sampling, turns; default the worker's). Never raises for a task: a
+        refused lease or a failing loop gives error trajectories."""
         self._batches += 1
         return self.agent.run(tasks, keys=[f"w{self.index}/b{self._batches}/{i}" for i in range(len(tasks))],
-                              seed_indexes=seed_indexes)
+                              seed_indexes=seed_indexes, loop=loop)
+
+    def load_checkpoint(self, spec: PolicySpec) -> int:
+        """Serve checkpoint ``spec.model`` from the running engine (``Agent.load_checkpoint``: a
+        ``ValueError`` when it is not of this engine's model family); returns the version (0)."""
+        return self.agent.load_checkpoint(spec)
 
     def update_weights(self, state_dict: Mapping[str, Any], version: int,
                        policy: UpdatePolicy = UpdatePolicy.DRAIN) -> int:
@@ -134,16 +142,25 @@ class RolloutGroup:
         n = 1 if config.in_process else config.n_workers
         self.workers.add({i: (i, config, pool.client(i) if pool else None, schemas) for i in range(n)})
 
+    def with_loop(self, loop: LoopConfig) -> "RolloutGroup":
+        """A view of this group whose ``rollout`` runs ``loop`` (another mode, temperature or seed)
+        on the SAME workers and engines; shutting the view down shuts the workers down."""
+        view = copy.copy(self)
+        view.config = replace(self.config, loop=loop)
+        return view
+
     def rollout(self, tasks: Sequence[Any]) -> list[Trajectory]:
         """One trajectory per task, in order: tasks split over the workers by ``sticky_routes`` (the
-        samples of one task -- a GRPO group -- on one worker), each worker running its share at once."""
+        samples of one task -- a GRPO group -- on one worker), each worker running its share at once
+        with this group's ``config.loop``."""
         tasks = list(tasks)
         if not tasks:
             return []
         routes = sticky_routes(tasks, len(self.workers))
         chunks = {w: [i for i, r in enumerate(routes) if r == w] for w in sorted(set(routes))}
         answers = self.workers.fan_out(RolloutWorker.rollout,
-                                       {w: ([tasks[i] for i in idx], idx) for w, idx in chunks.items()},
+                                       {w: ([tasks[i] for i in idx], idx, self.config.loop)
+                                        for w, idx in chunks.items()},
                                        timeout_s=self.config.timeout_s, restart_late=True)
         out: list[Trajectory | None] = [None] * len(tasks)
         for w, values in answers.items():
@@ -173,6 +190,17 @@ class RolloutGroup:
                 if answer.error is not None and answer.kind == RAISED:
                     raise answer.error
                 raise RuntimeError(f"rollout worker {w} did not take the weights: {answer.message}")
+
+    def load_checkpoint(self, spec: PolicySpec) -> None:
+        """Every worker serves checkpoint ``spec.model`` from its running engine (no restart);
+        ``ValueError`` when a worker cannot (another model family: start a new group instead)."""
+        answers = self.workers.call_all(RolloutWorker.load_checkpoint, spec, timeout_s=self.config.timeout_s)
+        for w, answer in answers.items():
+            if isinstance(answer, Failed):
+                if answer.error is not None and answer.kind == RAISED:
+                    raise answer.error
+                raise RuntimeError(f"rollout worker {w} did not load {spec.model}: {answer.message}")
+        self.config = replace(self.config, policy=spec)
 
     def shutdown(self) -> None:
         self.workers.stop()

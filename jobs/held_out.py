@@ -31,7 +31,9 @@ Guarantees:
   against the latest earlier stage of ``curriculum.stages.STAGES`` whose ``<run_dir>/<stage>/summary.json``
   holds an evaluation in the same mode (``{mode: {"vs": stage, **difference}}``; modes with no
   earlier evaluation, or none comparable, are left out).
-- The rollout workers are released before scoring starts; a heartbeat runs throughout.
+- Rollouts run on the job's rollout workers (``jobs.runtime.Runtime``: one set of engines per job,
+  kept running between evaluations; a checkpoint of the same model family is loaded into them,
+  not started anew); a heartbeat runs throughout.
 """
 
 from __future__ import annotations

@@ -18,6 +18,18 @@ Guarantees:
 - Rollout workers generate with ``rollout.policy(model)`` (a ``PolicySpec``: ``rollout.backend``,
   ``rollout.dtype``, ``rollout.device``, ``rollout.engine_options``) and run ``rollout.batch``
   trajectories at once each.
+- ONE set of rollout workers (one engine each) per job, started on first use and kept until
+  ``close()``: every ``rollout_group(model, mode, ...)`` is a view of it with its own agent loop
+  (mode, temperature, seed), and ``release`` of a view keeps the engines running. Asked for
+  another checkpoint of the same model family (a stage's ``final`` after its GRPO steps, an
+  evaluation after training), the running engines load its weights (``RolloutGroup.
+  load_checkpoint``, seconds) instead of starting new ones (tens of seconds each on vLLM's CPU
+  build); only a checkpoint of another family (tokenizer, architecture), or another backend,
+  dtype, device or engine options, replaces the workers, the old ones shut down first (one set
+  of engines alive at a time). The engines' own seed is the first view's sampling seed: requests
+  carry their own seeds on every engine except the lock-step ``vllm-batched`` on vLLM's CPU build,
+  whose samples come from the engine's generator and so depend on the calls before them. A Ray
+  worker that dies and is restarted comes back on the workers' first checkpoint.
 - ``close()`` (also on leaving the ``with`` block) shuts down every group it made, the pool last.
 """
 
@@ -101,17 +113,40 @@ class Runtime:
             resources=dict(reward.resources), reward=cfg.reward), self.pool.client(role="reward"))
         self._groups: list[Any] = []
         self.dropped_variants: list[str] = []  # variant bases dropped at close (reward.test_suite)
+        self._workers: Any = None  # the job's one RolloutGroup (module doc); views of it are handed out
+        self.engine_starts = 0  # how many times rollout workers (engines) were started
 
     def rollout_group(self, model: str, mode: str, *, temperature: float, top_p: float = 1.0,
                       seed: int = 0) -> Any:
+        """A view of the job's rollout workers generating with ``model`` in ``mode`` (module doc)."""
         r = self.cfg.rollout
         loop = loop_config(mode, max_turns=r.max_turns, max_total_tokens=r.max_total_tokens,
                            max_new_tokens=r.max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
                            schema_style=self.cfg.model.schema_style, max_concurrent=r.batch)
-        group = rollout_group(self.pool, self.data.schemas, r.policy(model), loop,  # rollout.dtype too
-                              workers=self.cfg.cluster.rollout_workers if self.ray else 0, asks=self.asks)
-        self._groups.append(group)
-        return group
+        return self._serving(r.policy(model), loop).with_loop(loop)  # rollout.dtype too
+
+    def _serving(self, spec: Any, loop: Any) -> Any:
+        """The job's rollout workers, serving ``spec`` (module doc: reused, reloaded or replaced)."""
+        import dataclasses
+
+        current = self._workers
+        if current is not None and current.config.policy == spec:
+            return current
+        if current is not None and current.config.policy == dataclasses.replace(spec, model=current.config.policy.model):
+            try:
+                current.load_checkpoint(spec)
+                return current
+            except ValueError as exc:  # another model family: new engines
+                from jobs.output import console
+
+                console.print(f"rollout workers: new engines for {spec.model} ({exc})", markup=False)
+        if current is not None:
+            self._workers = None
+            current.shutdown()
+        self._workers = rollout_group(self.pool, self.data.schemas, spec, loop,
+                                      workers=self.cfg.cluster.rollout_workers if self.ray else 0, asks=self.asks)
+        self.engine_starts += 1
+        return self._workers
 
     def learner(self, model: str, optim: Any, *, reference: bool = False) -> Any:
         from actors.learner import LearnerGroup
@@ -146,6 +181,12 @@ class Runtime:
         return prebuild_suites(judge, tasks)
 
     def release(self, group: Any) -> None:
+        """Shut ``group`` down -- except a view of the job's rollout workers, which stay running
+        for the job's next rollouts (``close()`` shuts them down)."""
+        from actors.rollout import RolloutGroup
+
+        if isinstance(group, RolloutGroup) and self._workers is not None and group.workers is self._workers.workers:
+            return
         group.shutdown()
         if group in self._groups:
             self._groups.remove(group)
@@ -166,7 +207,8 @@ class Runtime:
         return out
 
     def close(self) -> None:
-        for g in list(self._groups):
+        workers, self._workers = self._workers, None
+        for g in [*([workers] if workers is not None else []), *self._groups]:
             try:
                 g.shutdown()
             except Exception:

@@ -126,7 +126,7 @@ def train_grpo(rt: Any, model: str, tasks: Sequence[Any], logger: Any) -> tuple[
                           f"pass {metrics['pass_rate']:.2f}, groups trained {result.groups_trained}/"
                           f"{result.groups_drawn} ({result.groups_signal} with unequal rewards), "
                           f"rollout {result.time_rollout_s:.0f}s, update {result.time_update_s:.0f}s")
-    rt.release(rollout)
+    rt.release(rollout)  # the job's engines keep running: the evaluation loads the final checkpoint into them
     return learner, history
 
 

@@ -22,6 +22,12 @@ Rollout workers (``actors/rollout.py``) wrap this class; they do not compose the
   PostgreSQL / MariaDB the session URL of a sealed base, so each session runs in its own clone as
   its own role); ``PoolSessions`` leases from the Ray pool's client (actors/rollout.py).
 - ``with_backend(b)`` gives the same agent over another engine or backend.
+- ``load_checkpoint(spec)`` serves another checkpoint of the same model family from the RUNNING
+  engine (no new engine: a vLLM engine costs tens of seconds to start on CPU): its weights go in
+  through ``update_weights`` (``DRAIN``), and the agent reports policy version 0 again, as a fresh
+  agent on that checkpoint would. A checkpoint that cannot be served so -- another tokenizer,
+  other end tokens, another architecture or other tensor shapes -- is a ``ValueError`` naming the
+  difference, raised before anything is loaded (``family_mismatch``).
 
 Guarantees: ``run`` never raises for an item: a refused session or a failing loop gives
 ``stop_reason="error"`` trajectories with the message (``error_trajectories``); sessions are
@@ -44,7 +50,28 @@ from .loop import LoopConfig
 from .rollouts import error_trajectories, roll_out
 from .trajectory import Trajectory
 
-__all__ = ["Agent", "AgentConfig", "LocalSessions", "SessionSource", "error_trajectories"]
+__all__ = ["Agent", "AgentConfig", "LocalSessions", "SessionSource", "error_trajectories", "family_mismatch"]
+
+# config.json keys that name or describe a checkpoint rather than the computation
+_CONFIG_NOISE = frozenset({"_name_or_path", "torch_dtype", "dtype", "transformers_version", "architectures"})
+
+
+def family_mismatch(a: Any, b: Any) -> str | None:
+    """Why loaded policy ``b``'s weights cannot simply replace ``a``'s in a running engine (None:
+    they can): another vocabulary, special tokens, chat template or end tokens (the prompts and
+    their ids would change), or another model configuration."""
+    ta, tb = a.tokenizer, b.tokenizer
+    if ta.get_vocab() != tb.get_vocab() or ta.all_special_tokens != tb.all_special_tokens:
+        return "another tokenizer (vocabulary or special tokens)"
+    if ta.chat_template != tb.chat_template:
+        return "another chat template"
+    if tuple(a.eos_token_ids) != tuple(b.eos_token_ids) or a.pad_token_id != b.pad_token_id:
+        return f"other end/pad tokens ({a.eos_token_ids}/{a.pad_token_id} vs {b.eos_token_ids}/{b.pad_token_id})"
+    ca, cb = ({k: v for k, v in m.config.to_dict().items() if k not in _CONFIG_NOISE} for m in (a.model, b.model))
+    if ca != cb:
+        keys = sorted(k for k in set(ca) | set(cb) if ca.get(k) != cb.get(k))
+        return f"another model configuration ({', '.join(keys[:5])})"
+    return None
 
 
 @dataclass(frozen=True)
@@ -110,6 +137,21 @@ class Agent:
             getattr(self.backend, "clear_cache", lambda: None)()  # cached KV is of the old weights
         self.version = version
         return version
+
+    def load_checkpoint(self, spec: PolicySpec) -> int:
+        """Serve ``spec.model``'s weights (loaded in ``spec.dtype``) from the running engine; returns
+        the version now reported (0). ``ValueError`` (nothing loaded) when it is not of this agent's
+        model family (module docstring)."""
+        from sqlrl.policy.load import load_policy
+
+        new = load_policy(spec.model, dtype=spec.dtype)
+        problem = family_mismatch(self.policy, new)
+        if problem:
+            raise ValueError(f"{spec.model} cannot be served by this agent's engine: {problem}")
+        self.update_weights(new.model.state_dict(), 0, UpdatePolicy.DRAIN)
+        # the engine's own copy now holds the new weights; the agent names the checkpoint it serves
+        self.policy = replace(self.policy, name=new.name, path=new.path)
+        return self.version
 
     def close(self) -> None:
         """Close the engine (a vLLM engine's processes, an HF engine's scheduler thread) or a backend

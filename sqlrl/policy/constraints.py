@@ -50,7 +50,7 @@ def refuse_structured(sampling: Any, engine: str) -> None:
     """``ValueError`` when ``sampling`` carries a grammar: for the engines that cannot honour one."""
     if getattr(sampling, "structured", None) is not None:
         raise ValueError(f"{engine} cannot constrain generation to a grammar (SamplingParams.structured); "
-                         "use the hf or vllm engine")
+                         "use the hf or vllm engine (make_engine)")
 
 
 def _xgr() -> Any:

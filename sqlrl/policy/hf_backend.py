@@ -48,6 +48,7 @@ from __future__ import annotations
 import random
 from typing import Any, Callable, Sequence
 
+from .constraints import refuse_structured
 from .hf_kv import growing_cache, use_gqa_attention
 from .prefix_cache import PrefixHit, PrefixKVCache, common_prefix_length
 from .types import Generation, SamplingParams, row_seed
@@ -189,7 +190,9 @@ class HFBackend:
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, *,
                  on_token: Callable[[int, int], None] | None = None) -> list[Generation]:
-        """``on_token(row, token_id)``: called for every sampled token, row = prompt_index * n + sample."""
+        """``on_token(row, token_id)``: called for every sampled token, row = prompt_index * n + sample.
+        A grammar (``params.structured``) is a ``ValueError``: only the engines honour one."""
+        refuse_structured(params, "HFBackend.generate (a batch backend)")
         with self._attention_kernels():
             return self._generate(prompts, params, on_token)
 

@@ -123,6 +123,7 @@ class ScriptedBackend:
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, *,
                  on_token: Callable[[int, int], None] | None = None) -> list[Generation]:
+        refuse_structured(params, "ScriptedBackend.generate (a batch backend)")
         if not self.gate_after_tokens:
             self._wait_gate()
         self.calls.append(len(prompts))

@@ -30,7 +30,9 @@ class SamplingParams:
     seed: int | None = None
     # A grammar the tokens must follow (``sqlrl.policy.constraints``; None: free). Honoured by the
     # async engines (``HFEngine``, ``VLLMEngine``), which mask before temperature/top-p, so
-    # ``logprobs`` stay those of the distribution sampled from.
+    # ``logprobs`` stay those of the distribution sampled from. The batch backends called directly
+    # (``HFBackend``, ``VLLMBackend``, ``ScriptedBackend``) and the lock-step adapter refuse it at
+    # ``generate`` (``ValueError`` naming the engines that honour it), before any token is generated.
     structured: StructuredOutput | None = None
 
     def __post_init__(self) -> None:

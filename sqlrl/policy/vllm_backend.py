@@ -55,6 +55,7 @@ from typing import Any, Mapping, Sequence
 
 from sqlrl.memory import trim as trim_heap
 
+from .constraints import refuse_structured
 from .types import Generation, SamplingParams, row_seed
 
 logger = logging.getLogger(__name__)
@@ -203,6 +204,7 @@ class VLLMBackend:
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
         if self.llm is None:
             raise RuntimeError("this VLLMBackend was closed")
+        refuse_structured(params, "VLLMBackend.generate (a batch backend)")
         if not prompts:
             return []
         if any(len(p) == 0 for p in prompts):

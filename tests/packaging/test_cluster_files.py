@@ -264,7 +264,7 @@ def test_runtime_hands_each_actor_its_ask(monkeypatch):
 
         def __call__(self, *args, **kwargs):
             seen[self.kind] = (args, kwargs)
-            return SimpleNamespace(client=lambda **kw: None, shutdown=lambda: None)
+            return SimpleNamespace(client=lambda **kw: None, shutdown=lambda: None, with_loop=lambda loop: None)
 
     monkeypatch.setattr(ray, "is_initialized", lambda: True)
     for module, name in ((actors.db_pool, "DBPoolGroup"), (actors.reward, "RewardGroup"),
