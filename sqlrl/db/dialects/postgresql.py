@@ -170,8 +170,11 @@ class _StreamedCursor:
 # the client, whose driver would hold the whole row, decoded, before sqlrl could cap it. OFFSET 0
 # keeps the query a subquery planned on its own, so the check sees exactly the rows it returns.
 _ROWS_OF = "SELECT * FROM (SELECT * FROM ("
+# The error arm is typed throughout (``text || text``, an explicit ``::text``): the server
+# resolves it without searching the ``||`` operators for an ``unknown || integer`` match, which
+# made the wrapper's parse and plan about twice as slow (docs/sessions.md, "One wide value").
 _ROW_CAP = (") sqlrl_q OFFSET 0) sqlrl_r WHERE pg_column_size(sqlrl_r.*) <= {cap} "
-            "OR ('sqlrl_row_bytes=' || pg_column_size(sqlrl_r.*))::bool")
+            "OR ('sqlrl_row_bytes='::text || pg_column_size(sqlrl_r.*)::text)::bool")
 _WIDE_ROW = re.compile(r'invalid input syntax for type boolean: "sqlrl_row_bytes=(\d+)"')
 _LINE_RE = re.compile(r"\bLINE (\d+):")
 _OWN_TEXT = re.compile(rf"BEGIN; DECLARE {_CURSOR} NO SCROLL CURSOR FOR( {re.escape(_ROWS_OF)})?"
