@@ -23,7 +23,8 @@
    records the engine's ids; nothing is decoded and re-encoded anywhere on this path).
 
 ``--quick``: the tiny model (unless ``--model`` is given), 1 step x 2 tasks x 2 rollouts, 8 held-out
-tasks, small data: it checks the script end to end; its numbers mean nothing. Timings are not
+tasks, small data, 32 tokens per call and one query per rollout (the agent's ``--max-tokens`` /
+``--max-turns``): it checks the script end to end; its numbers mean nothing. Timings are not
 measurements on a shared machine.
 """
 
@@ -72,6 +73,10 @@ def _job_config(args: argparse.Namespace, model: str, run_dir: Path, key: str, *
     return AgentJobConfig(**{**base, **kw})
 
 
+def _agent_args(args: argparse.Namespace) -> list[str]:
+    return ["--max-tokens", str(args.max_tokens), "--max-turns", str(args.max_turns)]
+
+
 def evaluate(args: argparse.Namespace, model: str, run_dir: Path, traces_out: list) -> dict[str, int]:
     """Each held-out task to one rollout of the agent; ``{task_id: 0/1}`` (module docstring, step 2)."""
     from jobs.train_agent import gateway_steps, load_tasks, start_clients, stop_clients
@@ -87,7 +92,7 @@ def evaluate(args: argparse.Namespace, model: str, run_dir: Path, traces_out: li
     seen: list[Any] = []
     try:
         gateway_steps(cfg, tasks, catalog, None, LocalSessions(catalog), None, log=lambda s, m: None,
-                      on_url=lambda url: clients.append(start_clients(url, key, AGENT, args.clients)),
+                      on_url=lambda url: clients.append(start_clients(url, key, AGENT, args.clients, _agent_args(args))),
                       observe=lambda step, traces: seen.extend(traces))
     finally:
         stop_clients(clients, args.deadline_s)
@@ -143,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sampling-rounds", type=int, default=1)
     ap.add_argument("--eval-tasks", type=int, default=None, help="held-out tasks (default 64; --quick 8)")
     ap.add_argument("--clients", type=int, default=4, help="agent client processes")
+    ap.add_argument("--max-tokens", type=int, default=None, help="per LLM call (default 512; --quick 32)")
+    ap.add_argument("--max-turns", type=int, default=None, help="the agent's queries (default 3; --quick 1)")
     ap.add_argument("--lr", type=float, default=1e-5)
     ap.add_argument("--backend", default="hf", help="the gateway's engine: hf | vllm | auto")
     ap.add_argument("--deadline-s", type=float, default=600.0, help="per-rollout deadline")
@@ -157,11 +164,11 @@ def main(argv: list[str] | None = None) -> int:
     a.tasks_per_step = a.tasks_per_step or (2 if quick else 8)
     a.group_size = a.group_size or (2 if quick else 4)
     a.eval_tasks = a.eval_tasks or (8 if quick else 64)
+    a.max_tokens = a.max_tokens or (32 if quick else 512)
+    a.max_turns = a.max_turns or (1 if quick else 3)
     if quick:
         a.clients = min(a.clients, 2)
         a.n_per_domain = max(a.n_per_domain, 8)
-
-    import dataclasses
 
     from jobs.train_agent import run, start_clients, stop_clients
     from sqlrl.agent.chat_format import HFChatFormat
@@ -182,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"gateway_learn: train -- {a.steps} step(s) x {a.tasks_per_step} x {a.group_size}", flush=True)
     clients: list[Any] = []
     try:
-        summary = run(train_cfg, on_url=lambda url: clients.append(start_clients(url, key, AGENT, a.clients)),
+        summary = run(train_cfg, on_url=lambda url: clients.append(start_clients(url, key, AGENT, a.clients,
+                                                                                   _agent_args(a))),
                       observe=lambda step, ts: traces.extend(ts))
     finally:
         stop_clients(clients, a.deadline_s)
@@ -194,8 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     paired = paired_difference(before, after, seed=a.seed)
     rep = {"model": a.model, "quick": quick, "steps": a.steps, "tasks_per_step": a.tasks_per_step,
            "group_size": a.group_size, "eval_tasks": len(before), "checkpoint": trained,
-           "before": dataclasses.asdict(success_rate(list(before.values()))),
-           "after": dataclasses.asdict(success_rate(list(after.values()))),
+           "before": success_rate(list(before.values())).to_dict(),
+           "after": success_rate(list(after.values())).to_dict(),
            "paired": paired.to_dict(), "exactness": exactness(traces, HFChatFormat(tokenizer).turn_end_ids),
            "train_steps": summary["steps"], "db_active_leases": summary["db_active_leases"],
            "seconds": time.perf_counter() - t0}

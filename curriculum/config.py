@@ -317,6 +317,7 @@ class GatewaySettings:
 
     agent: str = "openai"  # examples.run_clients' AGENTS: openai (tool calls, one conversation) | langgraph
     clients: int = 2  # client processes
+    max_tokens: int = 512  # per LLM call of the clients' agent (run_clients --max-tokens)
     rollout_deadline_s: float = 300.0  # a claimed rollout not completed by then expires
     redraws: int = 0  # replacement rollouts a group may get per step for its expired / failed ones
     train_tags: tuple[str, ...] | None = None  # None: every tagged call trains

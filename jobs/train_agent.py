@@ -179,14 +179,15 @@ def gateway_steps(cfg: AgentJobConfig, tasks: Sequence[Any], catalog: Mapping[st
     return history, url, host.close()
 
 
-def start_clients(url: str, key: str, agent: str, k: int) -> Any:
-    """``k`` agent client processes (``python -m examples.run_clients``) against the gateway at
-    ``url``: a ``subprocess.Popen``; they exit once the gateway answers 410 (the job finished)."""
+def start_clients(url: str, key: str, agent: str, k: int, extra: Sequence[str] = ()) -> Any:
+    """``k`` agent client processes (``python -m examples.run_clients``, ``extra``: more of its
+    arguments, e.g. ``--max-tokens 64``) against the gateway at ``url``: a ``subprocess.Popen``;
+    they exit once the gateway answers 410 (the job finished)."""
     import subprocess
     import sys
 
     return subprocess.Popen([sys.executable, "-m", "examples.run_clients", "--gateway", url, "--api-key", key,
-                             "--agent", agent, "-k", str(k)])
+                             "--agent", agent, "-k", str(k), *extra])
 
 
 def stop_clients(procs: Sequence[Any], timeout_s: float) -> list[int]:
@@ -237,7 +238,8 @@ def train_stage(rt: Any, model: str, tasks: Sequence[Any], logger: Any) -> tuple
 
     try:
         history, _, _ = gateway_steps(cfg, tasks, rt.data.catalog, learner, rt.session_opener(), rt.asks,
-                                      log=log, on_url=lambda url: clients.append(start_clients(url, key, g.agent, g.clients)))
+                                      log=log, on_url=lambda url: clients.append(start_clients(
+                                          url, key, g.agent, g.clients, ["--max-tokens", str(g.max_tokens)])))
     finally:
         stop_clients(clients, cfg.rollout_deadline_s)
     return learner, history

@@ -66,13 +66,14 @@ class _Learner:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # a tiny model's generation on a loaded 2-core machine
 def test_train_stage_runs_the_stage_steps_through_the_gateway(shop_catalog, tmp_path):
     from sqlrl.db import SessionPool
     from sqlrl.db.source import LocalSessions
     from jobs.train_agent import train_stage
 
     cfg = stage_cfg("stage4", "trainer=gateway", "gateway.agent=openai", "gateway.clients=1", "rl.steps=2",
-                    "rl.tasks_per_step=1", "rl.group_size=2", "gateway.rollout_deadline_s=120", tmp_path=tmp_path)
+                    "rl.tasks_per_step=1", "rl.group_size=2", "gateway.rollout_deadline_s=900", "gateway.max_tokens=16", tmp_path=tmp_path)
     pool, logged = SessionPool(), []
     rt = SimpleNamespace(cfg=cfg, data=SimpleNamespace(catalog=shop_catalog), ray=False, asks=None,
                          learner=lambda model, optim, reference=False: _Learner(),
