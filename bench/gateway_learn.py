@@ -93,7 +93,8 @@ def evaluate(args: argparse.Namespace, model: str, run_dir: Path, traces_out: li
     try:
         gateway_steps(cfg, tasks, catalog, None, LocalSessions(catalog), None, log=lambda s, m: None,
                       on_url=lambda url: clients.append(start_clients(url, key, AGENT, args.clients, _agent_args(args))),
-                      observe=lambda step, traces: seen.extend(traces))
+                      observe=lambda step, traces: seen.extend(traces),
+                      after_steps=lambda: stop_clients(clients, args.deadline_s))
     finally:
         stop_clients(clients, args.deadline_s)
     traces_out.extend(seen)
@@ -191,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         summary = run(train_cfg, on_url=lambda url: clients.append(start_clients(url, key, AGENT, a.clients,
                                                                                    _agent_args(a))),
-                      observe=lambda step, ts: traces.extend(ts))
+                      observe=lambda step, ts: traces.extend(ts),
+                      after_steps=lambda: stop_clients(clients, a.deadline_s))
     finally:
         stop_clients(clients, a.deadline_s)
     trained = summary["checkpoint"]

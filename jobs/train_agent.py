@@ -148,11 +148,13 @@ def gateway_steps(cfg: AgentJobConfig, tasks: Sequence[Any], catalog: Mapping[st
                   sessions: Any, asks: Any, *, log: Callable[[int, dict], None],
                   rewards: Callable[[list[RolloutTrace]], list[RolloutTrace]] | None = None,
                   on_url: Callable[[str], None] | None = None,
-                  observe: Callable[[int, list[RolloutTrace]], None] | None = None) -> tuple[list[dict[str, Any]], str, int]:
+                  observe: Callable[[int, list[RolloutTrace]], None] | None = None,
+                  after_steps: Callable[[], Any] | None = None) -> tuple[list[dict[str, Any]], str, int]:
     """The gateway (``GATEWAY_HOSTS[cfg.host_kind]``, serving ``cfg.model`` with rollout sessions
     from ``sessions``) and ``run_steps`` with ``learner``; the gateway is stopped whatever happens.
     Returns ``(history, url, rollouts failed at stop)``. ``on_url``: called once it serves;
-    ``observe``: ``run_steps``'."""
+    ``observe``: ``run_steps``'; ``after_steps``: called after the last step, before the gateway
+    stops (the job's own clients exit on its 410 meanwhile: ``stop_clients``)."""
     from actors.gateway import GatewaySpec
     from serve.config import AuthSpec, ModelSpec
     from sqlrl.agent.chat_format import HFChatFormat
@@ -173,6 +175,8 @@ def gateway_steps(cfg: AgentJobConfig, tasks: Sequence[Any], catalog: Mapping[st
         history = run_steps(cfg, tasks, host, learner, pad_id=pad_id,
                             turn_end_ids=HFChatFormat(tokenizer).turn_end_ids, log=log, rewards=rewards,
                             observe=observe)
+        if after_steps is not None:
+            after_steps()
     except BaseException:
         host.close()
         raise
@@ -239,7 +243,8 @@ def train_stage(rt: Any, model: str, tasks: Sequence[Any], logger: Any) -> tuple
     try:
         history, _, _ = gateway_steps(cfg, tasks, rt.data.catalog, learner, rt.session_opener(), rt.asks,
                                       log=log, on_url=lambda url: clients.append(start_clients(
-                                          url, key, g.agent, g.clients, ["--max-tokens", str(g.max_tokens)])))
+                                          url, key, g.agent, g.clients, ["--max-tokens", str(g.max_tokens)])),
+                                      after_steps=lambda: stop_clients(clients, cfg.rollout_deadline_s))
     finally:
         stop_clients(clients, cfg.rollout_deadline_s)
     return learner, history
@@ -247,7 +252,8 @@ def train_stage(rt: Any, model: str, tasks: Sequence[Any], logger: Any) -> tuple
 
 def run(cfg: AgentJobConfig, *, rewards: Callable[[list[RolloutTrace]], list[RolloutTrace]] | None = None,
         on_url: Callable[[str], None] | None = None,
-        observe: Callable[[int, list[RolloutTrace]], None] | None = None) -> dict[str, Any]:
+        observe: Callable[[int, list[RolloutTrace]], None] | None = None,
+        after_steps: Callable[[], Any] | None = None) -> dict[str, Any]:
     """The job (module docstring); returns its summary. ``rewards``: tests only (``run_steps``);
     ``on_url``: called with the gateway's address once it serves."""
     from actors.learner import LearnerGroup
@@ -292,7 +298,8 @@ def run(cfg: AgentJobConfig, *, rewards: Callable[[list[RolloutTrace]], list[Rol
                   f"{row['merged_share']:.2f}; updated {row['updated']}", flush=True)
 
         history, url, failed = gateway_steps(cfg, tasks, catalog, learner, PoolSessions(pool.client(worker=0)),
-                                             asks, log=log, rewards=rewards, on_url=on_url, observe=observe)
+                                             asks, log=log, rewards=rewards, on_url=on_url, observe=observe,
+                                             after_steps=after_steps)
         # -- cleanup: the checkpoint (jobs.serve serves it as is), the summary
         final = run_dir / "final"
         learner.save(final, overwrite=True)

@@ -73,7 +73,7 @@ def test_train_stage_runs_the_stage_steps_through_the_gateway(shop_catalog, tmp_
     from jobs.train_agent import train_stage
 
     cfg = stage_cfg("stage4", "trainer=gateway", "gateway.agent=openai", "gateway.clients=1", "rl.steps=2",
-                    "rl.tasks_per_step=1", "rl.group_size=2", "gateway.rollout_deadline_s=900", "gateway.max_tokens=16", tmp_path=tmp_path)
+                    "rl.tasks_per_step=1", "rl.group_size=2", "rl.sampling_rounds=2", "gateway.rollout_deadline_s=900", "gateway.max_tokens=16", tmp_path=tmp_path)
     pool, logged = SessionPool(), []
     rt = SimpleNamespace(cfg=cfg, data=SimpleNamespace(catalog=shop_catalog), ray=False, asks=None,
                          learner=lambda model, optim, reference=False: _Learner(),
@@ -84,6 +84,7 @@ def test_train_stage_runs_the_stage_steps_through_the_gateway(shop_catalog, tmp_
     finally:
         pool.close()
     assert isinstance(learner, _Learner) and [s for s, _ in logged] == [0, 1]
-    assert [(h["rollouts"], h["completed"]) for h in history] == [(2, 2), (2, 2)]
+    # the random tiny model earns 0 everywhere: no group has a signal, so dynamic sampling draws twice
+    assert [(h["rollouts"], h["completed"], h["sampling_draws"]) for h in history] == [(4, 4, 2), (4, 4, 2)]
     assert history[-1]["gateway_active"] == 0 and history[-1]["gateway_waiting"] == 0
     assert (tmp_path / "stage4" / "gateway" / "gateway.json").is_file()
