@@ -19,8 +19,10 @@ Per step ``s`` (``run_steps``):
 3. Dynamic sampling (``sampling_rounds > 1``, as the built-in GRPO loop's ``rl.sampling_rounds``):
    while fewer than ``tasks_per_step`` groups would train (``trained_groups``: enough members and,
    with ``drop_equal_groups``, unequal rewards -- ``sqlrl.learn.groups.informative_rows``), draw
-   again (step 1 with the next tasks), at most ``sampling_rounds`` draws. After the last step's
-   last draw the gateway is told ``finish()`` (clients then get 410).
+   again (step 1 with the next tasks), at most ``sampling_rounds`` draws. The gateway is told
+   ``finish()`` (clients then get 410 once the waiting rollouts are claimed) as soon as no more
+   offers can come: right after the last step's last possible draw is offered when ``redraws`` is
+   0, else after the last step's last draw has settled.
 4. ``build_step`` on every counted trace of the step (``sqlrl.gateway.train``: one verl GRPO
    advantage per rollout, tags, unfinished rollouts, group filters).
 5. When a batch is left: ``updates_per_batch`` ``learner.step(batch, "grpo", loss)`` calls, then the
@@ -241,6 +243,7 @@ def run_steps(cfg: AgentJobConfig, tasks: Sequence[Any], gateway: StepGateway, l
         traces: list[RolloutTrace] = []
         replaced: list[RolloutTrace] = []
         draws = 0
+        finished = False
         for draw in range(cfg.sampling_rounds):  # 1 = no dynamic sampling
             offered = {}
             for i, task in enumerate(draw_tasks(tasks, cursor, cfg.tasks_per_step)):
@@ -249,12 +252,15 @@ def run_steps(cfg: AgentJobConfig, tasks: Sequence[Any], gateway: StepGateway, l
                 offered[group] = task
             cursor += cfg.tasks_per_step
             draws = draw + 1
+            if step == cfg.steps - 1 and draw == cfg.sampling_rounds - 1 and cfg.redraws == 0:
+                gateway.finish()  # nothing can be offered after these: clients get 410 once they are claimed
+                finished = True
             got, lost = settle_groups(cfg, gateway, offered, step)
             traces += rewards(got) if rewards is not None else got
             replaced += lost
             if cfg.sampling_rounds > 1 and len(trained_groups(traces, train_cfg, cfg.loss)) >= cfg.tasks_per_step:
                 break
-        if step == cfg.steps - 1:
+        if step == cfg.steps - 1 and not finished:
             gateway.finish()
         if observe is not None:
             observe(step, list(traces))

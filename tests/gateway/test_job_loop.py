@@ -125,6 +125,8 @@ def test_a_dead_clients_rollout_is_redrawn_within_the_bound():
     assert sum(n for g, _, n in redraws if g == "s0/g0") == 2  # both dead rollouts replaced once, same task
     assert sum(n for g, _, n in redraws if g == "s0/g1") == 3  # the bound: 3, then the group stays short
     assert all(t == {"s0/g0": "t0", "s0/g1": "t1"}[g] for g, t, _ in redraws)
+    kinds = [e[0] for e in gw.events]  # with redraws: finish only once the last draw has settled
+    assert kinds.index("finish") > max(i for i, k in enumerate(kinds) if k in ("offer", "wait"))
     assert row["redrawn"] == 5 and row["completed"] == 2 and row["failed"] == 2 and row["expired"] == 0
     assert row["groups_trained"] == 1 and row["updated"]  # g0: full again, rewards 0 and 1
 
@@ -157,7 +159,8 @@ def test_dynamic_sampling_stops_at_its_bound():
     learner = FakeLearner()
     (row,) = run_steps(cfg, ["t0", "t1"], gw, learner, pad_id=0)
     assert row["sampling_draws"] == 3 and row["groups_drawn"] == 3 and not row["updated"] and learner.steps == 0
-    assert gw.events[-1] == ("finish",)  # after the last draw only
+    # the last possible draw's offers, then at once finish (no redraws: nothing can follow)
+    assert [e[0] for e in gw.events[-3:]] == ["offer", "finish", "wait"]
 
 
 def test_step_tasks_cycle_and_refuse_an_empty_list():
