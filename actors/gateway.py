@@ -22,6 +22,16 @@ methods and uvicorn share the actor's event loop (an async actor).
   the core takes any clock) and sets the Prometheus gauges ``sqlrl_gateway_*`` (Prometheus:
   ``ray_sqlrl_gateway_*``; ``GatewayStats``' fields plus ``calls_per_s`` and
   ``generated_tokens_per_s`` over the last tick), tagged with the Ray job id.
+- **Restarts**: with ``run_dir`` (and ``journal``, default on) the rollouts are journalled to
+  ``<run_dir>/gateway_journal.jsonl`` (``sqlrl.gateway.journal``); a host started on a run dir whose
+  journal holds records resumes from it (ended traces kept for the job's next ``drain``, offers
+  waiting again, rollouts live at the restart expired with the cause named) and prints what it
+  resumed. A new job removes the journal first (``jobs.train_agent``). The sessions of rollouts
+  live at the restart belonged to the dead process and are not released by the new one.
+- **The job's wait**: ``wait_step(timeout)`` returns once every offered rollout has ended (an
+  async method waiting on the rollouts' condition in a worker thread: the driver's ``ray.get``
+  long-polls the actor's state, nothing is polled on a clock); ``ActorGateway`` wraps a handle as
+  the job's ``StepGateway``.
 - ``start()`` binds ``host:port`` (port 0: any free port), prints ``sqlrl gateway: <url>`` and writes
   ``{"url": ...}`` to ``<run_dir>/gateway.json``; ``stop()`` ends the server, fails the rollouts still
   live (their sessions are released) and closes an engine it built.
@@ -41,6 +51,7 @@ from typing import Any, Mapping
 
 from serve.config import AuthSpec, LimitsSpec, ModelSpec
 from sqlrl.config import from_mapping, to_dict
+from sqlrl.gateway.journal import JOURNAL_FILE, Journal
 from sqlrl.gateway.rollouts import GatewayConfig, GatewayStats, JudgeScorer, Rollouts
 from sqlrl.gateway.trace import RolloutTrace
 from sqlrl.tasks.kinds import kind_of_record
@@ -59,6 +70,7 @@ class GatewaySpec:
     port: int = 0  # 0: any free port
     run_dir: str = ""  # where gateway.json goes ("" : nowhere)
     tick_s: float = 1.0  # expiry and metrics period
+    journal: bool = True  # with run_dir: journal to <run_dir>/gateway_journal.jsonl and resume from it
 
     def __post_init__(self) -> None:
         if not self.tick_s > 0:
@@ -114,8 +126,9 @@ class _Gauges:
 
 class GatewayServer:
     def __init__(self, spec: Mapping[str, Any] | GatewaySpec, *, policy: Any = None, engine: Any = None,
-                 sessions: Any = None) -> None:
-        """``policy`` + ``engine``: use these (in-process) instead of building them; ``sessions``: a
+                 sessions: Any = None, owns_engine: bool = False) -> None:
+        """``policy`` + ``engine``: use these (in-process) instead of building them (``owns_engine``:
+        ``stop()`` closes the given engine too); ``sessions``: a
         ``SessionSource`` for the rollouts' sessions (default ``LocalSessions`` on the catalog;
         ``PoolSessions`` over the DB pool in a cluster job)."""
         from serve.config import load_serve_config
@@ -136,11 +149,12 @@ class GatewayServer:
             self.model, self.engine, self._owns_engine = server.model, server.engine, True
         else:
             self.model = ModelEngine(s.name, policy, engine, load_serve_config(serve_args))
-            self.engine, self._owns_engine = engine, False
+            self.engine, self._owns_engine = engine, owns_engine
         if sessions is None:
             sessions = LocalSessions(s.catalog)
+        journal = Journal(Path(s.run_dir, JOURNAL_FILE)) if s.journal and s.run_dir else None
         self.rollouts = Rollouts(s.gateway, sessions, JudgeScorer(Judge(s.catalog), s.gateway.reward),
-                                 schemas=_schemas(s.catalog))
+                                 schemas=_schemas(s.catalog), journal=journal)
         self.app = build_gateway_app(self.rollouts, self.model, keys=keys, limits=s.limits)
         self.url: str | None = None
         self._server: Any = None
@@ -171,6 +185,10 @@ class GatewayServer:
             Path(self.spec.run_dir).mkdir(parents=True, exist_ok=True)
             Path(self.spec.run_dir, "gateway.json").write_text(json.dumps({"url": self.url}) + "\n")
         print(f"sqlrl gateway: {self.url}", flush=True)
+        r = self.rollouts.restored
+        if r.ended or r.lost or r.waiting:
+            print(f"sqlrl gateway: resumed from its journal: {len(r.ended)} ended rollout(s) kept for the job, "
+                  f"{len(r.waiting)} waiting again, {len(r.lost)} live at the restart expired", flush=True)
         return self.url
 
     async def _tick(self) -> None:
@@ -190,6 +208,12 @@ class GatewayServer:
 
     async def finish(self) -> None:
         self.rollouts.finish()
+
+    async def wait_step(self, timeout: float | None = None) -> bool:
+        """Until every offered rollout has ended (``Rollouts.wait_idle``: woken by the gateway's
+        state changes, not polled) or ``timeout``; returns whether they all ended. ``stop()``
+        releases it. The job's step wait through the actor (``ActorGateway``)."""
+        return await asyncio.to_thread(self.rollouts.wait_idle, timeout)
 
     async def drain(self) -> list[RolloutTrace]:
         return self.rollouts.drain()
@@ -218,8 +242,47 @@ class GatewayServer:
         return failed
 
 
+class ActorGateway:
+    """A gateway actor seen from the job's driver as ``sqlrl.gateway.job.StepGateway`` (blocking
+    calls: each is one actor method, ``ray.get`` of it). ``jobs.train_agent`` with ``gateway_host:
+    actor``; ``jobs.train_agent.GatewayHost`` is the same interface in-process."""
+
+    def __init__(self, handle: Any) -> None:
+        import ray
+
+        self.handle, self._get = handle, ray.get
+
+    def offer(self, group_id: str, task: Any, n: int) -> None:
+        self._get(self.handle.offer.remote(group_id, task, n))
+
+    def finish(self) -> None:
+        self._get(self.handle.finish.remote())
+
+    def wait_step(self, timeout: float | None) -> bool:
+        return self._get(self.handle.wait_step.remote(timeout))
+
+    def drain(self) -> list[RolloutTrace]:
+        return self._get(self.handle.drain.remote())
+
+    def stats(self) -> GatewayStats:
+        return self._get(self.handle.stats.remote())
+
+    def update_weights(self, weights: Mapping[str, Any], policy: str) -> int:
+        return self._get(self.handle.update_weights.remote(weights, policy))
+
+    def close(self) -> int:
+        """Stop the actor's server (live rollouts failed, sessions released), then the actor."""
+        import ray
+
+        try:
+            return self._get(self.handle.stop.remote())
+        finally:
+            ray.kill(self.handle)
+
+
 def start_gateway(spec: Mapping[str, Any] | GatewaySpec, *, num_cpus: float = 1.0, num_gpus: float = 0.0,
-                  name: str | None = None, sessions: Any = None) -> tuple[Any, str]:
+                  resources: Mapping[str, float] | None = None, name: str | None = None,
+                  sessions: Any = None, max_restarts: int = 0) -> tuple[Any, str]:
     """The gateway as a Ray actor (started, serving): ``(handle, url)``. ``sessions``: a picklable
     ``SessionSource`` for the rollouts (``PoolSessions(db_pool_client)``: leases from the job's DB
     pool); default: local sessions on the spec's catalog."""
@@ -228,7 +291,8 @@ def start_gateway(spec: Mapping[str, Any] | GatewaySpec, *, num_cpus: float = 1.
     spec = spec if isinstance(spec, GatewaySpec) else load_gateway_spec(spec)
     env = {k: os.environ[k] for k in (spec.auth.api_keys_env,) if k and k in os.environ}
     actor = ray.remote(GatewayServer).options(
-        num_cpus=num_cpus, num_gpus=num_gpus, name=name, max_concurrency=1000,
+        num_cpus=num_cpus, num_gpus=num_gpus, resources=dict(resources or {}), name=name, max_concurrency=1000,
+        max_restarts=max_restarts,
         runtime_env={"env_vars": env} if env else None)
     handle = actor.remote(spec, sessions=sessions)
     return handle, ray.get(handle.start.remote())

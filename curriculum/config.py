@@ -310,6 +310,24 @@ class CheckpointSettings:
 
 
 @dataclass(frozen=True)
+class GatewaySettings:
+    """``trainer: gateway``: the stage's GRPO steps (``rl.*``) run through the training gateway
+    (``jobs.train_agent.gateway_steps``), rolled out by agent client processes
+    (``examples.run_clients``) instead of the built-in rollout workers."""
+
+    agent: str = "openai"  # examples.run_clients' AGENTS: openai (tool calls, one conversation) | langgraph
+    clients: int = 2  # client processes
+    max_tokens: int = 512  # per LLM call of the clients' agent (run_clients --max-tokens)
+    rollout_deadline_s: float = 300.0  # a claimed rollout not completed by then expires
+    redraws: int = 0  # replacement rollouts a group may get per step for its expired / failed ones
+    train_tags: tuple[str, ...] | None = None  # None: every tagged call trains
+
+    def __post_init__(self) -> None:
+        if isinstance(self.clients, bool) or not isinstance(self.clients, int) or self.clients < 1:
+            raise ValueError(f"gateway.clients must be an int >= 1, got {self.clients!r}")
+
+
+@dataclass(frozen=True)
 class StageConfig:
     stage: str = "stage1"  # a name in curriculum.stages.STAGES
     run_dir: str = "runs/main"
@@ -331,6 +349,11 @@ class StageConfig:
     # (reward.test_suite: true with reward.test_suite_dir, a folder where database variants and
     # suites are cached, e.g. <run_dir>/test_suite; docs/rewards.md). Off by default.
     reward: RewardConfig = field(default_factory=RewardConfig)
+    # The update loop (a key of jobs.train.TRAINERS; checked by the stage job before any work):
+    # null = the stage's own (curriculum.stages.STAGES[stage].trainer); gateway = an agentic GRPO
+    # stage's steps through the training gateway with external agent clients (the `gateway:` section).
+    trainer: str | None = None
+    gateway: GatewaySettings = field(default_factory=GatewaySettings)
 
     def __post_init__(self) -> None:
         stage_spec(self.stage)  # an unknown stage is an error naming the known ones
@@ -351,6 +374,11 @@ class StageConfig:
     @property
     def mode(self) -> str:
         return self.spec.mode
+
+    @property
+    def trainer_name(self) -> str:
+        """The update loop that runs: ``trainer``, else the stage's own."""
+        return self.trainer or self.spec.trainer
 
     @property
     def reward_name(self) -> str:

@@ -70,7 +70,7 @@ def run_stage(cfg: StageConfig, *, config_path: str | Path | None = None) -> dic
             raise SystemExit(f"{cfg.stage}: {spec.build_note} kept nothing ({report.summary()}); "
                              f"see the report in {cfg.stage_dir}")
         logger = stage_logger(cfg)
-        learner, history = TRAINERS[spec.trainer].train(rt, cfg.init_model(), items, logger)
+        learner, history = TRAINERS[cfg.trainer_name].train(rt, cfg.init_model(), items, logger)
         # -- cleanup: checkpoint, evaluation, summary
         extra = {"data_build": report.to_dict(), **({"test_suites": suites.to_dict()} if suites else {})}
         return finish_stage(rt, learner, history, logger, extra, peak_scope=peak_scope)
@@ -121,10 +121,22 @@ def check_stage(cfg: StageConfig, config_path: str | Path | None = None) -> None
         check_overwrite(cfg)
         start = cfg.init_model()  # fail now, not after data preparation, when the start checkpoint is missing
         cfg.check_init_style()  # ... or was trained with another schema rendering
+        check_trainer(cfg)
     except (ConfigError, FileNotFoundError, ValueError) as exc:
         raise SystemExit(f"{cfg.stage}: {exc}") from None
     console.print(describe_stage(cfg, start, None if config_path is None else str(config_path)),
                   markup=False, highlight=False)
+
+
+def check_trainer(cfg: StageConfig) -> None:
+    """``ValueError`` when ``trainer`` names no ``TRAINERS`` entry, or one that takes other items
+    than the stage's data builder makes (SFT examples vs tasks) or another rollout mode."""
+    chosen, own = TRAINERS.get(cfg.trainer_name), TRAINERS[cfg.spec.trainer]
+    if chosen is None:
+        raise ValueError(f"trainer {cfg.trainer_name!r} is not one of {', '.join(TRAINERS)}")
+    if chosen.takes != own.takes or (chosen.modes and cfg.mode not in chosen.modes):
+        raise ValueError(f"trainer {cfg.trainer_name!r} trains on {chosen.takes} in "
+                         f"{'/'.join(chosen.modes) or 'any'} mode; {cfg.stage} builds {own.takes} in {cfg.mode} mode")
 
 
 def check_overwrite(cfg: StageConfig) -> None:
@@ -152,7 +164,7 @@ def describe_stage(cfg: StageConfig, start: str, config_path: str | None) -> str
         f"  run_dir:    {cfg.run_dir} -> outputs in {outputs}",
         f"  start from: {start}",
         f"  data:       {source}: {d.train_size} training tasks, mixture {mixture}",
-        f"  steps:      {TRAINERS[cfg.spec.trainer].plan(cfg)}",
+        f"  steps:      {TRAINERS[cfg.trainer_name].plan(cfg)}",
         f"  evaluation: {evals}",
         f"  config:     {config_path or 'built-in defaults (no --config)'}; "
         f"{'Ray actors' if cfg.cluster.ray else 'in-process'}",
@@ -195,7 +207,7 @@ def finish_stage(rt: Any, learner: Any, history: list[dict], logger: Any,
         evals = [e.to_dict() for e in held_out.evaluations(rt, str(final), rt.data.eval, cfg.eval.modes or (cfg.mode,))]
     summary = {"stage": cfg.stage, "title": cfg.spec.title, "checkpoint": str(final),
                "steps": len(history), "data": rt.data.counts(), "source": rt.data.source,
-               "last": history[-1] if history else {}, "training": TRAINERS[cfg.spec.trainer].signal(history),
+               "last": history[-1] if history else {}, "training": TRAINERS[cfg.trainer_name].signal(history),
                "eval": evals,
                "eval_change": held_out.changes_since_earlier(cfg.run_dir, cfg.stage, evals),
                "curves": [str(p) for p in curves], "peak_rss_gib": memory.peak_gib(), "peak_rss_scope": peak_scope,

@@ -1,6 +1,8 @@
-"""The update loops of the stage jobs, in a registry: ``TRAINERS[spec.trainer]``.
+"""The update loops of the stage jobs, in a registry: ``TRAINERS[cfg.trainer_name]`` (the stage's own, or the config's ``trainer``).
 
 - ``sft``: ``sft.epochs`` passes over the stage's ``SFTExample``s in batches of ``sft.batch_size``.
+- ``gateway`` (a stage's ``trainer: gateway``; agentic stages): the same ``rl.*`` steps through the
+  training gateway with external agent clients (``jobs.train_agent.train_stage``, docs/gateway_training.md).
 - ``grpo``: ``rl.steps`` GRPO steps over the stage's tasks: the loop itself -- roll out
   ``tasks_per_step`` tasks x ``group_size`` samples, score them (``StageConfig.reward_name``, with the ``reward`` section's settings), keep the
   groups with a signal (dynamic sampling with ``rl.sampling_rounds > 1``), update, sync -- is
@@ -242,11 +244,30 @@ class Trainer:
     plan: Callable[[StageConfig], str]  # the "steps:" line of the job's plan
     signal: Callable[[Sequence[dict]], dict[str, Any]]  # what the steps measured, with a "text" line
     curves: Curves  # how jobs.report draws its stages' metrics
+    takes: str = "tasks"  # what its items are: "tasks" | "SFT examples" (a stage's trainer may be swapped for one that takes the same)
+    modes: tuple[str, ...] = ()  # the stage modes it can train (empty: any)
+
+
+def train_gateway(rt: Any, model: str, tasks: Sequence[Any], logger: Any) -> tuple[Any, list[dict]]:
+    """``rl.steps`` GRPO steps through the training gateway, agent client processes rolling out
+    (``jobs.train_agent.train_stage``)."""
+    from jobs.train_agent import train_stage
+
+    return train_stage(rt, model, tasks, logger)
+
+
+def plan_gateway(cfg: StageConfig) -> str:
+    g = cfg.gateway
+    return (plan_grpo(cfg) + f"; through the training gateway, {g.clients} {g.agent} client process(es) rolling out"
+            + (f", {g.redraws} redraw(s) per group" if g.redraws else ""))
 
 
 # In the report's figure order (jobs.report draws one figure per trainer, in this order).
 TRAINERS: dict[str, Trainer] = {
     "grpo": Trainer(train_grpo, plan_grpo, signal_grpo,
                     Curves("rl_curves.png", "RL stages", ("reward_mean", "pass_rate", "reward_format", "reward_result"))),
-    "sft": Trainer(train_sft, plan_sft, signal_sft, Curves("sft_loss.png", "SFT loss", ("loss",))),
+    "sft": Trainer(train_sft, plan_sft, signal_sft, Curves("sft_loss.png", "SFT loss", ("loss",)), takes="SFT examples"),
+    "gateway": Trainer(train_gateway, plan_gateway, signal_grpo,
+                       Curves("gateway_curves.png", "RL stages through the gateway", ("reward_mean", "pass_rate")),
+                       modes=("agentic",)),
 }

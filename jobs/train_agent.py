@@ -12,9 +12,11 @@ one GRPO update, push the weights to the gateway's engine) -> ``<run_dir>/final`
 Guarantees:
 - The gateway's engine is the policy the learner trains: both start from ``model``; after each
   update the learner's weights go to that engine with ``update_policy`` (``drain`` by default).
-- The gateway and its engine run in this process (an event-loop thread); the learner ranks and the
-  DB pool are Ray actors with ``ray=true`` (``ray job submit`` sets ``RAY_ADDRESS``), else
-  in-process. Rollout sessions are leases from the job's DB pool (``PoolSessions``); the Judge
+- Where the gateway and its engine run is ``GATEWAY_HOSTS[cfg.host_kind]``: ``process`` (this
+  process, an event-loop thread; the default without Ray, and the tests') or ``actor`` (a Ray
+  actor, ``actors.gateway.start_gateway``; the default with ``ray=true``); the job talks to either
+  through the same ``StepGateway`` calls, its step wait included. The learner ranks and the DB pool
+  are Ray actors with ``ray=true`` (``ray job submit`` sets ``RAY_ADDRESS``), else in-process. Rollout sessions are leases from the job's DB pool (``PoolSessions``); the Judge
   scores final SQL on sessions of its own.
 - Every step's metrics row (``run_steps``) goes to ``<run_dir>/metrics.jsonl``, TensorBoard and
   (on Ray) the dashboard's gauges, like the stage jobs'; the gateway's own ``sqlrl_gateway_*``
@@ -22,8 +24,8 @@ Guarantees:
 - ``<run_dir>/final`` is the learner's checkpoint in the format the stage jobs save, so
   ``python -m jobs.serve --model NAME=<run_dir>/final`` serves it as is; ``summary.json`` records
   it, the steps' rows and the DB pool's active leases at the end (0 when every session was released).
-- Whatever happens, the gateway stops (live rollouts are failed, their sessions released), then the
-  engine, the learner and the pool.
+- Whatever happens, the gateway stops (live rollouts are failed, their sessions released; its
+  engine with it), then the learner and the pool.
 """
 
 from __future__ import annotations
@@ -38,7 +40,9 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from sqlrl.config import load_config, to_dict
+from sqlrl.gateway.job import GATEWAY_HOSTS as HOST_NAMES
 from sqlrl.gateway.job import AgentJobConfig, DataSpec, run_steps
+from sqlrl.gateway.journal import JOURNAL_FILE
 from sqlrl.gateway.trace import RolloutTrace
 
 
@@ -60,12 +64,12 @@ def load_tasks(d: DataSpec) -> tuple[list[Any], dict, dict]:
 
 class GatewayHost:
     """``actors.gateway.GatewayServer`` in this process on an event-loop thread: the job's
-    ``StepGateway`` (``sqlrl.gateway.job``)."""
+    ``StepGateway`` (``sqlrl.gateway.job``) with ``gateway_host: process``."""
 
-    def __init__(self, spec: Any, policy: Any, engine: Any, sessions: Any) -> None:
+    def __init__(self, spec: Any, policy: Any, engine: Any, sessions: Any, *, owns_engine: bool = False) -> None:
         from actors.gateway import GatewayServer
 
-        self.server = GatewayServer(spec, policy=policy, engine=engine, sessions=sessions)
+        self.server = GatewayServer(spec, policy=policy, engine=engine, sessions=sessions, owns_engine=owns_engine)
         self.rollouts = self.server.rollouts
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="sqlrl-gateway", daemon=True)
@@ -84,11 +88,7 @@ class GatewayHost:
         self.rollouts.finish()
 
     def wait_step(self, timeout: float | None) -> bool:
-        def ended() -> bool:
-            s = self.rollouts.stats()
-            return s.waiting == 0 and s.active == 0
-
-        return self.rollouts.wait_until(ended, timeout)
+        return self.rollouts.wait_idle(timeout)
 
     def drain(self) -> list[RolloutTrace]:
         return self.rollouts.drain()
@@ -108,20 +108,159 @@ class GatewayHost:
             self._thread.join(timeout=30)
 
 
+def process_gateway(cfg: AgentJobConfig, spec: Any, sessions: Any, asks: Any) -> tuple[Any, str]:
+    """The gateway and its engine in this process (``gateway_host: process``): ``(host, url)``."""
+    from sqlrl.policy.backends import make_engine
+    from sqlrl.policy.load import load_policy
+
+    policy = load_policy(cfg.model)
+    engine = make_engine(cfg.backend, policy, seed=cfg.seed, max_batch=cfg.max_batch)
+    try:
+        host = GatewayHost(spec, policy, engine, sessions, owns_engine=True)
+    except BaseException:
+        asyncio.run(engine.close())
+        raise
+    try:
+        return host, host.start()
+    except BaseException:
+        host.close()
+        raise
+
+
+def actor_gateway(cfg: AgentJobConfig, spec: Any, sessions: Any, asks: Any) -> tuple[Any, str]:
+    """The gateway as a Ray actor building its own engine from ``spec.model``
+    (``gateway_host: actor``; the rollout workers' placement ask): ``(ActorGateway, url)``."""
+    from actors.gateway import ActorGateway, start_gateway
+
+    ask = asks.rollout
+    handle, url = start_gateway(spec, num_cpus=ask.num_cpus, num_gpus=ask.num_gpus, resources=ask.resources,
+                                sessions=sessions)
+    return ActorGateway(handle), url
+
+
+# Where the gateway runs (``gateway_host``; names: ``sqlrl.gateway.job.GATEWAY_HOSTS``).
+GATEWAY_HOSTS: dict[str, Callable[[AgentJobConfig, Any, Any, Any], tuple[Any, str]]] = {
+    "process": process_gateway, "actor": actor_gateway}
+assert set(GATEWAY_HOSTS) == set(HOST_NAMES)
+
+
+def gateway_steps(cfg: AgentJobConfig, tasks: Sequence[Any], catalog: Mapping[str, Any], learner: Any,
+                  sessions: Any, asks: Any, *, log: Callable[[int, dict], None],
+                  rewards: Callable[[list[RolloutTrace]], list[RolloutTrace]] | None = None,
+                  on_url: Callable[[str], None] | None = None,
+                  observe: Callable[[int, list[RolloutTrace]], None] | None = None,
+                  after_steps: Callable[[], Any] | None = None) -> tuple[list[dict[str, Any]], str, int]:
+    """The gateway (``GATEWAY_HOSTS[cfg.host_kind]``, serving ``cfg.model`` with rollout sessions
+    from ``sessions``) and ``run_steps`` with ``learner``; the gateway is stopped whatever happens.
+    Returns ``(history, url, rollouts failed at stop)``. ``on_url``: called once it serves;
+    ``observe``: ``run_steps``'; ``after_steps``: called after the last step, before the gateway
+    stops (the job's own clients exit on its 410 meanwhile: ``stop_clients``)."""
+    from actors.gateway import GatewaySpec
+    from serve.config import AuthSpec, ModelSpec
+    from sqlrl.agent.chat_format import HFChatFormat
+    from sqlrl.policy.load import load_tokenizer
+
+    tokenizer, pad_id = load_tokenizer(cfg.model)
+    Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
+    (Path(cfg.run_dir) / JOURNAL_FILE).unlink(missing_ok=True)  # a new gateway: it resumes only its own journal
+    spec = GatewaySpec(model=ModelSpec(path=cfg.model, backend=cfg.backend, max_batch_size=cfg.max_batch),
+                       catalog=dict(catalog), gateway=cfg.gateway_config(),
+                       auth=AuthSpec(api_keys=cfg.api_keys, api_keys_env=cfg.api_keys_env),
+                       host=cfg.host, port=cfg.port, run_dir=cfg.run_dir, tick_s=cfg.tick_s)
+    # prints "sqlrl gateway: <url>", writes <run_dir>/gateway.json
+    host, url = GATEWAY_HOSTS[cfg.host_kind](cfg, spec, sessions, asks)
+    try:
+        if on_url is not None:
+            on_url(url)
+        history = run_steps(cfg, tasks, host, learner, pad_id=pad_id,
+                            turn_end_ids=HFChatFormat(tokenizer).turn_end_ids, log=log, rewards=rewards,
+                            observe=observe)
+        if after_steps is not None:
+            after_steps()
+    except BaseException:
+        host.close()
+        raise
+    return history, url, host.close()
+
+
+def start_clients(url: str, key: str, agent: str, k: int, extra: Sequence[str] = ()) -> Any:
+    """``k`` agent client processes (``python -m examples.run_clients``, ``extra``: more of its
+    arguments, e.g. ``--max-tokens 64``) against the gateway at ``url``: a ``subprocess.Popen``;
+    they exit once the gateway answers 410 (the job finished)."""
+    import subprocess
+    import sys
+
+    return subprocess.Popen([sys.executable, "-m", "examples.run_clients", "--gateway", url, "--api-key", key,
+                             "--agent", agent, "-k", str(k), *extra])
+
+
+def stop_clients(procs: Sequence[Any], timeout_s: float) -> list[int]:
+    """Wait for client processes to exit (after the gateway's 410); one still running after
+    ``timeout_s`` is terminated. Returns their exit codes."""
+    import subprocess
+
+    codes = []
+    for p in procs:
+        try:
+            codes.append(p.wait(timeout=timeout_s))
+        except subprocess.TimeoutExpired:
+            p.terminate()
+            codes.append(p.wait())
+    return codes
+
+
+def train_stage(rt: Any, model: str, tasks: Sequence[Any], logger: Any) -> tuple[Any, list[dict[str, Any]]]:
+    """A curriculum stage's GRPO steps through the gateway (``jobs.train.TRAINERS["gateway"]``):
+    ``rl.*`` gives the steps, groups, dynamic sampling, loss and weight update; ``gateway.*`` the
+    clients (``gateway.clients`` processes of ``examples.run_clients --agent gateway.agent``,
+    started once the gateway serves, with a key made for this stage), their deadline, redraws and
+    the tags that train. The gateway's engine and the stage's learner start from ``model``;
+    rollout sessions come from the stage's DB pool; the Judge scores with ``StageConfig.reward_name``.
+    Returns the learner and the steps' metrics rows (each also ``logger.log``ged)."""
+    import secrets
+
+    from jobs.output import console
+    from jobs.train import rl_seed
+
+    c, r, g = rt.cfg, rt.cfg.rl, rt.cfg.gateway
+    key = secrets.token_urlsafe(18)
+    cfg = AgentJobConfig(run_dir=str(c.stage_dir / "gateway"), model=model, steps=r.steps,
+                         tasks_per_step=r.tasks_per_step, group_size=r.group_size, sampling_rounds=r.sampling_rounds,
+                         updates_per_batch=r.updates_per_batch, update_policy=r.weight_update,
+                         rollout_deadline_s=g.rollout_deadline_s, redraws=g.redraws, train_tags=g.train_tags,
+                         reward=c.reward_name, api_keys=(key,), api_keys_env="", ray=rt.ray, seed=rl_seed(c),
+                         max_length=c.rollout.max_total_tokens, loss=r.loss, optim=r.optim)
+    optim = dataclasses.replace(r.optim, total_steps=max(1, r.steps * r.updates_per_batch))
+    learner = rt.learner(model, optim, reference=r.loss.kl_coef > 0)
+    clients: list[Any] = []
+
+    def log(step: int, row: dict) -> None:
+        logger.log(step, row)
+        console.print(f"  {c.stage} step {step + 1}/{r.steps} (gateway): {row['completed']}/{row['rollouts']} "
+                      f"completed, reward {row['reward_mean']:.3f}, pass {row['pass_rate']:.2f}, groups trained "
+                      f"{row['groups_trained']}/{row['groups_drawn']}")
+
+    try:
+        history, _, _ = gateway_steps(cfg, tasks, rt.data.catalog, learner, rt.session_opener(), rt.asks,
+                                      log=log, on_url=lambda url: clients.append(start_clients(
+                                          url, key, g.agent, g.clients, ["--max-tokens", str(g.max_tokens)])),
+                                      after_steps=lambda: stop_clients(clients, cfg.rollout_deadline_s))
+    finally:
+        stop_clients(clients, cfg.rollout_deadline_s)
+    return learner, history
+
+
 def run(cfg: AgentJobConfig, *, rewards: Callable[[list[RolloutTrace]], list[RolloutTrace]] | None = None,
-        on_url: Callable[[str], None] | None = None) -> dict[str, Any]:
+        on_url: Callable[[str], None] | None = None,
+        observe: Callable[[int, list[RolloutTrace]], None] | None = None,
+        after_steps: Callable[[], Any] | None = None) -> dict[str, Any]:
     """The job (module docstring); returns its summary. ``rewards``: tests only (``run_steps``);
     ``on_url``: called with the gateway's address once it serves."""
-    from actors.gateway import GatewaySpec
     from actors.learner import LearnerGroup
     from curriculum.placement import load_profile
     from jobs.runtime import connect_ray, session_pool
-    from serve.config import AuthSpec, ModelSpec
-    from sqlrl.agent.chat_format import HFChatFormat
     from sqlrl.db.source import PoolSessions
     from sqlrl.metrics import MetricsLogger
-    from sqlrl.policy.backends import make_engine
-    from sqlrl.policy.load import load_policy
 
     # -- setup: tasks, DB pool, learner, engine + gateway
     run_dir = Path(cfg.run_dir)
@@ -136,7 +275,6 @@ def run(cfg: AgentJobConfig, *, rewards: Callable[[list[RolloutTrace]], list[Rol
     pool = session_pool(catalog, [d for v in catalog.values() for d in v], workers=1 if cfg.ray else 0,
                         reward=False, asks=asks)
     closers: list[Callable[[], Any]] = [pool.shutdown]
-    host = None
     try:
         optim = dataclasses.replace(cfg.optim, total_steps=max(1, cfg.steps * cfg.updates_per_batch))
         ask = asks.learner
@@ -144,22 +282,6 @@ def run(cfg: AgentJobConfig, *, rewards: Callable[[list[RolloutTrace]], list[Rol
                                reference=cfg.loss.kl_coef > 0, num_cpus=ask.num_cpus, num_gpus=ask.num_gpus,
                                resources=dict(ask.resources))
         closers.append(learner.shutdown)
-        policy = load_policy(cfg.model)
-        engine = make_engine(cfg.backend, policy, seed=cfg.seed, max_batch=cfg.max_batch)
-        spec = GatewaySpec(model=ModelSpec(path=cfg.model, backend=cfg.backend, max_batch_size=cfg.max_batch),
-                           catalog=catalog, gateway=cfg.gateway_config(),
-                           auth=AuthSpec(api_keys=cfg.api_keys, api_keys_env=cfg.api_keys_env),
-                           host=cfg.host, port=cfg.port, run_dir=str(run_dir), tick_s=cfg.tick_s)
-        try:
-            host = GatewayHost(spec, policy, engine, PoolSessions(pool.client(worker=0)))
-        except BaseException:
-            asyncio.run(engine.close())
-            raise
-        closers.append(lambda: asyncio.run(engine.close()))  # any event loop (AsyncEngine)
-        url = host.start()  # prints "sqlrl gateway: <url>", writes <run_dir>/gateway.json
-        if on_url is not None:
-            on_url(url)
-        # -- the steps
         sinks = []
         if cfg.ray:
             from actors.metrics import ray_gauge_sink
@@ -171,17 +293,16 @@ def run(cfg: AgentJobConfig, *, rewards: Callable[[list[RolloutTrace]], list[Rol
         def log(step: int, row: dict) -> None:
             logger.log(step, row)
             print(f"  agent step {step + 1}/{cfg.steps}: {row['completed']}/{row['rollouts']} completed, "
-                  f"{row['expired']} expired; reward {row['reward_mean']:.3f}; groups trained "
-                  f"{row['groups_trained']}/{row['groups_drawn']}; calls {row['calls']}, merged "
+                  f"{row['expired']} expired, {row['redrawn']} redrawn; reward {row['reward_mean']:.3f}; groups "
+                  f"trained {row['groups_trained']}/{row['groups_drawn']}; calls {row['calls']}, merged "
                   f"{row['merged_share']:.2f}; updated {row['updated']}", flush=True)
 
-        history = run_steps(cfg, tasks, host, learner, pad_id=policy.pad_token_id,
-                            turn_end_ids=HFChatFormat(policy.tokenizer).turn_end_ids, log=log, rewards=rewards)
+        history, url, failed = gateway_steps(cfg, tasks, catalog, learner, PoolSessions(pool.client(worker=0)),
+                                             asks, log=log, rewards=rewards, on_url=on_url, observe=observe,
+                                             after_steps=after_steps)
         # -- cleanup: the checkpoint (jobs.serve serves it as is), the summary
         final = run_dir / "final"
         learner.save(final, overwrite=True)
-        failed = host.close()
-        host = None
         leases = sum(s.active_leases for s in pool.stats().values() if s is not None)
         summary = {"checkpoint": str(final), "gateway": url, "steps": history, "failed_at_stop": failed,
                    "db_active_leases": leases, "weights_version": learner.version}
@@ -190,8 +311,6 @@ def run(cfg: AgentJobConfig, *, rewards: Callable[[list[RolloutTrace]], list[Rol
               flush=True)
         return summary
     finally:
-        if host is not None:
-            host.close()
         for close in reversed(closers):
             try:
                 close()

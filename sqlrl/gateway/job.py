@@ -6,22 +6,33 @@
 
 Per step ``s`` (``run_steps``):
 
-1. ``tasks_per_step`` tasks (the step's slice of the task list, cycling) are offered, each to
-   ``group_size`` rollouts under the group id ``s<step>/g<i>`` (a GRPO group); after the last
-   step's offers the gateway is told ``finish()`` (clients then get 410 once the work is claimed).
-2. ``gateway.wait_step(step_timeout_s)``: until every offered rollout was claimed and ended
-   (completed by its client, or expired at its per-rollout deadline, or failed). This waits on the
-   gateway's state changes, never on a guessed time; ``step_timeout_s`` (None: no limit) bounds a
-   step with no client at all, and running past it is a ``StepTimeout`` naming what was left.
-3. ``drain()``: the step's ``RolloutTrace`` values -> ``build_step`` (``sqlrl.gateway.train``: one
-   verl GRPO advantage per rollout, tags, unfinished rollouts, group filters).
-4. When a batch is left: ``updates_per_batch`` ``learner.step(batch, "grpo", loss)`` calls, then the
+1. A draw: the next ``tasks_per_step`` tasks of the list (a cursor, cycling) are offered, each to
+   ``group_size`` rollouts under the group id ``s<step>/g<i>`` (a GRPO group; ``i`` counts on
+   across the step's draws).
+2. ``settle_groups``: ``gateway.wait_step(step_timeout_s)`` until every offered rollout was
+   claimed and ended (completed by its client, or expired at its per-rollout deadline, or failed).
+   This waits on the gateway's state changes, never on a guessed time; ``step_timeout_s`` (None:
+   no limit) bounds a step with no client at all, and running past it is a ``StepTimeout`` naming
+   what was left. Then ``drain()``; with ``redraws: N`` a group's expired / failed rollouts (a dead
+   client) are offered again -- same task, same group -- at most N per group per step, and waited
+   for; the replaced traces are counted (``redrawn``), not trained.
+3. Dynamic sampling (``sampling_rounds > 1``, as the built-in GRPO loop's ``rl.sampling_rounds``):
+   while fewer than ``tasks_per_step`` groups would train (``trained_groups``: enough members and,
+   with ``drop_equal_groups``, unequal rewards -- ``sqlrl.learn.groups.informative_rows``), draw
+   again (step 1 with the next tasks), at most ``sampling_rounds`` draws. The gateway is told
+   ``finish()`` (clients then get 410 once the waiting rollouts are claimed) as soon as no more
+   offers can come: right after the last step's last possible draw is offered when ``redraws`` is
+   0, else after the last step's last draw has settled.
+4. ``build_step`` on every counted trace of the step (``sqlrl.gateway.train``: one verl GRPO
+   advantage per rollout, tags, unfinished rollouts, group filters).
+5. When a batch is left: ``updates_per_batch`` ``learner.step(batch, "grpo", loss)`` calls, then the
    learner's weights go to the gateway's engine with ``update_policy`` (drain / abort / continue);
    calls arriving meanwhile wait or get 429 (``during_update``). No batch: no update, no push (the
    metrics say why: ``groups_signal`` / ``groups_trained``).
-5. One metrics row: ``build_step``'s line, the learner's (``loss``, ``grad_norm``, ... prefixed
-   ``learner_``), the gateway's counters (``GatewayStats`` prefixed ``gateway_``), the phase times
-   (``time_rollout_s``, ``time_update_s``, ``time_sync_s``) and ``policy_version``.
+6. One metrics row: ``build_step``'s line, ``redrawn`` and ``sampling_draws``, the learner's
+   (``loss``, ``grad_norm``, ... prefixed ``learner_``), the gateway's counters (``GatewayStats``
+   prefixed ``gateway_``), the phase times (``time_rollout_s``, ``time_update_s``,
+   ``time_sync_s``) and ``policy_version``.
 """
 
 from __future__ import annotations
@@ -37,9 +48,13 @@ from sqlrl.policy.engine import UpdatePolicy
 from .contract import GatewayConfig, GatewayStats
 from .sequences import SequenceConfig
 from .trace import RolloutTrace
-from .train import TraceTrainConfig, build_step
+from .train import TraceTrainConfig, build_step, trained_groups
 
-__all__ = ["AgentJobConfig", "DataSpec", "StepGateway", "StepLearner", "StepTimeout", "run_steps", "step_tasks"]
+__all__ = ["AgentJobConfig", "DataSpec", "StepGateway", "StepLearner", "StepTimeout", "draw_tasks", "run_steps",
+           "settle_groups", "step_tasks"]
+
+
+GATEWAY_HOSTS = ("process", "actor")  # where the gateway runs: jobs.train_agent's registry has one entry each
 
 
 @dataclass(frozen=True)
@@ -70,6 +85,9 @@ class AgentJobConfig:
     train_tags: tuple[str, ...] | None = None  # None: every tagged call trains
     untagged: str = "train"  # train | skip
     unfinished: str = "drop"  # drop | zero: what an expired / failed rollout counts as
+    redraws: int = 0  # replacement rollouts a group may get per step for its expired / failed ones (0: none)
+    sampling_rounds: int = 1  # > 1: dynamic sampling -- draw more groups until tasks_per_step groups train
+    gateway_host: str | None = None  # process | actor (jobs.train_agent.GATEWAY_HOSTS); None: actor with ray=true
     max_length: int | None = 4096
     min_group_size: int = 2
     drop_equal_groups: bool = True
@@ -97,6 +115,17 @@ class AgentJobConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+        if isinstance(self.redraws, bool) or not isinstance(self.redraws, int) or self.redraws < 0:
+            raise ValueError(f"redraws must be an int >= 0, got {self.redraws!r}")
+        if isinstance(self.sampling_rounds, bool) or not isinstance(self.sampling_rounds, int) or self.sampling_rounds < 1:
+            raise ValueError(f"sampling_rounds must be an int >= 1, got {self.sampling_rounds!r}")
+        if self.sampling_rounds > 1 and not self.drop_equal_groups:
+            raise ValueError("sampling_rounds > 1 draws more groups to replace those with equal rewards: "
+                             "it needs drop_equal_groups: true")
+        if self.gateway_host is not None and self.gateway_host not in GATEWAY_HOSTS:
+            raise ValueError(f"gateway_host {self.gateway_host!r} is not one of {', '.join(GATEWAY_HOSTS)} (or null)")
+        if self.host_kind == "actor" and not self.ray:
+            raise ValueError("gateway_host: actor needs ray: true (the actor's DB sessions are the Ray pool's)")
         if self.step_timeout_s is not None and not self.step_timeout_s > 0:
             raise ValueError(f"step_timeout_s must be > 0 or null, got {self.step_timeout_s!r}")
         try:
@@ -106,6 +135,11 @@ class AgentJobConfig:
                              f"{', '.join(p.value for p in UpdatePolicy)}") from None
         self.train_config()  # tags, unfinished, group sizes: refused here, before anything starts
         self.gateway_config()
+
+    @property
+    def host_kind(self) -> str:
+        """Where the gateway runs: ``gateway_host``, or ``actor`` with ``ray: true`` else ``process``."""
+        return self.gateway_host or ("actor" if self.ray else "process")
 
     def train_config(self, turn_end_ids: Sequence[int] = ()) -> TraceTrainConfig:
         return TraceTrainConfig(SequenceConfig(train_tags=self.train_tags, untagged=self.untagged,
@@ -145,38 +179,91 @@ class StepLearner(Protocol):
 
 
 def step_tasks(tasks: Sequence[Any], step: int, per_step: int) -> list[Any]:
-    """Step ``step``'s tasks: the next ``per_step`` of the list, cycling."""
+    """Step ``step``'s tasks without dynamic sampling: the next ``per_step`` of the list, cycling."""
+    return draw_tasks(tasks, step * per_step, per_step)
+
+
+def draw_tasks(tasks: Sequence[Any], cursor: int, n: int) -> list[Any]:
+    """``n`` tasks from position ``cursor`` of the list, cycling."""
     if not tasks:
         raise ValueError("no tasks to train on")
-    return [tasks[(step * per_step + i) % len(tasks)] for i in range(per_step)]
+    return [tasks[(cursor + i) % len(tasks)] for i in range(n)]
 
 
 def _stats_row(stats: GatewayStats) -> dict[str, Any]:
     return {f"gateway_{f.name}": getattr(stats, f.name) for f in fields(stats)}
 
 
+def _wait(cfg: AgentJobConfig, gateway: StepGateway, step: int) -> None:
+    if not gateway.wait_step(cfg.step_timeout_s):
+        s = gateway.stats()
+        raise StepTimeout(f"step {step}: {s.waiting} rollout(s) never claimed and {s.active} still live "
+                          f"after step_timeout_s={cfg.step_timeout_s}")
+
+
+def settle_groups(cfg: AgentJobConfig, gateway: StepGateway, offered: Mapping[str, Any],
+                  step: int) -> tuple[list[RolloutTrace], list[RolloutTrace]]:
+    """Wait for the groups just ``offered`` (group id -> task) to end; a group's expired or failed
+    rollouts are offered again (same group id, same task), at most ``cfg.redraws`` per group, and
+    waited for in turn. Returns ``(traces, replaced)``: the traces that count, and the unfinished
+    ones a redraw replaced (reported, not trained). With ``redraws: 0`` nothing is re-offered."""
+    budget = {g: cfg.redraws for g in offered}
+    traces: list[RolloutTrace] = []
+    replaced: list[RolloutTrace] = []
+    while True:
+        _wait(cfg, gateway, step)
+        again: dict[str, int] = {}
+        for t in gateway.drain():
+            if t.status != "completed" and budget.get(t.group_id, 0) > 0:
+                budget[t.group_id] -= 1
+                again[t.group_id] = again.get(t.group_id, 0) + 1
+                replaced.append(t)
+            else:
+                traces.append(t)
+        if not again:
+            return traces, replaced
+        for g, n in again.items():
+            gateway.offer(g, offered[g], n)
+
+
 def run_steps(cfg: AgentJobConfig, tasks: Sequence[Any], gateway: StepGateway, learner: StepLearner, *,
               pad_id: int, turn_end_ids: Sequence[int] = (), log: Callable[[int, dict], None] = lambda s, m: None,
-              rewards: Callable[[list[RolloutTrace]], list[RolloutTrace]] | None = None) -> list[dict[str, Any]]:
+              rewards: Callable[[list[RolloutTrace]], list[RolloutTrace]] | None = None,
+              observe: Callable[[int, list[RolloutTrace]], None] | None = None) -> list[dict[str, Any]]:
     """``cfg.steps`` steps (module docstring); returns each step's metrics row (also ``log``ged).
-    ``rewards``: applied to a step's traces before ``build_step`` (tests only: giving a random
+    ``observe(step, traces)``: sees every step's counted traces before they are built (evaluations
+    read per-task outcomes from them: bench/gateway_learn.py).
+    ``rewards``: applied to each draw's traces before they are counted (tests only: giving a random
     model's all-zero groups a signal, as tests/gateway/test_seq_e2e.py does); None in the job."""
     train_cfg = cfg.train_config(turn_end_ids)
     history: list[dict[str, Any]] = []
-    version = 0
+    version = cursor = 0
     for step in range(cfg.steps):
         t0 = time.perf_counter()
-        for i, task in enumerate(step_tasks(tasks, step, cfg.tasks_per_step)):
-            gateway.offer(f"s{step}/g{i}", task, cfg.group_size)
-        if step == cfg.steps - 1:
+        traces: list[RolloutTrace] = []
+        replaced: list[RolloutTrace] = []
+        draws = 0
+        finished = False
+        for draw in range(cfg.sampling_rounds):  # 1 = no dynamic sampling
+            offered = {}
+            for i, task in enumerate(draw_tasks(tasks, cursor, cfg.tasks_per_step)):
+                group = f"s{step}/g{draw * cfg.tasks_per_step + i}"
+                gateway.offer(group, task, cfg.group_size)
+                offered[group] = task
+            cursor += cfg.tasks_per_step
+            draws = draw + 1
+            if step == cfg.steps - 1 and draw == cfg.sampling_rounds - 1 and cfg.redraws == 0:
+                gateway.finish()  # nothing can be offered after these: clients get 410 once they are claimed
+                finished = True
+            got, lost = settle_groups(cfg, gateway, offered, step)
+            traces += rewards(got) if rewards is not None else got
+            replaced += lost
+            if cfg.sampling_rounds > 1 and len(trained_groups(traces, train_cfg, cfg.loss)) >= cfg.tasks_per_step:
+                break
+        if step == cfg.steps - 1 and not finished:
             gateway.finish()
-        if not gateway.wait_step(cfg.step_timeout_s):
-            s = gateway.stats()
-            raise StepTimeout(f"step {step}: {s.waiting} rollout(s) never claimed and {s.active} still live "
-                              f"after step_timeout_s={cfg.step_timeout_s}")
-        traces = gateway.drain()
-        if rewards is not None:
-            traces = rewards(traces)
+        if observe is not None:
+            observe(step, list(traces))
         t1 = time.perf_counter()
         build = build_step(traces, train_cfg, cfg.loss, pad_id=pad_id)
         learned: dict[str, Any] = {}
@@ -187,7 +274,8 @@ def run_steps(cfg: AgentJobConfig, tasks: Sequence[Any], gateway: StepGateway, l
             t2 = time.perf_counter()
             version = gateway.update_weights(learner.state_dict(), cfg.update_policy)
             t3 = time.perf_counter()
-        row = {**build.metrics, **{f"learner_{k}": v for k, v in learned.items()},
+        row = {**build.metrics, "redrawn": len(replaced), "sampling_draws": draws,
+               **{f"learner_{k}": v for k, v in learned.items()},
                **_stats_row(gateway.stats()), "updated": build.batch is not None, "policy_version": version,
                "time_rollout_s": t1 - t0, "time_update_s": t2 - t1, "time_sync_s": t3 - t2}
         log(step, row)

@@ -33,9 +33,16 @@ Ray actor (``actors/gateway.py``) only translate to and from it.
   (``during_update="wait"``: the engine's update policy makes it wait) or is refused with ``Busy``
   (429 + ``Retry-After``, ``"reject"``).
 - ``drain()`` hands each finished ``RolloutTrace`` out once; ``wait_until(predicate, timeout)``
-  waits for a state change (every change notifies), for tests and the job.
+  waits for a state change (every change notifies), for tests; ``wait_idle(timeout)`` waits until
+  every offered rollout has ended (the job's step wait; ``close()`` releases it).
 
 The values, errors and ``GatewayConfig`` are ``sqlrl.gateway.contract``'s (re-exported here).
+
+- **Journal** (optional, ``sqlrl.gateway.journal``): every offer, claim, end (the whole trace),
+  drain and finish is appended and ``fsync``'d before it is answered; a ``Rollouts`` built on a
+  journal that already holds records resumes from it: ended traces not yet drained are kept for the
+  job, offers not claimed wait again, rollouts live at the crash end ``expired`` with
+  ``journal.RESTART_CAUSE``. The call and token counters count this process's calls only.
 
 Thread-safe: one lock; SQL, session opening/closing and scoring run outside it (the app calls the
 blocking methods -- ``claim``, ``execute_sql``, ``complete``, ``expire_due`` -- in worker threads).
@@ -64,6 +71,7 @@ from .capture import CapturedCall, extends
 from .contract import (BadInput, Busy, Claim, GatewayConfig, GatewayError, GatewayStats, JudgeScorer,
                        NotAllowed, NoWorkNow, RolloutClosed, RolloutNotFound, Scorer, Unavailable,
                        WorkFinished)
+from .journal import RESTART_CAUSE, Journal, Replayed, key_digest, replay
 from .trace import RolloutTrace
 
 
@@ -104,20 +112,47 @@ class CallTicket:
 class Rollouts:
     def __init__(self, config: GatewayConfig, sessions: SessionSource, scorer: Scorer, *,
                  schemas: Mapping[str, DatabaseSchema] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        """``schemas``: by database id, what claims show clients (``Claim.schema``)."""
+                 clock: Callable[[], float] = time.monotonic, journal: Journal | None = None) -> None:
+        """``schemas``: by database id, what claims show clients (``Claim.schema``); ``journal``:
+        record every change there, after restoring what it already holds (module docstring)."""
         self.config, self.sessions, self.scorer, self.clock = config, sessions, scorer, clock
         self.schemas = dict(schemas or {})
         self.limits = Limits(timeout_s=config.sql_timeout_s, max_rows=config.sql_max_rows)
         self._cond = threading.Condition()
         self._waiting: deque[tuple[str, Text2SQLTask]] = deque()
         self._live: dict[str, _Rollout] = {}
-        self._done: dict[str, str] = {}  # ended rollout id -> its key (409 for its owner)
+        self._done: dict[str, str] = {}  # ended rollout id -> its key's digest (409 for its owner)
         self._traces: list[RolloutTrace] = []
         self._finished = False
         self._updating = False
+        self._closed = False
         self._counts = dict.fromkeys(("claimed", "completed", "expired", "failed", "calls", "incomplete",
                                       "prompt_tokens", "generated_tokens", "prefix_mismatches"), 0)
+        self.journal = journal
+        self.restored = Replayed()  # what the journal held at start (empty without one)
+        if journal is not None:
+            self._restore(replay(journal.path))
+
+    def _restore(self, state: Replayed) -> None:
+        """A restarted gateway's state (``sqlrl.gateway.journal``): ended traces not yet drained
+        kept, waiting offers waiting again, rollouts live at the crash ended ``expired``."""
+        from sqlrl.tasks.kinds import kind_of_record
+
+        self.restored = state
+        self._waiting.extend((g, kind_of_record(rec).task_type.from_dict(dict(rec))) for g, rec in state.waiting)
+        self._traces, self._done, self._finished = list(state.ended), dict(state.done), state.finished
+        self._counts.update(state.counts)
+        for rec in state.lost:
+            trace = RolloutTrace(rollout_id=rec["rollout_id"], task_id=rec["task_id"], group_id=rec["group_id"],
+                                 calls=(), status="expired", error=RESTART_CAUSE)
+            self._log("end", trace=trace.to_dict(), key=rec["key"])
+            self._traces.append(trace)
+            self._done[trace.rollout_id] = rec["key"]
+            self._counts["expired"] += 1
+
+    def _log(self, kind: str, **fields: Any) -> None:
+        if self.journal is not None:
+            self.journal.append(kind, **fields)
 
     # -- work -------------------------------------------------------------------------------------
 
@@ -131,12 +166,15 @@ class Rollouts:
         with self._cond:
             if self._finished:
                 raise RuntimeError("offer after finish(): the job has finished handing out work")
+            self._log("offer", group_id=group_id, task=task.to_dict(), n=n)
             self._waiting.extend([(group_id, task)] * n)
             self._cond.notify_all()
 
     def finish(self) -> None:
         """No more offers: once the waiting rollouts are claimed, claims get ``WorkFinished``."""
         with self._cond:
+            if not self._finished:
+                self._log("finish")
             self._finished = True
             self._cond.notify_all()
 
@@ -158,6 +196,7 @@ class Rollouts:
             raise Unavailable(f"could not open a session on {task.db_id!r}: {exc}",
                               self.config.retry_after_s) from None
         with self._cond:
+            self._log("claim", rollout_id=rollout_id, group_id=group_id, task_id=task.task_id, key=key_digest(key))
             self._live[rollout_id] = _Rollout(rollout_id, key, group_id, task,
                                               self.clock() + self.config.deadline_s, session)
             self._counts["claimed"] += 1
@@ -172,7 +211,7 @@ class Rollouts:
         """The caller's active rollout (lock held): 404 unknown or foreign, 409 ended."""
         r = self._live.get(rollout_id)
         if r is None or r.key != key:
-            if self._done.get(rollout_id) == key:
+            if self._done.get(rollout_id) == key_digest(key):
                 raise RolloutClosed(f"rollout {rollout_id} has ended")
             raise RolloutNotFound(f"no rollout {rollout_id!r} for this API key")
         if r.status != "active":
@@ -287,9 +326,10 @@ class Rollouts:
         trace = RolloutTrace(rollout_id=r.id, task_id=r.task.task_id, group_id=r.group_id, calls=calls,
                              status=status, n_incomplete=r.n_incomplete, **fields)
         with self._cond:
+            self._log("end", trace=trace.to_dict(), key=key_digest(r.key))  # before anyone is told
             r.status = status
             del self._live[r.id]
-            self._done[r.id] = r.key
+            self._done[r.id] = key_digest(r.key)
             self._traces.append(trace)
             self._counts[status] += 1
             self._counts["prefix_mismatches"] += mismatches
@@ -302,6 +342,8 @@ class Rollouts:
         """The rollouts that ended since the last drain, each handed out once."""
         with self._cond:
             out, self._traces = self._traces, []
+            if out:
+                self._log("drain", ids=[t.rollout_id for t in out])
             return out
 
     async def update_weights(self, engine: AsyncEngine, weights: Mapping[str, Any],
@@ -328,6 +370,18 @@ class Rollouts:
         with self._cond:
             return self._cond.wait_for(predicate, timeout)
 
+    def idle(self) -> bool:
+        """Nothing waits to be claimed and no rollout is live: every offered rollout has ended."""
+        with self._cond:
+            return not self._waiting and not self._live
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """``wait_until(idle)``, also released by ``close()`` (returns whether idle then): the job's
+        wait for a step's rollouts, in-process or through the Ray actor."""
+        with self._cond:
+            self._cond.wait_for(lambda: self.idle() or self._closed, timeout)
+            return self.idle()
+
     def rollout_status(self, rollout_id: str) -> str | None:
         """``active``/``closing`` while live, the final status once ended, None if unknown."""
         with self._cond:
@@ -349,6 +403,9 @@ class Rollouts:
                 r.status = "closing"
         for r in live:
             self._end(r, "failed", error="the gateway stopped")
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
         return len(live)
 
 

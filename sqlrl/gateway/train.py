@@ -35,7 +35,7 @@ from sqlrl.rl.outcome import mean, solved
 from .sequences import MISMATCH_CAUSES, SequenceConfig, TraceRows, training_rows
 from .trace import RolloutTrace
 
-__all__ = ["StepBuild", "TraceTrainConfig", "build_step", "step_metrics"]
+__all__ = ["StepBuild", "TraceTrainConfig", "build_step", "step_metrics", "trained_groups"]
 
 
 @dataclass(frozen=True)
@@ -71,17 +71,23 @@ class _Parts:
 
 
 def _trained_groups(rows: TraceRows, cfg: TraceTrainConfig) -> tuple[set[str], set[str], set[str]]:
-    """(drawn, signal, trained) group ids: every group, those with unequal rewards, those that train."""
-    rewards: dict[str, list[float]] = {}
-    for r in rows.rollouts:
-        rewards.setdefault(r.group_id, [])
-        if r.in_group:
-            rewards[r.group_id].append(float(r.reward))
-    drawn = set(rewards)
-    signal = {g for g, rs in rewards.items() if rs and max(rs) - min(rs) > 1e-6}
-    trained = {g for g, rs in rewards.items() if len(rs) >= cfg.min_group_size
-               and (g in signal or not cfg.drop_equal_groups)}
+    """(drawn, signal, trained) group ids: every group, those with unequal rewards
+    (``sqlrl.learn.groups.informative_rows``: the built-in GRPO loop's test), those that train."""
+    from sqlrl.learn.groups import informative_rows
+
+    grouped = [r for r in rows.rollouts if r.in_group]
+    gids, scores = [r.group_id for r in grouped], [float(r.reward) for r in grouped]
+    size = Counter(gids)
+    drawn = {r.group_id for r in rows.rollouts}
+    signal = {gids[i] for i in informative_rows(range(len(grouped)), scores, gids)}
+    trained = {g for g, n in size.items() if n >= cfg.min_group_size and (g in signal or not cfg.drop_equal_groups)}
     return drawn, signal, trained
+
+
+def trained_groups(traces: Sequence[RolloutTrace], cfg: TraceTrainConfig, loss: GRPOConfig) -> set[str]:
+    """The group ids of ``traces`` that would train (``build_step``'s ``groups_trained``), without
+    building a batch: the job's dynamic sampling counts these after each draw."""
+    return _trained_groups(training_rows(list(traces), cfg.sequences, loss), cfg)[2]
 
 
 def step_metrics(traces: Sequence[RolloutTrace], rows: TraceRows, kept: Sequence[int],

@@ -71,6 +71,44 @@ def test_in_process_host(shop_catalog, tmp_path):
 
 
 @pytest.mark.slow
+def test_the_job_loop_runs_on_the_gateway_actor(ray_session, shop_catalog, tmp_path):  # noqa: F811
+    """``run_steps`` with the gateway as a Ray actor (``ActorGateway``): offers, the step wait,
+    drain and finish all go through the actor; clients on another thread drive the rollouts."""
+    import threading
+
+    from actors.gateway import ActorGateway, start_gateway
+    from sqlrl.gateway.job import AgentJobConfig, run_steps
+
+    handle, url = start_gateway(spec(shop_catalog, tmp_path), num_cpus=0.5)
+    gateway = ActorGateway(handle)
+    h, ends = {"Authorization": f"Bearer {KEY}"}, []
+
+    def clients() -> None:  # claim until the job says it is done (410); 204: ask again
+        with httpx.Client(timeout=60) as client:
+            while True:
+                got = client.post(f"{url}/v1/rollouts", json={}, headers=h)
+                if got.status_code == 410:
+                    return
+                if got.status_code == 200:
+                    c = got.json()
+                    ends.append(client.post(c["complete_url"], json={"sql": GOLD}, headers=h).json()["status"])
+                else:
+                    threading.Event().wait(float(got.headers["Retry-After"]))  # the protocol's own pause
+
+    worker = threading.Thread(target=clients)
+    worker.start()
+    try:
+        cfg = AgentJobConfig(steps=2, tasks_per_step=1, group_size=2)
+        rows = run_steps(cfg, [shop_task()], gateway, None, pad_id=0)  # equal rewards: the learner is never asked
+        worker.join(timeout=300)
+        assert not worker.is_alive() and ends == ["completed"] * 4
+        assert [r["completed"] for r in rows] == [2, 2] and not any(r["updated"] for r in rows)
+        assert gateway.stats().completed == 4
+    finally:
+        assert gateway.close() == 0
+
+
+@pytest.mark.slow
 def test_the_ray_actor_hosts_the_gateway(ray_session, shop_catalog, tmp_path):  # noqa: F811
     from actors.gateway import start_gateway
 
@@ -78,9 +116,16 @@ def test_the_ray_actor_hosts_the_gateway(ray_session, shop_catalog, tmp_path):  
     try:
         assert json.loads((tmp_path / "gateway.json").read_text())["url"] == url
         ray_session.get(handle.offer.remote("g", shop_task(), 2))
+        waiting = handle.wait_step.remote(None)  # the job's step wait, through the actor
         with httpx.Client(timeout=60) as client:
             rollout(client, url)
-        (trace,) = ray_session.get(handle.drain.remote())
+            assert ray_session.wait([waiting], timeout=0)[1] == [waiting]  # one rollout still waits
+            h = {"Authorization": f"Bearer {KEY}"}
+            other = client.post(f"{url}/v1/rollouts", json={}, headers=h).json()
+            client.post(other["complete_url"], json={"sql": "SELECT 1"}, headers=h)
+        assert ray_session.get(waiting) is True
+        trace, second = sorted(ray_session.get(handle.drain.remote()), key=lambda t: len(t.calls), reverse=True)
+        assert second.rollout_id == other["rollout_id"] and second.reward == 0.0
         assert trace.status == "completed" and len(trace.calls) == 1 and trace.calls[0].response_ids
         assert ray_session.get(handle.update_weights.remote({"scripted.weight": np.zeros(1)})) == 1
         port = ray_session.nodes()[0]["MetricsExportPort"]
@@ -95,3 +140,29 @@ def test_the_ray_actor_hosts_the_gateway(ray_session, shop_catalog, tmp_path):  
     finally:
         ray_session.get(handle.stop.remote())
         ray_session.kill(handle)
+
+
+def test_a_host_restarted_on_its_run_dir_resumes_its_journal(shop_catalog, tmp_path, capsys):
+    """The first host is abandoned mid-step (as if killed); a second one on the same run dir hands
+    the job the completed rollout and expires the one that was live."""
+    first = GatewayServer(spec(shop_catalog, tmp_path))
+
+    async def main():
+        url = await first.start()
+        await first.offer("g", shop_task(), 2)
+        with httpx.Client(timeout=60) as client:
+            done = await asyncio.to_thread(rollout, client, url)
+            live = (await asyncio.to_thread(client.post, f"{url}/v1/rollouts", json={},
+                                            headers={"Authorization": f"Bearer {KEY}"})).json()
+        first._server.should_exit = True  # the server goes; its rollouts are never closed
+
+        second = GatewayServer(spec(shop_catalog, tmp_path))
+        await second.start()
+        assert "resumed from its journal: 1 ended rollout(s) kept for the job, 0 waiting again, 1 live" \
+            in capsys.readouterr().out
+        kept, lost = await second.drain()
+        assert kept.rollout_id == done["rollout_id"] and kept.reward == 1.0 and len(kept.calls) == 1
+        assert lost.rollout_id == live["rollout_id"] and lost.status == "expired"
+        await second.stop()
+
+    asyncio.run(main())

@@ -131,3 +131,28 @@ def test_offers_are_checked_and_stopping_fails_live_rollouts(parts):
     r.finish()
     with pytest.raises(RuntimeError):
         r.offer("g", shop_task(), 1)
+
+
+def test_wait_idle_returns_when_the_last_rollout_ends_and_close_releases_it(parts):
+    import threading
+
+    r, _, clock, _ = parts
+    r.offer("g", shop_task(), 2)
+    assert not r.wait_idle(timeout=0)  # two wait to be claimed
+    a, b = r.claim("k").rollout_id, r.claim("k").rollout_id
+    got: list[bool] = []
+    waiter = threading.Thread(target=lambda: got.append(r.wait_idle()))
+    waiter.start()
+    r.complete("k", a, sql=GOLD)
+    assert r.rollout_status(b) == "active" and not got  # one still live: the waiter still waits
+    clock.advance(11)
+    r.expire_due()  # the other expires: every offered rollout has ended
+    waiter.join(timeout=60)
+    assert got == [True] and r.idle()
+
+    r.offer("g2", shop_task(), 1)
+    waiter = threading.Thread(target=lambda: got.append(r.wait_idle()))
+    waiter.start()
+    r.close()  # the gateway stops: the job's wait is released, not idle (one was never claimed)
+    waiter.join(timeout=60)
+    assert got == [True, False]

@@ -92,6 +92,77 @@ def test_a_step_whose_rollouts_never_end_is_a_clear_error():
     assert ("wait", 5.0) in gw.events
 
 
+class ScriptedGateway(FakeGateway):
+    """Each offered rollout ends as ``outcome(group_id, task, k)`` says: ``(status, reward)``; ``k``
+    counts that group's offered rollouts (redraws go on counting)."""
+
+    def __init__(self, outcome) -> None:
+        super().__init__()
+        self.outcome, self.counts = outcome, {}
+
+    def offer(self, group_id, task, n):
+        self.events.append(("offer", group_id, task, n))
+        for _ in range(n):
+            k = self.counts[group_id] = self.counts.get(group_id, -1) + 1
+            status, reward = self.outcome(group_id, task, k)
+            self.pending.append(traced(f"{group_id}-{k}", group_id, reward, status=status))
+
+
+def test_a_dead_clients_rollout_is_redrawn_within_the_bound():
+    # group g0: rollouts 0 and 1 expire (their clients died), the replacements complete; g1: every
+    # one of its rollouts fails, so it gets exactly `redraws` replacements and is then left as is
+    def outcome(group, task, k):
+        if group.endswith("g1"):
+            return "failed", 0.0
+        return ("expired", 0.0) if k < 2 else ("completed", float(k % 2))
+
+    gw = ScriptedGateway(outcome)
+    cfg = AgentJobConfig(steps=1, tasks_per_step=2, group_size=2, redraws=3)
+    (row,) = run_steps(cfg, ["t0", "t1"], gw, FakeLearner(), pad_id=0)
+    offers = [e[1:] for e in gw.events if e[0] == "offer"]
+    assert offers[:2] == [("s0/g0", "t0", 2), ("s0/g1", "t1", 2)]
+    redraws = offers[2:]
+    assert sum(n for g, _, n in redraws if g == "s0/g0") == 2  # both dead rollouts replaced once, same task
+    assert sum(n for g, _, n in redraws if g == "s0/g1") == 3  # the bound: 3, then the group stays short
+    assert all(t == {"s0/g0": "t0", "s0/g1": "t1"}[g] for g, t, _ in redraws)
+    kinds = [e[0] for e in gw.events]  # with redraws: finish only once the last draw has settled
+    assert kinds.index("finish") > max(i for i, k in enumerate(kinds) if k in ("offer", "wait"))
+    assert row["redrawn"] == 5 and row["completed"] == 2 and row["failed"] == 2 and row["expired"] == 0
+    assert row["groups_trained"] == 1 and row["updated"]  # g0: full again, rewards 0 and 1
+
+
+def test_without_redraws_a_group_completes_without_its_dead_client():
+    gw = ScriptedGateway(lambda g, t, k: ("expired", 0.0) if k == 0 else ("completed", 1.0))
+    (row,) = run_steps(AgentJobConfig(steps=1, tasks_per_step=1, group_size=3), ["t0"], gw, FakeLearner(), pad_id=0)
+    assert len([e for e in gw.events if e[0] == "offer"]) == 1
+    assert row["redrawn"] == 0 and row["expired"] == 1 and row["completed"] == 2
+
+
+def test_dynamic_sampling_draws_more_groups_until_enough_train():
+    # tasks t0, t1 always give equal rewards; t2, t3 give a signal: two draws reach 2 trained groups
+    signal = {"t2", "t3"}
+    gw = ScriptedGateway(lambda g, t, k: ("completed", float(k % 2) if t in signal else 1.0))
+    cfg = AgentJobConfig(steps=2, tasks_per_step=2, group_size=2, sampling_rounds=3)
+    learner = FakeLearner()
+    rows = run_steps(cfg, ["t0", "t1", "t2", "t3"], gw, learner, pad_id=0)
+    offers = [e[1:3] for e in gw.events if e[0] == "offer"]
+    assert offers[:4] == [("s0/g0", "t0"), ("s0/g1", "t1"), ("s0/g2", "t2"), ("s0/g3", "t3")]
+    assert rows[0]["sampling_draws"] == 2 and rows[0]["groups_drawn"] == 4 and rows[0]["groups_trained"] == 2
+    # step 1 goes on from the cursor: t0, t1 (flat), t2, t3 (signal) again
+    assert offers[4:] == [("s1/g0", "t0"), ("s1/g1", "t1"), ("s1/g2", "t2"), ("s1/g3", "t3")]
+    assert learner.steps == 2
+
+
+def test_dynamic_sampling_stops_at_its_bound():
+    gw = ScriptedGateway(lambda g, t, k: ("completed", 1.0))  # never a signal
+    cfg = AgentJobConfig(steps=1, tasks_per_step=1, group_size=2, sampling_rounds=3)
+    learner = FakeLearner()
+    (row,) = run_steps(cfg, ["t0", "t1"], gw, learner, pad_id=0)
+    assert row["sampling_draws"] == 3 and row["groups_drawn"] == 3 and not row["updated"] and learner.steps == 0
+    # the last possible draw's offers, then at once finish (no redraws: nothing can follow)
+    assert [e[0] for e in gw.events[-3:]] == ["offer", "finish", "wait"]
+
+
 def test_step_tasks_cycle_and_refuse_an_empty_list():
     assert step_tasks(["a", "b", "c"], 1, 2) == ["c", "a"]
     with pytest.raises(ValueError, match="no tasks"):
@@ -106,6 +177,11 @@ def test_step_tasks_cycle_and_refuse_an_empty_list():
     ({"unfinished": "retry"}, "unfinished"),
     ({"train_tags": ()}, "train_tags"),
     ({"step_timeout_s": 0.0}, "step_timeout_s"),
+    ({"redraws": -1}, "redraws must be an int >= 0"),
+    ({"sampling_rounds": 0}, "sampling_rounds must be an int >= 1"),
+    ({"sampling_rounds": 2, "drop_equal_groups": False}, "needs drop_equal_groups"),
+    ({"gateway_host": "thread"}, "gateway_host 'thread' is not one of process, actor"),
+    ({"gateway_host": "actor"}, "gateway_host: actor needs ray: true"),
     ({"rollout_deadline_s": -1.0}, "deadline_s"),
     ({"reward": "no-such-reward"}, "gateway.reward"),
 ])
@@ -119,3 +195,5 @@ def test_the_shipped_config_loads():
 
     cfg = load_config(AgentJobConfig, "jobs/configs/agent.yaml", ["train_tags=[write,rewrite]"])
     assert cfg.train_tags == ("write", "rewrite") and cfg.update_policy == "drain" and not cfg.client_rewards
+    assert cfg.redraws == 0 and cfg.sampling_rounds == 1 and cfg.host_kind == "process"
+    assert load_config(AgentJobConfig, "jobs/configs/agent.yaml", ["ray=true"]).host_kind == "actor"

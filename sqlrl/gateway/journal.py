@@ -1,0 +1,144 @@
+"""The gateway's journal: what a restarted gateway needs so that no completed rollout is lost (Ray-free).
+
+``Rollouts`` (``sqlrl.gateway.rollouts``) keeps its state in its process. With a ``Journal`` it
+also appends one JSON line per state change to a file (``<run_dir>/gateway_journal.jsonl`` in the
+host), each written and ``fsync``'d before the change is answered:
+
+- ``offer``  ``{group_id, task, n}`` (the task's record: ``Task.to_dict``)
+- ``claim``  ``{rollout_id, group_id, task_id, key}`` (``key``: the API key's SHA-256, never the key)
+- ``end``    ``{trace, key}`` (the whole ``RolloutTrace``: calls, token ids, log-probs, reward)
+- ``drain``  ``{ids}`` (traces handed to the job: not handed out again)
+- ``finish`` ``{}``
+
+``replay(path)`` reads it back as a ``Replayed`` state. Guarantees:
+- Every rollout that ended (completed, expired, failed) before the crash and was not drained comes
+  back whole, in the order it ended: its trace is the one recorded, byte for byte the same ids.
+- Rollouts offered and not claimed wait again, in offer order. Rollouts claimed and not ended
+  (their client was mid-rollout when the gateway died) are ``lost``: the restarted gateway ends
+  them ``expired`` with the cause ``RESTART_CAUSE`` (their calls were in the dead process's memory;
+  their clients get 409, as for any ended rollout).
+- A crash in the middle of a write leaves at most a torn last line: it is skipped and counted
+  (``Replayed.torn``), and cut off when a ``Journal`` reopens the file to append. A line that does not parse anywhere else is corruption: ``JournalError``
+  naming the line, nothing restored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .trace import RolloutTrace
+
+__all__ = ["JOURNAL_FILE", "RESTART_CAUSE", "Journal", "JournalError", "Replayed", "key_digest", "replay"]
+
+JOURNAL_FILE = "gateway_journal.jsonl"
+RESTART_CAUSE = "the gateway restarted while this rollout was live: its calls in flight were lost"
+
+
+def key_digest(key: str) -> str:
+    """What the journal (and the rollouts' record of ended rollouts) keeps of an API key."""
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+class JournalError(ValueError):
+    """The journal is corrupt (a bad line that is not the torn last one)."""
+
+
+class Journal:
+    """Append-only JSONL at ``path``, one ``fsync``'d line per record; thread-safe (one writer process)."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        if self.path.is_file():  # a torn last line (a crash mid-write) is cut before appending after it
+            data = self.path.read_bytes()
+            if data and not data.endswith(b"\n"):
+                with open(self.path, "r+b") as f:
+                    f.truncate(data.rfind(b"\n") + 1)
+
+    def append(self, kind: str, **fields: Any) -> None:
+        """One record, on disk (``fsync``) when this returns. The file is opened per record, so a
+        journal holds no handle between records and never needs closing."""
+        line = json.dumps({"kind": kind, **fields}, ensure_ascii=False, separators=(",", ":"))
+        with self._lock, open(self.path, "a", encoding="utf-8") as f:
+            f.write(line + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+
+@dataclass
+class Replayed:
+    """A journal's state (module docstring)."""
+
+    waiting: deque = field(default_factory=deque)  # (group_id, task record), in offer order
+    lost: list[dict[str, Any]] = field(default_factory=list)  # claim records never ended
+    ended: list[RolloutTrace] = field(default_factory=list)  # not drained, in the order they ended
+    done: dict[str, str] = field(default_factory=dict)  # every ended rollout id -> its key's digest
+    counts: dict[str, int] = field(default_factory=dict)  # claimed / completed / expired / failed
+    finished: bool = False
+    torn: int = 0  # a torn last line, skipped
+
+
+def _records(path: Path) -> tuple[list[dict[str, Any]], int]:
+    lines = path.read_text(encoding="utf-8").split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    out, torn = [], 0
+    for i, line in enumerate(lines):
+        try:
+            rec = json.loads(line)
+            if not isinstance(rec, dict) or "kind" not in rec:
+                raise ValueError("not a record")
+        except ValueError as exc:
+            if i == len(lines) - 1:
+                torn += 1  # the write the crash interrupted
+                continue
+            raise JournalError(f"{path}: line {i + 1} is not a journal record ({exc})") from None
+        out.append(rec)
+    return out, torn
+
+
+def replay(path: str | os.PathLike) -> Replayed:
+    """The state recorded in ``path`` (an absent file: the empty state)."""
+    path = Path(path)
+    state = Replayed(counts=dict.fromkeys(("claimed", "completed", "expired", "failed"), 0))
+    if not path.is_file():
+        return state
+    records, state.torn = _records(path)
+    live: dict[str, dict[str, Any]] = {}
+    ended: dict[str, RolloutTrace] = {}
+    for rec in records:
+        kind = rec["kind"]
+        if kind == "offer":
+            state.waiting.extend([(rec["group_id"], rec["task"])] * int(rec["n"]))
+        elif kind == "claim":
+            for i, (group, task) in enumerate(state.waiting):  # the first waiting one of its group and task
+                if group == rec["group_id"] and task.get("task_id") == rec["task_id"]:
+                    del state.waiting[i]
+                    break
+            else:
+                raise JournalError(f"{path}: claim of {rec['rollout_id']} matches no offered rollout")
+            live[rec["rollout_id"]] = rec
+            state.counts["claimed"] += 1
+        elif kind == "end":
+            trace = RolloutTrace.from_dict(rec["trace"])
+            live.pop(trace.rollout_id, None)
+            ended[trace.rollout_id] = trace
+            state.done[trace.rollout_id] = rec["key"]
+            state.counts[trace.status] += 1
+        elif kind == "drain":
+            for rid in rec["ids"]:
+                ended.pop(rid, None)
+        elif kind == "finish":
+            state.finished = True
+        else:
+            raise JournalError(f"{path}: unknown record kind {kind!r}")
+    state.ended, state.lost = list(ended.values()), list(live.values())
+    return state
