@@ -241,7 +241,7 @@ def train_stage(rt: Any, model: str, tasks: Sequence[Any], logger: Any) -> tuple
                       f"{row['groups_trained']}/{row['groups_drawn']}")
 
     try:
-        history, _, _ = gateway_steps(cfg, tasks, rt.data.catalog, learner, rt.session_opener(), rt.asks,
+        history, _, _ = gateway_steps(cfg, tasks, rt.data.catalog, learner, rt.session_source(), rt.asks,
                                       log=log, on_url=lambda url: clients.append(start_clients(
                                           url, key, g.agent, g.clients, ["--max-tokens", str(g.max_tokens)])),
                                       after_steps=lambda: stop_clients(clients, cfg.rollout_deadline_s))

@@ -77,7 +77,7 @@ def test_train_stage_runs_the_stage_steps_through_the_gateway(shop_catalog, tmp_
     pool, logged = SessionPool(), []
     rt = SimpleNamespace(cfg=cfg, data=SimpleNamespace(catalog=shop_catalog), ray=False, asks=None,
                          learner=lambda model, optim, reference=False: _Learner(),
-                         session_opener=lambda: LocalSessions(shop_catalog, pool=pool))
+                         session_source=lambda: LocalSessions(shop_catalog, pool=pool))
     logger = SimpleNamespace(log=lambda step, row: logged.append((step, row)))
     try:
         learner, history = train_stage(rt, "tiny", [shop_task()], logger)
