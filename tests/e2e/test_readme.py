@@ -233,7 +233,7 @@ RULES: list[tuple[str, Here | Elsewhere | NotHere]] = [
     (r"[A-Za-z_]+=\S+", Here()),
     (r"ray get-auth-token --generate > /dev/null", Here()),
     (r"bash scripts/lock\.sh", Here(background=True)),  # network-bound; writes only the copy's locks/
-    (r"python -m (sqlrl\.synth|sqlrl\.db\.loader|jobs\.infer|jobs\.evaluate) .*", Here()),
+    (r"python -m (sqlrl\.synth|sqlrl\.db\.provisioning\.loader|jobs\.infer|jobs\.evaluate) .*", Here()),
 ]
 
 
