@@ -171,12 +171,11 @@ class Runtime:
         read them back); a ``sqlrl.rewards.prebuild.PrebuildReport``, None with the option off."""
         if not self.cfg.reward.test_suite:
             return None
-        from sqlrl.db.source import PoolSessions
         from sqlrl.rewards import Judge
         from sqlrl.rewards.prebuild import prebuild_suites
         from sqlrl.suites.test_suite import TestSuites
 
-        judge = Judge(self.data.catalog, sessions=PoolSessions(self.pool.client(role="reward")),
+        judge = Judge(self.data.catalog, sessions=self.session_source(),
                       suites=TestSuites(self.cfg.reward.test_suite_dir))
         return prebuild_suites(judge, tasks)
 
