@@ -8,6 +8,10 @@ SQLRL_TOOLS=${SQLRL_TOOLS:-$SQLRL_ROOT/.cache/tools}
 SQLRL_UV_VERSION=0.13.9
 UV=$SQLRL_TOOLS/uv-$SQLRL_UV_VERSION/bin/uv
 export UV_PYTHON_DOWNLOADS=never UV_NO_PROGRESS=1
+# Python keeps its bytecode caches (__pycache__, ignored by git and .rayignore) whatever the calling
+# shell says: under PYTHONDONTWRITEBYTECODE=1 (set on the CI machines) every process -- each Ray worker,
+# vLLM engine process and job driver -- compiled vllm/torch/transformers from source again on import.
+unset PYTHONDONTWRITEBYTECODE
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 RAY_USAGE_STATS_ENABLED=0  # Ray binds to 127.0.0.1, no usage stats
 export PIP_FIND_LINKS=${PIP_FIND_LINKS:-/opt/wheels}  # where the local CPU torch wheel lies
 # The lock's CPU torch (torch==2.13.0+cpu) is not on PyPI. It comes from the folder PIP_FIND_LINKS

@@ -58,6 +58,26 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.slow)
 
 
+@pytest.hookimpl(trylast=True)  # after the module's fixtures are torn down
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """Shut the actor tests' Ray instance (tests/actors/conftest.py) down after the last test that
+    uses it in a row: an idle local cluster (dashboard agent, log monitor, GCS, idle workers) costs
+    about a third of a core, which the rest of the suite would pay on a 2-core machine. The next
+    test that asks for ``ray_session`` starts it again."""
+    if "ray_session" not in item.fixturenames:
+        return
+    if nextitem is not None and "ray_session" in nextitem.fixturenames:
+        return
+    import sys
+
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        from tests.actors.conftest import NAMESPACE
+
+        if ray.get_runtime_context().namespace == NAMESPACE:
+            ray.shutdown()
+
+
 def _server_url(var: str, what: str) -> str:
     url = os.environ.get(var)
     if url:
