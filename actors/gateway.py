@@ -26,8 +26,17 @@ methods and uvicorn share the actor's event loop (an async actor).
   ``<run_dir>/gateway_journal.jsonl`` (``sqlrl.gateway.journal``); a host started on a run dir whose
   journal holds records resumes from it (ended traces kept for the job's next ``drain``, offers
   waiting again, rollouts live at the restart expired with the cause named) and prints what it
-  resumed. A new job removes the journal first (``jobs.train_agent``). The sessions of rollouts
-  live at the restart belonged to the dead process and are not released by the new one.
+  resumed. A new job removes the journal first (``jobs.train_agent``). The DB-pool sessions of
+  rollouts live at the restart (``PoolSessions`` leases, named in the journal) are released by the
+  new incarnation; local sessions went with the dead process.
+- **Same address after a restart**: ``start()`` binds ``spec.port``, else the port of the journal's
+  last ``serve`` record (the previous incarnation's), else any free port, and journals it. A port
+  still in use is retried, backing off, for ``rebind_wait_s`` (the dead process's socket), then
+  ``GatewayBindError``. As a Ray actor with ``max_restarts`` (which needs the journal), a restarted
+  incarnation starts serving by itself (``serve_again``, called on itself from its constructor) on
+  that port, so the URLs clients hold keep answering (``host: 0.0.0.0`` restarted on another node:
+  the node's IP, hence the URL, changes). ``address()`` raises the error of a restart that could
+  not serve.
 - **The job's wait**: ``wait_step(timeout)`` returns once every offered rollout has ended (an
   async method waiting on the rollouts' condition in a worker thread: the driver's ``ray.get``
   long-polls the actor's state, nothing is polled on a clock); ``ActorGateway`` wraps a handle as
@@ -225,7 +234,8 @@ class GatewayServer:
         r = self.rollouts.restored
         if r.ended or r.lost or r.waiting:
             print(f"sqlrl gateway: resumed from its journal: {len(r.ended)} ended rollout(s) kept for the job, "
-                  f"{len(r.waiting)} waiting again, {len(r.lost)} live at the restart expired", flush=True)
+                  f"{len(r.waiting)} waiting again, {len(r.lost)} live at the restart expired "
+                  f"({self.rollouts.restored_released} of their DB sessions released)", flush=True)
         return self.url
 
     async def _tick(self) -> None:

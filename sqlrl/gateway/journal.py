@@ -5,8 +5,11 @@ also appends one JSON line per state change to a file (``<run_dir>/gateway_journ
 host), each written and ``fsync``'d before the change is answered:
 
 - ``offer``  ``{group_id, task, n}`` (the task's record: ``Task.to_dict``)
-- ``claim``  ``{rollout_id, group_id, task_id, key}`` (``key``: the API key's SHA-256, never the key)
-- ``end``    ``{trace, key}`` (the whole ``RolloutTrace``: calls, token ids, log-probs, reward)
+- ``claim``  ``{rollout_id, group_id, task_id, key, session}`` (``key``: the API key's SHA-256, never
+  the key; ``session``: the session's record when the source is ``DurableSessions`` -- a pool lease --
+  else None)
+- ``end``    ``{trace, key}`` (the whole ``RolloutTrace``: calls, token ids, log-probs, reward); for a
+  rollout lost at a restart also ``session_released`` (True / False, None: no record)
 - ``drain``  ``{ids}`` (traces handed to the job: not handed out again)
 - ``finish`` ``{}``
 - ``serve``  ``{port}`` (the port the gateway serves on: a restarted gateway binds it again)
@@ -16,8 +19,9 @@ host), each written and ``fsync``'d before the change is answered:
   back whole, in the order it ended: its trace is the one recorded, byte for byte the same ids.
 - Rollouts offered and not claimed wait again, in offer order. Rollouts claimed and not ended
   (their client was mid-rollout when the gateway died) are ``lost``: the restarted gateway ends
-  them ``expired`` with the cause ``RESTART_CAUSE`` (their calls were in the dead process's memory;
-  their clients get 409, as for any ended rollout).
+  them ``expired`` with the cause ``RESTART_CAUSE`` and ``lost=LostReason.GATEWAY_RESTART`` (their
+  calls were in the dead process's memory; their clients get 409, as for any ended rollout), and
+  releases their sessions where the claim named one (``Replayed.lost`` keeps the claim records).
 - ``Replayed.port`` is the last ``serve`` record's port (None before any): the address clients
   hold stays the gateway's across restarts.
 - A crash in the middle of a write leaves at most a torn last line: it is skipped and counted
