@@ -26,8 +26,17 @@ methods and uvicorn share the actor's event loop (an async actor).
   ``<run_dir>/gateway_journal.jsonl`` (``sqlrl.gateway.journal``); a host started on a run dir whose
   journal holds records resumes from it (ended traces kept for the job's next ``drain``, offers
   waiting again, rollouts live at the restart expired with the cause named) and prints what it
-  resumed. A new job removes the journal first (``jobs.train_agent``). The sessions of rollouts
-  live at the restart belonged to the dead process and are not released by the new one.
+  resumed. A new job removes the journal first (``jobs.train_agent``). The DB-pool sessions of
+  rollouts live at the restart (``PoolSessions`` leases, named in the journal) are released by the
+  new incarnation; local sessions went with the dead process.
+- **Same address after a restart**: ``start()`` binds ``spec.port``, else the port of the journal's
+  last ``serve`` record (the previous incarnation's), else any free port, and journals it. A port
+  still in use is retried, backing off, for ``rebind_wait_s`` (the dead process's socket), then
+  ``GatewayBindError``. As a Ray actor with ``max_restarts`` (which needs the journal), a restarted
+  incarnation starts serving by itself (``serve_again``, called on itself from its constructor) on
+  that port, so the URLs clients hold keep answering (``host: 0.0.0.0`` restarted on another node:
+  the node's IP, hence the URL, changes). ``address()`` raises the error of a restart that could
+  not serve.
 - **The job's wait**: ``wait_step(timeout)`` returns once every offered rollout has ended (an
   async method waiting on the rollouts' condition in a worker thread: the driver's ``ray.get``
   long-polls the actor's state, nothing is polled on a clock); ``ActorGateway`` wraps a handle as
@@ -41,9 +50,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import os
 import socket
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -71,10 +82,43 @@ class GatewaySpec:
     run_dir: str = ""  # where gateway.json goes ("" : nowhere)
     tick_s: float = 1.0  # expiry and metrics period
     journal: bool = True  # with run_dir: journal to <run_dir>/gateway_journal.jsonl and resume from it
+    rebind_wait_s: float = 30.0  # a restart: how long to wait for its port to be free again
 
     def __post_init__(self) -> None:
         if not self.tick_s > 0:
             raise ValueError(f"gateway tick_s must be > 0, got {self.tick_s}")
+        if not self.rebind_wait_s >= 0:
+            raise ValueError(f"gateway rebind_wait_s must be >= 0, got {self.rebind_wait_s}")
+
+
+class GatewayBindError(RuntimeError):
+    """The gateway could not serve on its port again (a restart: the port stayed taken)."""
+
+
+async def _bind(host: str, port: int, wait_s: float) -> socket.socket:
+    """A listening socket on ``host:port``. A port in use (the dead incarnation's socket not yet
+    closed by the OS, or taken meanwhile) is tried again, backing off, for ``wait_s``; then
+    ``GatewayBindError``. The OS gives no event for a port's release, so this polls the bind."""
+    deadline, delay = time.monotonic() + wait_s, 0.05
+    while True:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+            sock.listen(256)
+            return sock
+        except OSError as exc:
+            sock.close()
+            if port == 0 or exc.errno != errno.EADDRINUSE:
+                raise
+            if time.monotonic() + delay > deadline:
+                raise GatewayBindError(
+                    f"the gateway cannot serve on {host}:{port} again: the port is still in use after "
+                    f"{wait_s:g} s (another process holds it); clients holding this address cannot reach "
+                    "the gateway. Free the port, or give the gateway a fixed free `port`, or a longer "
+                    "`rebind_wait_s`") from None
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 0.5)
 
 
 def load_gateway_spec(data: Mapping[str, Any]) -> GatewaySpec:
@@ -160,6 +204,7 @@ class GatewayServer:
         self._server: Any = None
         self._tasks: list[asyncio.Task] = []
         self._gauges = _Gauges()
+        self._start_error: BaseException | None = None
 
     async def start(self) -> str:
         """Serve (module docstring); returns the base URL clients use."""
@@ -167,10 +212,11 @@ class GatewayServer:
 
         if self.url is not None:
             return self.url
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((self.spec.host, self.spec.port))
-        sock.listen(256)
+        before = self.rollouts.restored.port  # a restart: the port its clients hold
+        port = self.spec.port or before or 0
+        sock = await _bind(self.spec.host, port, self.spec.rebind_wait_s if port else 0.0)
+        if self.rollouts.journal is not None and sock.getsockname()[1] != before:
+            self.rollouts.journal.append("serve", port=sock.getsockname()[1])
         self._server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning", lifespan="off"))
         self._tasks = [asyncio.ensure_future(self._server.serve(sockets=[sock])),
                        asyncio.ensure_future(self._tick())]
@@ -188,7 +234,8 @@ class GatewayServer:
         r = self.rollouts.restored
         if r.ended or r.lost or r.waiting:
             print(f"sqlrl gateway: resumed from its journal: {len(r.ended)} ended rollout(s) kept for the job, "
-                  f"{len(r.waiting)} waiting again, {len(r.lost)} live at the restart expired", flush=True)
+                  f"{len(r.waiting)} waiting again, {len(r.lost)} live at the restart expired "
+                  f"({self.rollouts.restored_released} of their DB sessions released)", flush=True)
         return self.url
 
     async def _tick(self) -> None:
@@ -199,7 +246,15 @@ class GatewayServer:
             self._gauges.set(self.rollouts.stats(), time.monotonic())
 
     async def address(self) -> str | None:
+        """The base URL once serving (None before); raises the error a restarted incarnation
+        got when it could not serve again (``GatewayBindError``)."""
+        if self._start_error is not None:
+            raise self._start_error
         return self.url
+
+    async def process_id(self) -> int:
+        """This incarnation's process id (tests kill it to make Ray restart the actor)."""
+        return os.getpid()
 
     async def offer(self, group_id: str, task: Text2SQLTask | Mapping[str, Any], n: int = 1) -> None:
         if isinstance(task, Mapping):  # a task record (from another process): its kind's class reads it
@@ -240,6 +295,26 @@ class GatewayServer:
             with contextlib.suppress(Exception):
                 await self.engine.close()
         return failed
+
+
+class _GatewayActor(GatewayServer):
+    """The Ray actor's class: a ``GatewayServer`` that, when Ray restarts it (``max_restarts``),
+    starts serving by itself -- on the port of its journal -- since nobody calls ``start`` again."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        import ray
+
+        super().__init__(*args, **kwargs)
+        ctx = ray.get_runtime_context()
+        self._restarting = ctx.current_actor.serve_again.remote() if ctx.was_current_actor_reconstructed else None
+
+    async def serve_again(self) -> str:
+        try:
+            return await self.start()
+        except BaseException as exc:
+            self._start_error = exc
+            print(f"sqlrl gateway: restarted but not serving: {exc}", file=sys.stderr, flush=True)
+            raise
 
 
 class ActorGateway:
@@ -289,8 +364,11 @@ def start_gateway(spec: Mapping[str, Any] | GatewaySpec, *, num_cpus: float = 1.
     import ray
 
     spec = spec if isinstance(spec, GatewaySpec) else load_gateway_spec(spec)
+    if max_restarts and not (spec.run_dir and spec.journal):
+        raise ValueError("max_restarts needs the gateway's journal (a run_dir, journal: true): "
+                         "a restarted gateway resumes its rollouts and its port from it")
     env = {k: os.environ[k] for k in (spec.auth.api_keys_env,) if k and k in os.environ}
-    actor = ray.remote(GatewayServer).options(
+    actor = ray.remote(_GatewayActor).options(
         num_cpus=num_cpus, num_gpus=num_gpus, resources=dict(resources or {}), name=name, max_concurrency=1000,
         max_restarts=max_restarts,
         runtime_env={"env_vars": env} if env else None)

@@ -18,6 +18,10 @@ take a ``SessionSource``; there is no other way to ask for a session.
   ``close_many(sessions)`` is best effort and never raises. Optional ``execute_many(pairs)``:
   ``[(session, sql)] -> [QueryResult]`` in one call (the agent loop then runs a round's tool calls
   at once; the Ray pool: one round trip per shard).
+- ``DurableSessions`` (optional, declared): a source whose sessions outlive the process that opened
+  them (pool leases) names each in a JSON record (``record_of``) that another process can release
+  (``release_records``): a restarted gateway releases its dead incarnation's sessions this way.
+  ``PoolSessions`` is one; ``LocalSessions`` is not (its sessions die with the process).
 - Two implementations: ``LocalSessions`` (in this process: ``open_session``, or checkouts of a
   ``SessionPool``) and ``PoolSessions`` (leases from a ``PoolClient``: ``lease_many``,
   ``execute_many``, ``release_many``; Ray-free itself, the client carries the transport).
@@ -28,9 +32,11 @@ Not guaranteed here: what a session isolates (``docs/sessions.md``) -- a source 
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator, Mapping, Protocol, Sequence
+import dataclasses
+from typing import Any, Iterator, Mapping, Protocol, Sequence, runtime_checkable
 
 from .leases.client import LeasedSession, PoolClient
+from .leases.protocol import Lease
 from .sessions.session import open_session
 from .types import Limits, QueryResult, SessionRequest
 
@@ -43,6 +49,18 @@ class SessionSource(Protocol):
         """Best effort; never raises."""
 
     # Optional: ``execute_many(pairs: [(session, sql)]) -> [QueryResult]``.
+
+
+@runtime_checkable
+class DurableSessions(Protocol):
+    """A ``SessionSource`` whose sessions another process can release (module docstring)."""
+
+    def record_of(self, session: Any) -> dict[str, Any]:
+        """A JSON-ready record naming ``session`` (opened by this source)."""
+
+    def release_records(self, records: Sequence[Mapping[str, Any]]) -> list[bool]:
+        """Release the sessions the records name (from any process); per record, whether this call
+        ended it (False: already ended, or gone with its server). Never raises."""
 
 
 @contextlib.contextmanager
@@ -119,5 +137,18 @@ class PoolSessions:
         """A round's execute_sql calls: one ``submit_many`` per shard (never raises)."""
         return self.client.execute_many([(s.lease, sql) for s, sql in pairs])
 
+    def record_of(self, session: "LeasedSession") -> dict[str, Any]:
+        """``DurableSessions``: the lease, as a dict."""
+        return dataclasses.asdict(session.lease)
 
-__all__ = ["LocalSessions", "PoolSessions", "SessionRequest", "SessionSource", "open_one"]
+    def release_records(self, records: Sequence[Mapping[str, Any]]) -> list[bool]:
+        """``DurableSessions``: ``release_many`` of the recorded leases (a lease of a shard
+        incarnation that is gone is False: its session went with it). Never raises."""
+        try:
+            leases = [Lease(**dict(r)) for r in records]
+        except TypeError:
+            return [False] * len(records)
+        return self.client.release_many(leases)
+
+
+__all__ = ["DurableSessions", "LocalSessions", "PoolSessions", "SessionRequest", "SessionSource", "open_one"]

@@ -5,18 +5,25 @@ also appends one JSON line per state change to a file (``<run_dir>/gateway_journ
 host), each written and ``fsync``'d before the change is answered:
 
 - ``offer``  ``{group_id, task, n}`` (the task's record: ``Task.to_dict``)
-- ``claim``  ``{rollout_id, group_id, task_id, key}`` (``key``: the API key's SHA-256, never the key)
-- ``end``    ``{trace, key}`` (the whole ``RolloutTrace``: calls, token ids, log-probs, reward)
+- ``claim``  ``{rollout_id, group_id, task_id, key, session}`` (``key``: the API key's SHA-256, never
+  the key; ``session``: the session's record when the source is ``DurableSessions`` -- a pool lease --
+  else None)
+- ``end``    ``{trace, key}`` (the whole ``RolloutTrace``: calls, token ids, log-probs, reward); for a
+  rollout lost at a restart also ``session_released`` (True / False, None: no record)
 - ``drain``  ``{ids}`` (traces handed to the job: not handed out again)
 - ``finish`` ``{}``
+- ``serve``  ``{port}`` (the port the gateway serves on: a restarted gateway binds it again)
 
 ``replay(path)`` reads it back as a ``Replayed`` state. Guarantees:
 - Every rollout that ended (completed, expired, failed) before the crash and was not drained comes
   back whole, in the order it ended: its trace is the one recorded, byte for byte the same ids.
 - Rollouts offered and not claimed wait again, in offer order. Rollouts claimed and not ended
   (their client was mid-rollout when the gateway died) are ``lost``: the restarted gateway ends
-  them ``expired`` with the cause ``RESTART_CAUSE`` (their calls were in the dead process's memory;
-  their clients get 409, as for any ended rollout).
+  them ``expired`` with the cause ``RESTART_CAUSE`` and ``lost=LostReason.GATEWAY_RESTART`` (their
+  calls were in the dead process's memory; their clients get 409, as for any ended rollout), and
+  releases their sessions where the claim named one (``Replayed.lost`` keeps the claim records).
+- ``Replayed.port`` is the last ``serve`` record's port (None before any): the address clients
+  hold stays the gateway's across restarts.
 - A crash in the middle of a write leaves at most a torn last line: it is skipped and counted
   (``Replayed.torn``), and cut off when a ``Journal`` reopens the file to append. A line that does not parse anywhere else is corruption: ``JournalError``
   naming the line, nothing restored.
@@ -84,6 +91,7 @@ class Replayed:
     counts: dict[str, int] = field(default_factory=dict)  # claimed / completed / expired / failed
     finished: bool = False
     torn: int = 0  # a torn last line, skipped
+    port: int | None = None  # the port the last gateway on this journal served on
 
 
 def _records(path: Path) -> tuple[list[dict[str, Any]], int]:
@@ -138,6 +146,8 @@ def replay(path: str | os.PathLike) -> Replayed:
                 ended.pop(rid, None)
         elif kind == "finish":
             state.finished = True
+        elif kind == "serve":
+            state.port = int(rec["port"])
         else:
             raise JournalError(f"{path}: unknown record kind {kind!r}")
     state.ended, state.lost = list(ended.values()), list(live.values())

@@ -42,7 +42,12 @@ The values, errors and ``GatewayConfig`` are ``sqlrl.gateway.contract``'s (re-ex
   drain and finish is appended and ``fsync``'d before it is answered; a ``Rollouts`` built on a
   journal that already holds records resumes from it: ended traces not yet drained are kept for the
   job, offers not claimed wait again, rollouts live at the crash end ``expired`` with
-  ``journal.RESTART_CAUSE``. The call and token counters count this process's calls only.
+  ``journal.RESTART_CAUSE`` and ``lost=LostReason.GATEWAY_RESTART``. When the session source is
+  ``DurableSessions`` (``PoolSessions``: pool leases outlive the dead process), each claim's record
+  names its session and the restarted gateway releases the lost rollouts' sessions before it
+  serves (``restored_released`` counts those it ended; the journal's end record says per rollout). A
+  lease granted and not yet journalled when the process died is left to the pool's lease TTL. The
+  call and token counters count this process's calls only.
 
 Thread-safe: one lock; SQL, session opening/closing and scoring run outside it (the app calls the
 blocking methods -- ``claim``, ``execute_sql``, ``complete``, ``expire_due`` -- in worker threads).
@@ -58,7 +63,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-from sqlrl.db.source import SessionRequest, SessionSource
+from sqlrl.db.source import DurableSessions, SessionRequest, SessionSource
 from sqlrl.db.types import Limits
 from sqlrl.policy.engine import AsyncEngine, UpdatePolicy
 from sqlrl.policy.types import Generation
@@ -72,7 +77,7 @@ from .contract import (BadInput, Busy, Claim, GatewayConfig, GatewayError, Gatew
                        NotAllowed, NoWorkNow, RolloutClosed, RolloutNotFound, Scorer, Unavailable,
                        WorkFinished)
 from .journal import RESTART_CAUSE, Journal, Replayed, key_digest, replay
-from .trace import RolloutTrace
+from .trace import LostReason, RolloutTrace
 
 
 @dataclass(eq=False)
@@ -129,7 +134,10 @@ class Rollouts:
         self._counts = dict.fromkeys(("claimed", "completed", "expired", "failed", "calls", "incomplete",
                                       "prompt_tokens", "generated_tokens", "prefix_mismatches"), 0)
         self.journal = journal
+        # sessions another process can release: named in the journal (the declared protocol, checked once here)
+        self._durable = sessions if isinstance(sessions, DurableSessions) else None
         self.restored = Replayed()  # what the journal held at start (empty without one)
+        self.restored_released = 0  # sessions of rollouts lost at the restart that this gateway released
         if journal is not None:
             self._restore(replay(journal.path))
 
@@ -142,10 +150,14 @@ class Rollouts:
         self._waiting.extend((g, kind_of_record(rec).task_type.from_dict(dict(rec))) for g, rec in state.waiting)
         self._traces, self._done, self._finished = list(state.ended), dict(state.done), state.finished
         self._counts.update(state.counts)
+        held = [rec for rec in state.lost if rec.get("session") is not None]
+        ended = self._durable.release_records([r["session"] for r in held]) if held and self._durable else []
+        released = {r["rollout_id"]: bool(e) for r, e in zip(held, ended)}
+        self.restored_released = sum(released.values())
         for rec in state.lost:
             trace = RolloutTrace(rollout_id=rec["rollout_id"], task_id=rec["task_id"], group_id=rec["group_id"],
-                                 calls=(), status="expired", error=RESTART_CAUSE)
-            self._log("end", trace=trace.to_dict(), key=rec["key"])
+                                 calls=(), status="expired", error=RESTART_CAUSE, lost=LostReason.GATEWAY_RESTART)
+            self._log("end", trace=trace.to_dict(), key=rec["key"], session_released=released.get(rec["rollout_id"]))
             self._traces.append(trace)
             self._done[trace.rollout_id] = rec["key"]
             self._counts["expired"] += 1
@@ -196,7 +208,8 @@ class Rollouts:
             raise Unavailable(f"could not open a session on {task.db_id!r}: {exc}",
                               self.config.retry_after_s) from None
         with self._cond:
-            self._log("claim", rollout_id=rollout_id, group_id=group_id, task_id=task.task_id, key=key_digest(key))
+            self._log("claim", rollout_id=rollout_id, group_id=group_id, task_id=task.task_id, key=key_digest(key),
+                      session=self._durable.record_of(session) if self._durable is not None else None)
             self._live[rollout_id] = _Rollout(rollout_id, key, group_id, task,
                                               self.clock() + self.config.deadline_s, session)
             self._counts["claimed"] += 1

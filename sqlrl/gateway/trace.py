@@ -20,11 +20,19 @@ Guarantees:
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
 ROLLOUT_STATUSES = ("completed", "expired", "failed")
 REWARD_SOURCES = ("judge", "client", "none")
+
+
+class LostReason(str, enum.Enum):
+    """Why a rollout was lost (``RolloutTrace.lost``): ended by the gateway itself, not by its
+    client or its deadline. Values are stable strings (journal, logs)."""
+
+    GATEWAY_RESTART = "gateway-restart"  # live when the gateway's process died; its calls in flight went with it
 
 
 @dataclass(frozen=True)
@@ -71,8 +79,13 @@ class RolloutTrace:
     final_sql: str | None = None
     n_incomplete: int = 0  # calls that never finished (client gone, cancelled, aborted): not in ``calls``
     error: str | None = None
+    lost: LostReason | None = None  # set when the gateway lost the rollout (its status is then "expired")
 
     def __post_init__(self) -> None:
+        if self.lost is not None:
+            object.__setattr__(self, "lost", LostReason(self.lost))
+            if self.status != "expired":
+                raise ValueError("a lost rollout ends expired")
         if self.status not in ROLLOUT_STATUSES:
             raise ValueError(f"status {self.status!r} is not one of {ROLLOUT_STATUSES}")
         if self.reward_source not in REWARD_SOURCES:
@@ -88,6 +101,7 @@ class RolloutTrace:
         d = {f.name: getattr(self, f.name) for f in fields(self)}
         d["calls"] = [c.to_dict() for c in self.calls]
         d["reward_parts"] = dict(self.reward_parts)
+        d["lost"] = None if self.lost is None else self.lost.value
         return d
 
     @classmethod

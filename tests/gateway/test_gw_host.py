@@ -157,12 +157,83 @@ def test_a_host_restarted_on_its_run_dir_resumes_its_journal(shop_catalog, tmp_p
         first._server.should_exit = True  # the server goes; its rollouts are never closed
 
         second = GatewayServer(spec(shop_catalog, tmp_path))
-        await second.start()
+        assert await second.start() == url  # the port the journal names, once the first let it go
         assert "resumed from its journal: 1 ended rollout(s) kept for the job, 0 waiting again, 1 live" \
             in capsys.readouterr().out
         kept, lost = await second.drain()
         assert kept.rollout_id == done["rollout_id"] and kept.reward == 1.0 and len(kept.calls) == 1
         assert lost.rollout_id == live["rollout_id"] and lost.status == "expired"
         await second.stop()
+
+    asyncio.run(main())
+
+
+@pytest.mark.slow
+def test_a_gateway_actor_restarted_by_ray_serves_on_the_same_url(ray_session, shop_catalog, tmp_path):  # noqa: F811
+    """Kill the actor's process: Ray restarts it (``max_restarts``), it resumes its journal and serves
+    on the same host:port by itself, so the URLs clients hold keep answering -- the completed rollout
+    kept for the job, the live one a 409, the waiting offer claimable at the same base URL."""
+    import os
+    import signal
+    import threading
+
+    from ray.exceptions import RayActorError
+
+    from actors.gateway import start_gateway
+
+    handle, url = start_gateway(spec(shop_catalog, tmp_path), num_cpus=0.5, max_restarts=1)
+    h = {"Authorization": f"Bearer {KEY}"}
+    try:
+        ray_session.get(handle.offer.remote("g", shop_task(), 3))
+        with httpx.Client(timeout=60) as client:
+            done = rollout(client, url)
+            live = client.post(f"{url}/v1/rollouts", json={}, headers=h).json()
+        first = ray_session.get(handle.process_id.remote())
+        os.kill(first, signal.SIGKILL)
+        deadline, again = time.monotonic() + 240, None
+        while time.monotonic() < deadline:  # a poll of the actor's own state: the new incarnation's address
+            try:
+                if ray_session.get(handle.process_id.remote(), timeout=60) != first:
+                    again = ray_session.get(handle.address.remote(), timeout=60)
+                    if again is not None:
+                        break
+            except RayActorError:  # the call reached the dead incarnation, or the restart is under way
+                pass
+            threading.Event().wait(0.2)  # between polls of the actor's state
+        assert again == url, f"the restarted gateway serves on {again}, not {url}"
+        assert json.loads((tmp_path / "gateway.json").read_text())["url"] == url
+        with httpx.Client(timeout=60) as client:
+            closed = client.post(f"{live['base_url']}/chat/completions", headers=h, json={
+                "model": "m", "messages": [{"role": "user", "content": "How many customers are there?"}]})
+            assert closed.status_code == 409, closed.text  # the live rollout was lost with the process
+            third = rollout(client, url)  # the offer still waiting: claimed, run and completed at the same URL
+        ids = {t.rollout_id: t for t in ray_session.get(handle.drain.remote())}
+        assert set(ids) == {done["rollout_id"], live["rollout_id"], third["rollout_id"]}
+        assert ids[done["rollout_id"]].reward == 1.0 and ids[live["rollout_id"]].status == "expired"
+    finally:
+        ray_session.get(handle.stop.remote())
+        ray_session.kill(handle)
+
+
+def test_a_port_that_stays_taken_is_a_clear_error(shop_catalog, tmp_path):
+    """A restarted gateway whose port another process holds waits ``rebind_wait_s``, then says so."""
+    import socket
+
+    from actors.gateway import GatewayBindError
+
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen(1)
+    port = holder.getsockname()[1]
+    server = GatewayServer(spec(shop_catalog, tmp_path, port=port, rebind_wait_s=0.2))
+
+    async def main():
+        try:
+            with pytest.raises(GatewayBindError, match=f"127.0.0.1:{port} again.*still in use"):
+                await server.start()
+        finally:
+            holder.close()
+        assert await server.start() == f"http://127.0.0.1:{port}"  # free again: it serves there
+        await server.stop()
 
     asyncio.run(main())

@@ -27,6 +27,11 @@ def pool():
     p.close()
 
 
+def records(path, kind: str) -> list[dict]:
+    """The journal's records of one kind, in order."""
+    return [r for r in map(json.loads, path.read_text().splitlines()) if r["kind"] == kind]
+
+
 def rollouts(catalog, pool, path):
     return Rollouts(GatewayConfig(deadline_s=10), LocalSessions(catalog, pool=pool), FixedScorer(),
                     clock=FakeClock(), journal=Journal(path))
@@ -88,3 +93,75 @@ def test_a_torn_last_line_is_skipped_and_cut_and_a_corrupt_one_refused(shop_cata
     path.write_text("\n".join([lines[0], "not json", *lines[1:]]) + "\n")
     with pytest.raises(JournalError, match="line 2 is not a journal record"):
         replay(path)
+
+
+def test_a_restarted_gateway_releases_the_pool_leases_of_its_lost_rollouts(shop_catalog, tmp_path):
+    """Sessions from the DB pool (``PoolSessions``: leases that outlive the gateway's process) of the
+    rollouts live at the crash are released by the restarted gateway, which records each lost
+    rollout with its typed reason and whether its session was released; a lease released already
+    (ended before the crash was journalled) is not counted twice; the other rollouts' leases stay."""
+    from sqlrl.db.leases.client import LocalTransport, PoolClient
+    from sqlrl.db.leases.partition import PartitionPlan
+    from sqlrl.db.leases.protocol import Catalog
+    from sqlrl.db.leases.shard import ShardConfig, ShardCore
+    from sqlrl.db.source import PoolSessions
+    from sqlrl.gateway.trace import LostReason
+
+    plan = PartitionPlan.build(1, {"sqlite": 1}, {"sqlite": 1})
+    cores = {s.id: ShardCore(s.id, ShardConfig(catalog=Catalog(shop_catalog))) for s in plan.shards()}
+    ids = [s.id for s in plan.shards_for("rollout", 0)]
+    client = PoolClient(plan, ids, "rollout", 0, LocalTransport(cores))
+
+    def held() -> int:
+        return sum(core.stats().active_leases for core in cores.values())
+
+    def gateway() -> Rollouts:
+        return Rollouts(GatewayConfig(deadline_s=10), PoolSessions(client), FixedScorer(), clock=FakeClock(),
+                        journal=Journal(tmp_path / JOURNAL_FILE))
+
+    try:
+        first = gateway()
+        first.offer("g", shop_task(), 4)
+        a, b, c, d = (first.claim(K).rollout_id for _ in range(4))
+        first.complete(K, a, sql=GOLD)  # its lease released
+        assert held() == 3
+        claims = {r["rollout_id"]: r for r in records(tmp_path / JOURNAL_FILE, "claim")}
+        client.release_many([first._live[d].session.lease])  # d's lease ended already (the crash came after)
+        assert held() == 2
+        # the process dies here: b, c and d were live; b's and c's leases are still held in the pool
+
+        second = gateway()
+        assert held() == 0 and second.restored_released == 2
+        kept, *lost = second.drain()
+        assert kept.rollout_id == a and kept.lost is None
+        assert {t.rollout_id for t in lost} == {b, c, d}
+        assert all(t.status == "expired" and t.lost is LostReason.GATEWAY_RESTART and t.error == RESTART_CAUSE
+                   for t in lost)
+        ends = {r["trace"]["rollout_id"]: r for r in records(tmp_path / JOURNAL_FILE, "end")}
+        assert {rid: ends[rid]["session_released"] for rid in (b, c, d)} == {b: True, c: True, d: False}
+        assert {rid: ends[rid]["trace"]["lost"] for rid in (b, c, d)} == dict.fromkeys((b, c, d), "gateway-restart")
+        assert claims[b]["session"]["worker_id"] == "rollout-0" and K not in json.dumps(claims)
+
+        third = gateway()  # restarted again: the lost rollouts ended; nothing released twice
+        assert third.restored_released == 0 and third.drain() == []
+        third.offer("h", shop_task("t2"), 1)
+        claim = third.claim(K)  # new work still leases and releases normally
+        assert held() == 1
+        third.complete(K, claim.rollout_id, sql=GOLD)
+        assert held() == 0
+    finally:
+        for core in cores.values():
+            core.close()
+
+
+def test_local_sessions_are_not_named_in_the_journal(shop_catalog, pool, tmp_path):
+    """``LocalSessions`` die with their process: claims record no session, and a restart releases none."""
+    first = rollouts(shop_catalog, pool, tmp_path / JOURNAL_FILE)
+    first.offer("g", shop_task(), 1)
+    rid = first.claim(K).rollout_id
+    assert [c["session"] for c in records(tmp_path / JOURNAL_FILE, "claim")] == [None]
+    second = rollouts(shop_catalog, pool, tmp_path / JOURNAL_FILE)
+    (lost,) = second.drain()
+    assert lost.rollout_id == rid and lost.lost == "gateway-restart" and second.restored_released == 0
+    for gateway in (first, second):
+        gateway.close()

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from sqlrl.gateway.trace import RolloutTrace, TracedCall
+from sqlrl.gateway.trace import LostReason, RolloutTrace, TracedCall
 
 
 def _call(i: int, rid: str = "r1", n: int = 2) -> TracedCall:
@@ -19,6 +19,9 @@ def test_round_trip_through_json_is_exact():
     trace = RolloutTrace("r1", "t1", "g1", (_call(0), _call(1)), "completed", reward=1.0,
                          reward_source="judge", reward_parts={"ex": 1.0}, final_sql="SELECT 1", n_incomplete=1)
     assert RolloutTrace.from_dict(json.loads(json.dumps(trace.to_dict()))) == trace
+    lost = RolloutTrace("r2", "t1", "g1", (), "expired", lost=LostReason.GATEWAY_RESTART)
+    assert json.loads(json.dumps(lost.to_dict()))["lost"] == "gateway-restart"
+    assert RolloutTrace.from_dict(json.loads(json.dumps(lost.to_dict()))).lost is LostReason.GATEWAY_RESTART
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -40,6 +43,8 @@ def test_call_rejects_inconsistent_values(kwargs, message):
     ({"status": "expired"}, "exactly when it completed"),
     ({"calls": (_call(1),)}, "in order"),
     ({"calls": (_call(0, rid="other"),)}, "belong to this rollout"),
+    ({"lost": LostReason.GATEWAY_RESTART}, "a lost rollout ends expired"),
+    ({"lost": "nope", "status": "expired", "reward": None}, "not a valid LostReason"),
 ])
 def test_rollout_rejects_inconsistent_values(kwargs, message):
     args = {"rollout_id": "r1", "task_id": "t", "group_id": "g", "calls": (_call(0),), "status": "completed",
