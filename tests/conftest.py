@@ -68,14 +68,9 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
         return
     if nextitem is not None and "ray_session" in nextitem.fixturenames:
         return
-    import sys
+    from tests.actors.conftest import stop_ours
 
-    ray = sys.modules.get("ray")
-    if ray is not None and ray.is_initialized():
-        from tests.actors.conftest import NAMESPACE
-
-        if ray.get_runtime_context().namespace == NAMESPACE:
-            ray.shutdown()
+    stop_ours()
 
 
 def _server_url(var: str, what: str) -> str:

@@ -23,14 +23,20 @@ def _ours(ray) -> bool:
     return ray.is_initialized() and ray.get_runtime_context().namespace == NAMESPACE
 
 
+def stop_ours() -> None:
+    """Shut the actor tests' instance down when it is the one connected (never imports Ray)."""
+    import sys
+
+    ray = sys.modules.get("ray")
+    if ray is not None and _ours(ray):
+        ray.shutdown()
+
+
 @pytest.fixture(scope="session")
 def _ray_instance():
     """Shuts the actor tests' instance down at the end of the session (when it is still up)."""
-    import ray
-
     yield
-    if _ours(ray):
-        ray.shutdown()
+    stop_ours()
 
 
 @pytest.fixture(scope="module")
