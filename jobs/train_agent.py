@@ -110,11 +110,10 @@ class GatewayHost:
 
 def process_gateway(cfg: AgentJobConfig, spec: Any, sessions: Any, asks: Any) -> tuple[Any, str]:
     """The gateway and its engine in this process (``gateway_host: process``): ``(host, url)``."""
-    from sqlrl.policy.backends import make_engine
-    from sqlrl.policy.load import load_policy
+    from serve.engines import build_served
 
-    policy = load_policy(cfg.model)
-    engine = make_engine(cfg.backend, policy, seed=cfg.seed, max_batch=cfg.max_batch)
+    served = build_served(spec.model, seed=cfg.seed)  # as a serving replica builds it
+    policy, engine = served.policy, served.engine
     try:
         host = GatewayHost(spec, policy, engine, sessions, owns_engine=True)
     except BaseException:

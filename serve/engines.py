@@ -23,7 +23,8 @@ request and joins the running batch at the engine's next step (continuous batchi
   grammar-constrained); the scripted engine does not (its turns are canned).
 
 ``"auto"`` resolves to ``"vllm"`` where vLLM can serve the policy, else ``"hf"``
-(``PolicySpec.resolved``). The scripted engine's options (``script``, ``gate_file``, ...) are the
+(``PolicySpec.resolved``). ``build_served(model_spec)`` loads and builds a served model's engine
+(a serving replica's, and an in-process gateway's). The scripted engine's options (``script``, ``gate_file``, ...) are the
 engine registry's (``sqlrl.policy.backends``).
 
 Guarantees: a backend serving has no kind for (``hf-batched``, ``vllm-batched``) is a ``ValueError``
@@ -80,6 +81,26 @@ KINDS: dict[str, EngineKind] = {
                        constrains=True, loads_weights=False),
     "scripted": EngineKind(_positions, _running_scripted),
 }
+
+
+@dataclass(frozen=True)
+class Served:
+    """A served model's engine as ``build_served`` made it: its kind, the policy beside it, the engine."""
+
+    kind: EngineKind
+    policy: Any  # sqlrl.policy.load.Policy (model None where the engine holds the weights)
+    engine: Any  # an AsyncEngine
+
+
+def build_served(spec: Any, seed: int | None = None) -> Served:
+    """The engine of a ``serve.config.ModelSpec``, loaded and built by its ``PolicySpec`` (training's
+    code): ``auto`` resolved on the checkpoint folder alone, the HF model loaded only where the
+    engine needs it (``loads_weights``), ``max_batch_size`` given as the engine's ``batch_option``."""
+    light = spec.policy.load(weights=False)  # auto picks an engine from the folder alone
+    policy_spec = spec.policy.resolved(light)
+    kind = KINDS[policy_spec.backend]
+    policy = policy_spec.load() if kind.loads_weights else light  # vLLM: its own copy of the weights only
+    return Served(kind, policy, policy_spec.engine(policy, seed, **kind.batch_bound(spec.max_batch_size)))
 
 
 def check_served(backend: str) -> str:

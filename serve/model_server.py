@@ -36,7 +36,7 @@ from .config import ServeConfig, load_serve_config
 from .completions import CompletionRequest, text_chunk, text_plan, text_result
 from .engine import ModelEngine
 from .sql_agent import SQL_BODIES
-from .engines import KINDS
+from .engines import build_served
 from .openai_chat import APIError, ChatRequest, error_body
 
 
@@ -53,12 +53,8 @@ class ModelServer:
         self.config: ServeConfig = load_serve_config(config)
         spec = self.config.models[name]
         torch.set_num_threads(max(1, spec.torch_threads))
-        light = spec.policy.load(weights=False)  # auto picks an engine from the folder alone
-        policy_spec = spec.policy.resolved(light)
-        self.kind = KINDS[policy_spec.backend]
-        # vLLM: its own copy of the weights only; the others load the model as training does
-        policy = policy_spec.load() if self.kind.loads_weights else light
-        self.engine = policy_spec.engine(policy, **self.kind.batch_bound(spec.max_batch_size))
+        served = build_served(spec)  # vLLM: its own copy of the weights only
+        self.kind, self.engine, policy = served.kind, served.engine, served.policy
         self.model = ModelEngine(name, policy, self.engine, self.config,
                                  schema_style=checkpoint_schema_style(spec.policy.model),
                                  window=self.kind.window(self.engine, policy), too_long=self.kind.too_long,

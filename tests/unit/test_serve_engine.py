@@ -277,3 +277,26 @@ def test_a_vllm_replica_builds_no_hf_model_beside_its_engine(tiny, monkeypatch):
 
     ModelServer("h", {"models": {"h": {"policy": {"model": "tiny", "backend": "scripted"}}}})
     assert loaded == [False, False, True]  # the other kinds still load the model (the scripted one reads its window)
+
+
+def test_a_served_model_is_built_by_its_policy_spec_with_the_batch_bound_as_the_engines_option():
+    """``build_served``: training's load and engine factory (``PolicySpec``), ``max_batch_size`` as
+    the engine's own option (hf: ``max_batch``), ``auto`` resolved on the checkpoint folder."""
+    from serve.config import load_serve_config
+    from serve.engines import KINDS, build_served
+    from sqlrl.policy.backends import vllm_unavailable
+
+    spec = load_serve_config({"models": {"m": {"policy": {"model": "tiny", "backend": "hf", "dtype": "bf16"},
+                                               "max_batch_size": 3}}}).models["m"]
+    served = build_served(spec, seed=5)
+    try:
+        assert served.kind is KINDS["hf"] and served.engine._scheduler.max_batch == 3
+        assert str(next(served.policy.model.parameters()).dtype) == "torch.bfloat16"
+    finally:
+        asyncio.run(served.engine.close())
+    auto = load_serve_config({"models": {"m": {"policy": {"model": "tiny"}}}}).models["m"]  # backend: auto
+    served = build_served(auto)
+    try:
+        assert served.kind is KINDS["hf" if vllm_unavailable(served.policy) else "vllm"]
+    finally:
+        asyncio.run(served.engine.close())
