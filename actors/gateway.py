@@ -10,8 +10,9 @@ inside it, on the job's policy engine (thin; the logic is ``sqlrl.gateway``).
 actor is ``ray.remote(GatewayServer)`` with its resources attached by ``start_gateway``. Its
 methods and uvicorn share the actor's event loop (an async actor).
 
-- **Engine**: built from ``GatewaySpec.model`` (``serve.model_server.ModelServer``: the same policy
-  loading and engine registry as serving: hf, vllm, auto, scripted), or given in-process
+- **Engine**: built from ``GatewaySpec.model`` (a serving ``ModelSpec`` whose ``policy`` is the one
+  ``PolicySpec``; ``serve.model_server.ModelServer`` loads and builds it as training does: hf,
+  vllm, auto, scripted), or given in-process
   (``GatewayServer(spec, policy=, engine=)``: a job that already holds its engine).
 - **Work in, traces out**: ``offer(group_id, task, n)`` (a ``Text2SQLTask`` or its dict), ``finish()``,
   ``drain()`` (each ``RolloutTrace`` once), ``stats()``.
@@ -71,7 +72,7 @@ from sqlrl.tasks.types import Text2SQLTask
 
 @dataclass(frozen=True)
 class GatewaySpec:
-    model: ModelSpec  # the policy: a checkpoint folder or a named model, its backend, batch bound
+    model: ModelSpec  # policy (a PolicySpec: model, backend, dtype, ...) and the batch bound, as serving's
     catalog: dict[str, dict[str, str]] = field(default_factory=dict)  # db id -> {dialect: url}
     gateway: GatewayConfig = field(default_factory=GatewayConfig)
     limits: LimitsSpec = field(default_factory=LimitsSpec)

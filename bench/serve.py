@@ -85,7 +85,8 @@ def direct_caller(max_tokens: int):
     torch.set_num_threads(1)
     policy = load_policy("tiny")
     engine = make_engine("hf", policy)  # HFEngine: every client's request joins the running batch
-    model = ModelEngine("tiny", policy, engine, load_serve_config({"models": {"tiny": {"path": "tiny"}}}))
+    config = load_serve_config({"models": {"tiny": {"policy": {"model": "tiny", "backend": "hf"}}}})
+    model = ModelEngine("tiny", policy, engine, config)
 
     def call(i: int) -> int:  # from each client thread: its own event loop, one engine for all
         plan = model.chat_plan(ChatRequest.model_validate(body(i, max_tokens)))
@@ -100,7 +101,8 @@ def start_serve(port: int) -> None:
     from serve.app import build_app
 
     def app(batch: int, colocate: bool = False) -> dict:
-        return {"models": {"tiny": {"path": "tiny", "max_batch_size": batch, "max_ongoing_requests": 64,
+        return {"models": {"tiny": {"policy": {"model": "tiny", "backend": "hf"}, "max_batch_size": batch,
+                                    "max_ongoing_requests": 64,
                                     "max_queued_requests": 256, "num_cpus": 0.5, "torch_threads": 1}},
                 "limits": {"rate_limit_per_minute": 0, "max_tokens": 512},
                 "auth": {"required": False}, "colocate": colocate}

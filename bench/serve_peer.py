@@ -98,7 +98,7 @@ def start_sqlrl(path: str, port: int, backends: list[str]) -> dict[str, str]:
     urls = {}
     for backend in backends:
         options = {"kv_cache_gb": KV_GB, "max_model_len": MAX_MODEL_LEN} if backend == "vllm" else {}
-        config = {"models": {"m": {"path": path, "backend": backend, "backend_options": options,
+        config = {"models": {"m": {"policy": {"model": path, "backend": backend, "engine_options": options},
                                    "max_batch_size": MAX_SEQS, "max_ongoing_requests": 64,
                                    "max_queued_requests": 256, "num_cpus": 0.5, "torch_threads": 1}},
                   "limits": {"rate_limit_per_minute": 0, "max_tokens": 512, "request_timeout_s": 600},

@@ -8,7 +8,8 @@
 With one model and no ``sql_models`` in ``--config``, that model answers both SQL endpoints.
 ``--database NAME=URL`` (repeatable; a SQLite URL, or the session URL of a sealed PostgreSQL /
 MariaDB base), ``--config FILE`` (a YAML mapping of ``serve.config.ServeConfig``; the flags add to
-it), ``--backend hf|vllm`` (vLLM: GPU machines, unverified here). API keys come from
+it; ``--model`` sets ``models.NAME.policy.model`` and ``.backend``), ``--backend hf|vllm|auto``
+(default hf; auto: vLLM where it can serve the model, else HF). API keys come from
 ``SQLRL_SERVE_API_KEYS`` (comma-separated) unless ``--no-auth``. It connects to the running Ray
 cluster (``ray job submit``) or starts a local one, deploys the app and keeps serving until
 interrupted (``--once``: deploy, print the address, and return -- for tests). The app's CPU asks
@@ -43,7 +44,8 @@ def build_args(a: argparse.Namespace) -> dict[str, Any]:
     args: dict[str, Any] = yaml.safe_load(open(a.config)) if a.config else {}
     models = args.setdefault("models", {})
     for name, path in pairs(a.model, "--model").items():
-        models[name] = {**models.get(name, {}), "path": path, "backend": a.backend}
+        entry = models.setdefault(name, {})
+        entry["policy"] = {**entry.get("policy", {}), "model": path, "backend": a.backend}
     dbs = args.setdefault("databases", {})
     for name, url in pairs(a.database, "--database").items():
         dbs[name] = {"url": url}
@@ -60,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", action="append", default=[], help="NAME=PATH (repeatable)")
     ap.add_argument("--database", action="append", default=[], help="NAME=URL (repeatable)")
     ap.add_argument("--config", help="a YAML ServeConfig mapping")
-    ap.add_argument("--backend", default="hf", choices=["hf", "vllm", "scripted"])
+    ap.add_argument("--backend", default="hf", choices=["hf", "vllm", "auto", "scripted"])
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--no-auth", action="store_true", help="no API key needed (local use only)")

@@ -110,11 +110,10 @@ class GatewayHost:
 
 def process_gateway(cfg: AgentJobConfig, spec: Any, sessions: Any, asks: Any) -> tuple[Any, str]:
     """The gateway and its engine in this process (``gateway_host: process``): ``(host, url)``."""
-    from sqlrl.policy.backends import make_engine
-    from sqlrl.policy.load import load_policy
+    from serve.engines import build_served
 
-    policy = load_policy(cfg.model)
-    engine = make_engine(cfg.backend, policy, seed=cfg.seed, max_batch=cfg.max_batch)
+    served = build_served(spec.model, seed=cfg.seed)  # as a serving replica builds it
+    policy, engine = served.policy, served.engine
     try:
         host = GatewayHost(spec, policy, engine, sessions, owns_engine=True)
     except BaseException:
@@ -157,13 +156,14 @@ def gateway_steps(cfg: AgentJobConfig, tasks: Sequence[Any], catalog: Mapping[st
     stops (the job's own clients exit on its 410 meanwhile: ``stop_clients``)."""
     from actors.gateway import GatewaySpec
     from serve.config import AuthSpec, ModelSpec
+    from sqlrl.policy.spec import PolicySpec
     from sqlrl.agent.chat_format import HFChatFormat
     from sqlrl.policy.load import load_tokenizer
 
     tokenizer, pad_id = load_tokenizer(cfg.model)
     Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
     (Path(cfg.run_dir) / JOURNAL_FILE).unlink(missing_ok=True)  # a new gateway: it resumes only its own journal
-    spec = GatewaySpec(model=ModelSpec(path=cfg.model, backend=cfg.backend, max_batch_size=cfg.max_batch),
+    spec = GatewaySpec(model=ModelSpec(PolicySpec(cfg.model, backend=cfg.backend), max_batch_size=cfg.max_batch),
                        catalog=dict(catalog), gateway=cfg.gateway_config(),
                        auth=AuthSpec(api_keys=cfg.api_keys, api_keys_env=cfg.api_keys_env),
                        host=cfg.host, port=cfg.port, run_dir=cfg.run_dir, tick_s=cfg.tick_s)

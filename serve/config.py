@@ -4,11 +4,16 @@
 ``load_serve_config(mapping)`` builds it with ``sqlrl.config``'s strict checks (unknown keys and
 wrong types are errors naming the dotted key).
 
-- ``models``: the registry of served models, name -> ``ModelSpec`` (a checkpoint folder the
-  curriculum writes, ``<run_dir>/<stage>/final``, or a named model such as ``tiny``; the backend
-  name (``serve/engines.py``: hf, vllm, auto, scripted); the engine's running-batch bound and the
-  queue sizes; CPUs per replica, unset = a share of the cluster, ``serve/resources.py``). Adding a
-  served model is one entry here, nothing else.
+- ``models``: the registry of served models, name -> ``ModelSpec``: its ``policy`` is the one
+  policy spec training uses (``sqlrl.policy.spec.PolicySpec``: ``model`` -- a checkpoint folder the
+  curriculum writes, ``<run_dir>/<stage>/final``, or a named model such as ``tiny`` --, ``backend``
+  -- an engine: auto, hf, vllm, scripted --, ``dtype``, ``device``, ``engine_options``, with the
+  same defaults and spellings as a stage config's ``model`` and ``rollout`` keys); beside it the
+  serving-only knobs: the engine's running-batch bound and the queue sizes, replicas, CPUs per
+  replica (unset = a share of the cluster, ``serve/resources.py``), GPUs, torch threads. Adding a
+  served model is one entry here, nothing else. The keys of the spec before it held a
+  ``PolicySpec`` (``path``, ``backend``, ``backend_options``, ``dtype``, ``device``) are errors
+  naming the key to write instead (``policy.model``, ...).
 - ``databases``: name -> ``DatabaseSpec``: a SQLite path, or for PostgreSQL / MariaDB the session
   URL of a sealed base (``sqlrl.db.provisioning.provision.session_url``: every session gets its own clone and
   role). Clients name a database; they never pass a path or DSN.
@@ -19,7 +24,8 @@ wrong types are errors naming the dotted key).
 - ``limits`` and ``auth``: what a public endpoint needs (see ``serve/limits.py``).
 
 Guarantees: ``__post_init__`` rejects inconsistent settings (``max_ongoing_requests`` below the
-batch size, no models at all). An ``sql_models`` entry naming a model that is not served leaves
+batch size, no models at all, a backend serving cannot run, an ``engine_options`` key that
+``max_batch_size`` sets). An ``sql_models`` entry naming a model that is not served leaves
 that endpoint answering 404 ``model_not_found``.
 """
 
@@ -29,15 +35,13 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from sqlrl.config import from_mapping
+from sqlrl.config import from_mapping, rename_keys
+from sqlrl.policy.spec import PolicySpec
 
 
 @dataclass(frozen=True)
 class ModelSpec:
-    path: str  # checkpoint folder (<run_dir>/<stage>/final) or a sqlrl.policy.load MODELS name
-    backend: str = "hf"  # "hf" (CPU default), "vllm" (GPU, unverified here), "scripted" (tests)
-    backend_options: dict[str, Any] = field(default_factory=dict)
-    dtype: str = "float32"
+    policy: PolicySpec  # model, backend, dtype, device, engine_options: as training's (module doc)
     max_batch_size: int = 16  # sequences the replica's engine runs at once (hf max_batch, vLLM max_num_seqs)
     max_ongoing_requests: int = 32  # per replica; >= max_batch_size so the running batch can fill
     max_queued_requests: int = 64  # waiting beyond the replicas' slots; more get 503 (-1: no limit)
@@ -45,14 +49,17 @@ class ModelSpec:
     num_cpus: float | None = None  # per replica; None: a share of the cluster (serve/resources.py)
     num_gpus: float = 0.0
     torch_threads: int = 1
-    # where hf generation runs: auto = the GPU when the replica sees one (num_gpus > 0) and the
-    # backend is not vLLM, else the CPU; or cpu, cuda, cuda:N (sqlrl.policy.backends.generation_device)
-    device: str = "auto"
 
     def __post_init__(self) -> None:
-        from sqlrl.policy.backends import check_device
+        from .engines import KINDS, check_served
 
-        check_device(self.device)
+        if not isinstance(self.policy, PolicySpec):
+            raise ValueError(f"ModelSpec.policy must be a PolicySpec, got {type(self.policy).__name__}")
+        check_served(self.policy.backend)
+        bound = sorted({k.batch_option for k in KINDS.values() if k.batch_option} & set(self.policy.engine_options))
+        if bound:
+            raise ValueError(f"policy.engine_options.{bound[0]}: serving sets it from max_batch_size; "
+                             "set max_batch_size instead")
         if self.max_batch_size < 1 or self.num_replicas < 1:
             raise ValueError("max_batch_size and num_replicas must be >= 1")
         if self.max_ongoing_requests < self.max_batch_size:
@@ -71,6 +78,11 @@ class ModelSpec:
             return None
         replicas = 1 if colocate else self.num_replicas
         return self.max_ongoing_requests * replicas + self.max_queued_requests
+
+
+# the keys of ModelSpec before its policy part was a PolicySpec
+rename_keys(ModelSpec, {"path": "policy.model", "backend": "policy.backend", "backend_options": "policy.engine_options",
+                        "dtype": "policy.dtype", "device": "policy.device"})
 
 
 @dataclass(frozen=True)
@@ -123,7 +135,7 @@ class ServeConfig:
 
     def __post_init__(self) -> None:
         if not self.models:
-            raise ValueError("serve config: no models (give models: {talon: {path: ...}})")
+            raise ValueError("serve config: no models (give models: {talon: {policy: {model: ...}}})")
         bad = set(self.sql_models) - {"debug", "generate"}
         if bad:
             raise ValueError(f"sql_models keys must be 'debug'/'generate', got {sorted(bad)}")

@@ -27,23 +27,21 @@ def main() -> None:
 
     import torch
 
-    from serve.config import load_serve_config
-    from serve.engine import ModelEngine
+    from serve.model_server import ModelServer
     from serve.openai_chat import ChatRequest
     from sqlrl.db.source import LocalSessions
     from sqlrl.gateway.rollouts import GatewayConfig, JudgeScorer, Rollouts
-    from sqlrl.policy.backends import make_engine
-    from sqlrl.policy.load import load_policy
     from sqlrl.rewards import Judge
     from sqlrl.tasks.demo_db import build_demo_database
     from sqlrl.tasks.types import Text2SQLTask
 
     torch.set_num_threads(1)
-    policy = load_policy("tiny")
-    engine = make_engine("hf", policy, max_batch=4)
+    # the model as a serving replica builds it (the policy spec's load + engine, batch bound 4)
+    server = ModelServer("policy", {"models": {"policy": {"policy": {"model": "tiny", "backend": "hf"},
+                                                          "max_batch_size": 4}}})
+    model, engine = server.model, server.engine
     db = build_demo_database(tempfile.mkdtemp() + "/shop.sqlite")
     catalog = {"shop": {"sqlite": f"sqlite:///{db}"}}
-    model = ModelEngine("policy", policy, engine, load_serve_config({"models": {"policy": {"path": "tiny"}}}))
     rollouts = Rollouts(GatewayConfig(deadline_s=3600), LocalSessions(catalog), JudgeScorer(Judge(catalog)))
     rollouts.offer("bench", Text2SQLTask("b", "shop", "How many customers?", "SELECT 1"), 1)
     from openai import OpenAI

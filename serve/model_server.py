@@ -1,12 +1,14 @@
 """``ModelServer``: one named model as a Ray Serve deployment, on ONE async engine per replica.
 
-The replica builds its model's ``AsyncEngine`` (``serve/engines.py``: ``HFEngine``, ``VLLMEngine``,
-or the scripted engine for tests) and calls it directly from its event loop: every chat choice,
-stream and SQL-agent turn is its own engine request, which joins the engine's running batch at
-its next step (continuous batching inside the engine; no batch queue or batch runner here).
+The replica loads its model and builds its ``AsyncEngine`` with training's code
+(``ModelSpec.policy``: ``PolicySpec.load`` / ``PolicySpec.engine``; ``HFEngine``, ``VLLMEngine``,
+or the scripted engine for tests; ``serve/engines.py`` says what serving needs of each) and
+calls it directly from its event loop: every chat choice, stream and SQL-agent turn is its own
+engine request, which joins the engine's running batch at its next step (continuous batching
+inside the engine; no batch queue or batch runner here).
 Streaming is token by token from ``engine.stream`` on every backend, vLLM included. A vLLM
 replica loads no HF model beside the engine (tokenizer and end tokens only:
-``engines.weightless_policy``), so it holds one copy of the weights, vLLM's.
+``PolicySpec.load(weights=False)``), so it holds one copy of the weights, vLLM's.
 
 Cancellation reaches the engine: when the ingress gives up on a request (the client went away,
 or ``limits.request_timeout_s`` passed) it cancels the call, and the coroutine here is cancelled,
@@ -34,7 +36,7 @@ from .config import ServeConfig, load_serve_config
 from .completions import CompletionRequest, text_chunk, text_plan, text_result
 from .engine import ModelEngine
 from .sql_agent import SQL_BODIES
-from .engines import KINDS, resolve, weightless_policy
+from .engines import build_served
 from .openai_chat import APIError, ChatRequest, error_body
 
 
@@ -47,19 +49,14 @@ class ModelServer:
         import torch
 
         from sqlrl.agent.prompts import checkpoint_schema_style
-        from sqlrl.policy.backends import place_policy
-        from sqlrl.policy.load import load_policy
 
         self.config: ServeConfig = load_serve_config(config)
         spec = self.config.models[name]
         torch.set_num_threads(max(1, spec.torch_threads))
-        light = weightless_policy(spec.path)  # auto picks a backend from the folder alone
-        self.kind = KINDS[resolve(spec.backend, light)]
-        policy = (place_policy(load_policy(spec.path, dtype=spec.dtype), spec.device, spec.backend)
-                  if self.kind.loads_weights else light)  # vLLM: its own copy of the weights only
-        self.engine = self.kind.build(policy, spec)
+        served = build_served(spec)  # vLLM: its own copy of the weights only
+        self.kind, self.engine, policy = served.kind, served.engine, served.policy
         self.model = ModelEngine(name, policy, self.engine, self.config,
-                                 schema_style=checkpoint_schema_style(spec.path),
+                                 schema_style=checkpoint_schema_style(spec.policy.model),
                                  window=self.kind.window(self.engine, policy), too_long=self.kind.too_long,
                                  constrains=self.kind.constrains)
         self.name = name

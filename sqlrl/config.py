@@ -20,6 +20,9 @@ Guarantees:
   One exception: a dataclass field missing from ``saved`` whose value in ``cfg`` is its declared
   default is not a change -- a key added to the code after the run was saved, left at a default
   that keeps the old behaviour (a missing entry of a ``dict`` field still is one).
+- A key a config class renamed (``rename_keys(cls, {old: new})``: ``new`` a dotted path inside
+  ``cls``) is an error naming the key to write instead, e.g. ``models.m.path was renamed: write
+  models.m.policy.model`` -- never silently accepted.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
+from collections import abc
 from pathlib import Path
 from typing import Any, Mapping, Sequence, TypeVar
 
@@ -37,6 +41,19 @@ T = TypeVar("T")
 
 class ConfigError(ValueError):
     """A configuration file or override that does not match the config dataclass."""
+
+
+RENAMED: dict[type, dict[str, str]] = {}  # config class -> {old key: the dotted key that replaced it}
+
+
+def rename_keys(cls: type, renamed: Mapping[str, str]) -> None:
+    """Declare keys ``cls`` no longer has: a config giving ``old`` fails naming ``renamed[old]`` (a
+    dotted key inside ``cls``, whose first part must be one of its fields)."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    for old, new in renamed.items():
+        if old in names or new.split(".")[0] not in names:
+            raise ValueError(f"rename_keys({cls.__name__}): {old!r} is still a field, or {new!r} is not one")
+    RENAMED.setdefault(cls, {}).update(renamed)
 
 
 def load_config(cls: type[T], path: str | Path | None = None, overrides: Sequence[str] = ()) -> T:
@@ -135,6 +152,11 @@ def _build(cls: type, data: Mapping[str, Any], where: str) -> Any:
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     unknown = sorted(set(data) - set(fields))
+    renamed = RENAMED.get(cls, {})
+    moved = [u for u in unknown if u in renamed]
+    if moved:
+        raise ConfigError("; ".join(f"{_join(where, u)} was renamed: write {_join(where, renamed[u])} instead"
+                                    for u in moved) + f" ({cls.__name__} has: {', '.join(sorted(fields))})")
     if unknown:
         raise ConfigError(f"unknown config key(s) {', '.join(_join(where, u) for u in unknown)}; "
                           f"{cls.__name__} has: {', '.join(sorted(fields))}")
@@ -193,7 +215,7 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
         if len(args) != len(value):
             raise ConfigError(f"{key}: expected {len(args)} items, got {len(value)}")
         return tuple(_coerce(a, v, f"{key}[{i}]") for i, (a, v) in enumerate(zip(args, value)))
-    if origin in (dict, Mapping) or tp is dict:
+    if origin in (dict, Mapping, abc.Mapping) or tp is dict:  # typing.Mapping[...]'s origin is abc's
         if not isinstance(value, Mapping):
             raise ConfigError(f"{key}: expected a mapping, got {value!r}")
         kt, vt = args or (Any, Any)

@@ -33,10 +33,14 @@ which runs ``check_engine_class`` -- a class that does not implement ``AsyncEngi
 registration (a class named as ``"module:Class"``, imported lazily, is checked before its first
 build). ``make_engine(name, policy, seed=None, **options) -> AsyncEngine``:
 
-- ``"scripted"``: ``ScriptedEngine`` (the same scripts as ``ScriptedBackend``, with gates);
+- ``"scripted"``: ``ScriptedEngine`` (the same scripts as ``ScriptedBackend``, with gates); the
+  options ``gate_file`` (+ ``gate_after_tokens``, ``gate_match``) hold matching requests before that
+  token while the file does not exist (``sqlrl.policy.file_gate.FileGate``: for tests in another
+  process than the engine, e.g. a serving replica);
 - ``"hf"``: ``HFEngine`` (``sqlrl.policy.hf_engine``: continuous batching over HFBackend's decode
   steps); ``"vllm"``: ``VLLMEngine`` (``sqlrl.policy.vllm_engine``: vLLM's ``AsyncLLM``);
-  ``"auto"``: ``"vllm"`` where it can serve the policy, else ``"hf"`` (as for backends);
+  ``"auto"``: ``"vllm"`` where it can serve the policy, else ``"hf"`` (as for backends;
+  ``resolve_engine`` says which, with the options it keeps);
 - ``"hf-batched"``, ``"vllm-batched"`` (transitional): ``BatchedEngine`` (``sqlrl.policy.batched``)
   over the backend ``make_backend`` builds -- lock-step rounds, the reference the engines are
   measured against -- with a weight loader into the policy (checked names and shapes; vLLM's copy
@@ -93,15 +97,16 @@ def vllm_unavailable(policy: Any) -> str | None:
     return None
 
 
-def _auto_choice(policy: Any, options: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
-    """``("vllm", options)`` where vLLM can serve the policy, else ``("hf", the options HF accepts)``."""
+def _auto_choice(policy: Any, options: Mapping[str, Any], hf: type | None = None) -> tuple[str, dict[str, Any]]:
+    """``("vllm", options)`` where vLLM can serve the policy, else ``("hf", the options the HF class
+    ``hf`` accepts)`` (default ``HFBackend``; the engines pass ``HFEngine``)."""
     if not vllm_unavailable(policy):
         return "vllm", dict(options)
     import inspect
 
     from .hf_backend import HFBackend
 
-    accepted = inspect.signature(HFBackend.__init__).parameters  # vLLM-only options are dropped
+    accepted = inspect.signature((hf or HFBackend).__init__).parameters  # vLLM-only options are dropped
     return "hf", {k: v for k, v in options.items() if k in accepted}
 
 
@@ -229,15 +234,34 @@ def _vllm_engine(policy: Any, seed: int | None = None, **options: Any) -> AsyncE
     return make_vllm_engine(policy, seed, **options)
 
 
+def resolve_engine(name: str, policy: Any, options: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    """``(engine, options)`` that ``name`` means for ``policy``: ``auto`` -> ``_auto_choice`` (vllm
+    where it can serve the policy, else hf with the options ``HFEngine`` accepts); else unchanged."""
+    if name != "auto":
+        return name, dict(options)
+    from .hf_engine import HFEngine
+
+    name, kept = _auto_choice(policy, options, HFEngine)
+    if "seed" in options:  # every engine's factory takes the seed (make_engine's argument)
+        kept["seed"] = options["seed"]
+    return name, kept
+
+
 def _auto_engine(policy: Any, seed: int | None = None, **options: Any) -> AsyncEngine:
-    name, options = _auto_choice(policy, options)
+    name, options = resolve_engine("auto", policy, options)
     return ENGINES[name](policy, seed, **options)
 
 
-def _scripted_engine(policy: Any, seed: int | None = None, **options: Any) -> AsyncEngine:
+def _scripted_engine(policy: Any, seed: int | None = None, *, gate_file: str | None = None,
+                     gate_after_tokens: int = 0, gate_match: str = "", **options: Any) -> AsyncEngine:
     from .scripted import ScriptedEngine
 
-    return ScriptedEngine(policy.tokenizer, policy.eos_token_ids, **options)
+    engine = ScriptedEngine(policy.tokenizer, policy.eos_token_ids, **options)
+    if gate_file:
+        from .file_gate import FileGate
+
+        FileGate(engine.hold(str(gate_match), after_tokens=int(gate_after_tokens)), str(gate_file))
+    return engine
 
 
 def _register_defaults() -> None:

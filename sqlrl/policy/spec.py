@@ -2,7 +2,7 @@
 defaults, for rollouts, evaluation, inference and (where it builds engines from one) serving.
 
     spec = PolicySpec("smollm2-135m", backend="vllm", dtype="bf16")   # dtype normalised: "bfloat16"
-    engine = make_engine(spec.backend, load_policy(spec.model, dtype=spec.dtype), **spec.engine_options)
+    policy, engine = spec.build(seed=0)        # = spec.engine(spec.load(), seed=0)
 
 Fields: ``model`` (a ``sqlrl.policy.load.MODELS`` name or a checkpoint folder), ``backend`` (an
 engine of the registry ``sqlrl.policy.backends.ENGINES``: ``auto`` -- vLLM where it can serve the
@@ -21,11 +21,20 @@ Guarantees:
 - An unknown backend or device is a ``ValueError`` naming the known ones, when the spec is made --
   never first in a rollout worker; ``engine_options`` must be a mapping with string keys.
 - Frozen, picklable (crosses Ray boundaries inside ``RolloutConfig``).
+
+Building: ``load(weights=True)`` loads the model in ``dtype`` and places it on ``device``
+(``weights=False``: tokenizer and end tokens only, for an engine that holds its own copy of the
+weights -- a vLLM serving replica); ``engine(policy, seed, **extra)`` makes ONE engine of
+``backend`` (``make_engine``) with ``engine_options`` plus ``extra`` (a caller's own settings, such as
+serving's batch bound; a key given both ways is a ``ValueError`` naming it); ``build`` is both.
+``resolved(policy)``: the spec with ``auto`` replaced by the engine it picks for that policy (vllm
+where it can serve it, else hf, given the options hf takes), so a caller can look the engine up.
+Serving (``serve.config.ModelSpec.policy``), the gateway, rollouts and evaluation all build here.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 __all__ = ["DTYPES", "DTYPE_ALIASES", "PolicySpec", "check_backend", "dtype_name"]
@@ -74,12 +83,36 @@ class PolicySpec:
             raise ValueError(f"PolicySpec.engine_options must be a mapping of option names, got {self.engine_options!r}")
         object.__setattr__(self, "engine_options", dict(self.engine_options))
 
-    def build(self, seed: int | None = None) -> tuple[Any, Any]:
-        """``(policy, engine)``: the model loaded in ``dtype`` and placed on ``device``, and ONE engine
-        over it (``make_engine(backend)``, seeded with ``engine_options["seed"]``, else ``seed``)."""
-        from .backends import make_engine, place_policy
+    def load(self, *, weights: bool = True) -> Any:
+        """The ``Policy``: the model loaded in ``dtype`` and placed on ``device``; ``weights=False``:
+        no model (``Policy.model`` None), the tokenizer, pad id and end tokens only."""
+        from .backends import place_policy
         from .load import load_policy
 
-        policy = place_policy(load_policy(self.model, dtype=self.dtype), self.device, self.backend)
-        options = dict(self.engine_options)
-        return policy, make_engine(self.backend, policy, options.pop("seed", seed), **options)
+        policy = load_policy(self.model, dtype=self.dtype, weights=weights)
+        return place_policy(policy, self.device, self.backend) if weights else policy
+
+    def engine(self, policy: Any, seed: int | None = None, **extra: Any) -> Any:
+        """ONE engine of ``backend`` over ``policy`` (``make_engine``), given ``engine_options`` and
+        ``extra`` (a key in both is a ``ValueError``), seeded with ``engine_options["seed"]``, else ``seed``."""
+        from .backends import make_engine
+
+        both = sorted(set(extra) & set(self.engine_options))
+        if both:
+            raise ValueError(f"engine option(s) {', '.join(both)} are set by the caller here; "
+                             "remove them from engine_options")
+        options = {**self.engine_options, **extra}
+        return make_engine(self.backend, policy, options.pop("seed", seed), **options)
+
+    def build(self, seed: int | None = None) -> tuple[Any, Any]:
+        """``(policy, engine)``: ``load()`` and ONE ``engine`` over it."""
+        policy = self.load()
+        return policy, self.engine(policy, seed)
+
+    def resolved(self, policy: Any) -> "PolicySpec":
+        """This spec with ``backend`` ``auto`` replaced by the engine it picks for ``policy`` (and
+        ``engine_options`` as that engine takes them); any other backend: this spec."""
+        from .backends import resolve_engine
+
+        backend, options = resolve_engine(self.backend, policy, self.engine_options)
+        return replace(self, backend=backend, engine_options=options)

@@ -415,11 +415,12 @@ check_engine_class(VLLMEngine)
 
 def make_vllm_engine(policy: Any, seed: int | None = None, **options: Any) -> VLLMEngine:
     """A ``VLLMEngine`` for a ``Policy``: its folder, dtype and end tokens (as ``backends._vllm``
-    builds ``VLLMBackend``); ``seed`` seeds the engine's generator. With ``dtype`` given the
-    policy's weights are never touched, so a policy without a model (``policy.model is None``:
-    tokenizer and end tokens only, as a serving replica loads it) is enough."""
+    builds ``VLLMBackend``); ``seed`` seeds the engine's generator. The dtype is ``options["dtype"]``,
+    else the policy's weights', else (a policy loaded without weights, ``policy.model is None``:
+    tokenizer and end tokens only, as a serving replica loads it) ``policy.dtype``."""
     if "dtype" not in options:
-        options["dtype"] = str(next(policy.model.parameters()).dtype).removeprefix("torch.")
+        options["dtype"] = (policy.dtype if policy.model is None
+                            else str(next(policy.model.parameters()).dtype).removeprefix("torch."))
     options = {"eos_token_ids": policy.eos_token_ids,
                **({"seed": seed} if seed is not None else {}), **options}
     return VLLMEngine(policy.path, **options)

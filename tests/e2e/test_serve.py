@@ -107,20 +107,21 @@ def server():
     args = {
         "models": {
             # a checkpoint folder (HF weights + the tool chat template), as the curriculum writes
-            "tiny": {"path": str(tiny_path()), "max_batch_size": 16, "max_ongoing_requests": 32,
+            "tiny": {"policy": {"model": str(tiny_path()), "backend": "hf"}, "max_batch_size": 16,
+                     "max_ongoing_requests": 32,
                      "num_cpus": 0.1},
-            "smol": {"path": "smollm2-135m", "num_cpus": 0.1, "torch_threads": 2},
-            "script": {"path": "tiny", "backend": "scripted", "backend_options": {"script": SCRIPT},
+            "smol": {"policy": {"model": "smollm2-135m", "backend": "hf"}, "num_cpus": 0.1, "torch_threads": 2},
+            "script": {"policy": {"model": "tiny", "backend": "scripted", "engine_options": {"script": SCRIPT}},
                        "num_cpus": 0.1},
-            "gated": {"path": "tiny", "backend": "scripted", "num_cpus": 0.1,
-                      "backend_options": {"script": SCRIPT, "gate_file": str(gate)},
-                      "max_batch_size": 4, "max_ongoing_requests": 8, "max_queued_requests": 2},
-            "trickle": {"path": "tiny", "backend": "scripted", "num_cpus": 0.1, "backend_options": {
-                "script": SCRIPT, "gate_file": str(trickle), "gate_after_tokens": 3}},
-            "merge": {"path": "tiny", "backend": "scripted", "num_cpus": 0.1, "max_batch_size": 8,
-                      "max_ongoing_requests": 8, "backend_options": {
+            "gated": {"policy": {"model": "tiny", "backend": "scripted",
+                                 "engine_options": {"script": SCRIPT, "gate_file": str(gate)}},
+                      "num_cpus": 0.1, "max_batch_size": 4, "max_ongoing_requests": 8, "max_queued_requests": 2},
+            "trickle": {"policy": {"model": "tiny", "backend": "scripted", "engine_options": {
+                "script": SCRIPT, "gate_file": str(trickle), "gate_after_tokens": 3}}, "num_cpus": 0.1},
+            "merge": {"policy": {"model": "tiny", "backend": "scripted", "engine_options": {
                           "script": SCRIPT, "gate_file": str(tmp / "merge-gate"), "gate_after_tokens": 2,
                           "gate_match": "LONG"}},
+                      "num_cpus": 0.1, "max_batch_size": 8, "max_ongoing_requests": 8},
         },
         "databases": databases,
         "sql_models": {"debug": "script", "generate": "script"},
@@ -129,12 +130,13 @@ def server():
                    "rate_limit_burst": 40, "request_timeout_s": 120.0},
         "auth": {"api_keys": KEYS},
     }
-    short = {"models": {"stuck": {"path": "tiny", "backend": "scripted", "num_cpus": 0.1, "backend_options": {
-                 "gate_file": str(tmp / "never"), "gate_match": "LONG"}}},
+    short = {"models": {"stuck": {"policy": {"model": "tiny", "backend": "scripted", "engine_options": {
+                 "gate_file": str(tmp / "never"), "gate_match": "LONG"}}, "num_cpus": 0.1}},
              "databases": {"shop": {"url": f"sqlite:///{db}"}},
              "sql_models": {"debug": "stuck", "generate": "stuck"},
              "limits": {"request_timeout_s": 3.0}, "auth": {"api_keys": KEYS}}
-    colo = {"models": {"script": {"path": "tiny", "backend": "scripted", "backend_options": {"script": SCRIPT}}},
+    colo = {"models": {"script": {"policy": {"model": "tiny", "backend": "scripted",
+                                             "engine_options": {"script": SCRIPT}}}},
             "databases": {"shop": {"url": f"sqlite:///{db}"}}, "colocate": True,
             "sql_models": {"debug": "script", "generate": "script"}, "auth": {"api_keys": KEYS}}
     if ray.is_initialized():  # another module's cluster (tests/actors' session one): this module

@@ -196,7 +196,8 @@ def test_the_checkpoint_is_served_as_is_and_the_same_agent_runs_on_it(trained):
     from tests.examples.fake_gateway import free_port
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    args = {"models": {"agent": {"path": trained["summary"]["checkpoint"], "max_batch_size": 2}},
+    agent = {"policy": {"model": trained["summary"]["checkpoint"], "backend": "hf"}, "max_batch_size": 2}
+    args = {"models": {"agent": agent},
             "databases": {}, "colocate": True, "sql_models": {"debug": "agent", "generate": "agent"},
             "limits": {"max_tokens": 32, "default_max_tokens": 16}, "auth": {"api_keys": [KEY]}}
     if ray.is_initialized():

@@ -55,8 +55,9 @@ def served():
     tmp = Path(tempfile.mkdtemp(prefix="sqlrl-examples-"))
     db = tmp / "shop.sqlite"
     build_demo_database(str(db))
-    args = {"models": {"script": {"path": "tiny", "backend": "scripted", "backend_options": {"script": SCRIPT}},
-                       "tiny": {"path": str(tiny_path()), "max_batch_size": 4}},
+    args = {"models": {"script": {"policy": {"model": "tiny", "backend": "scripted",
+                                             "engine_options": {"script": SCRIPT}}},
+                       "tiny": {"policy": {"model": str(tiny_path()), "backend": "hf"}, "max_batch_size": 4}},
             "databases": {"shop": {"url": f"sqlite:///{db}"}}, "colocate": True,
             "sql_models": {"debug": "script", "generate": "script"},
             "limits": {"max_tokens": 48, "default_max_tokens": 32}, "auth": {"api_keys": [KEY]}}

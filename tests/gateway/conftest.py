@@ -119,7 +119,7 @@ def gateway(policy: Any, engine: Any, catalog: dict, *, config: Any = None, wind
     clock = FakeClock()
     pool = SessionPool()
     recorder = Recorder(engine)
-    serve_config = load_serve_config({"models": {"policy": {"path": "tiny"}}, "limits": limits or {}})
+    serve_config = load_serve_config({"models": {"policy": {"policy": {"model": "tiny"}}}, "limits": limits or {}})
     model = ModelEngine("policy", policy, recorder, serve_config, window=window)
     rollouts = Rollouts(config or GatewayConfig(deadline_s=60), LocalSessions(catalog, pool=pool),
                         JudgeScorer(Judge(catalog)), schemas=schemas, clock=clock)

@@ -19,7 +19,7 @@ from .conftest import GOLD, KEY, SCRIPT, shop_task
 
 
 def spec(catalog, run_dir, **kw):
-    return {"model": {"path": "tiny", "backend": "scripted", "backend_options": {"script": SCRIPT}},
+    return {"model": {"policy": {"model": "tiny", "backend": "scripted", "engine_options": {"script": SCRIPT}}},
             "catalog": catalog, "auth": {"api_keys": [KEY]}, "run_dir": str(run_dir),
             "gateway": {"deadline_s": 60}, **kw}
 

@@ -51,7 +51,8 @@ def setup():
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
 def test_a_forced_call_on_vllm_yields_tool_calls_valid_under_the_schema(setup, choice):
     policy, engine = setup
-    config = load_serve_config({"models": {"m": {"path": "smollm2-135m"}}, "limits": {"max_n": 4}})
+    config = load_serve_config({"models": {"m": {"policy": {"model": "smollm2-135m", "backend": "vllm"}}},
+                                "limits": {"max_n": 4}})
     model = ModelEngine("m", policy, engine, config, window=engine.max_model_len, constrains=True)
     req = ChatRequest.model_validate({
         "model": "m", "tools": TOOLS, "tool_choice": choice, "n": 3, "seed": 7, "temperature": 1.0,

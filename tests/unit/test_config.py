@@ -5,7 +5,7 @@ from typing import Literal
 
 import pytest
 
-from sqlrl.config import ConfigError, config_changes, dump_config, load_config, to_dict
+from sqlrl.config import ConfigError, config_changes, dump_config, load_config, rename_keys, to_dict
 
 
 @dataclass(frozen=True)
@@ -103,3 +103,30 @@ def test_config_changes_accepts_a_field_added_later_at_its_default():
     saved = to_dict(mixed)
     del saved["weights"]["text2sql"]
     assert config_changes(saved, mixed) == ["weights.text2sql: <absent> -> 0.5"]
+
+
+@dataclass(frozen=True)
+class Inner:
+    name: str = "x"
+
+
+@dataclass(frozen=True)
+class Renamed:
+    inner: Inner = field(default_factory=Inner)
+    steps: int = 1
+
+
+rename_keys(Renamed, {"name": "inner.name", "n_steps": "steps"})
+
+
+def test_a_renamed_key_is_an_error_naming_the_key_to_write_instead():
+    with pytest.raises(ConfigError) as info:
+        load_config(Renamed, None, ["name=y"])
+    assert "name was renamed: write inner.name instead" in str(info.value)
+    with pytest.raises(ConfigError, match="n_steps was renamed: write steps instead"):
+        load_config(Renamed, None, ["n_steps=2"])
+    assert load_config(Renamed, None, ["inner.name=y"]) == Renamed(Inner("y"))
+    with pytest.raises(ValueError, match="still a field"):
+        rename_keys(Renamed, {"steps": "inner.name"})
+    with pytest.raises(ValueError, match="is not one"):
+        rename_keys(Renamed, {"old": "nope.name"})

@@ -126,7 +126,7 @@ def test_bad_grammars_and_schemas_are_value_errors(policy, prompt):
 
 @pytest.fixture(scope="module")
 def served(policy):
-    config = load_serve_config({"models": {"m": {"path": "tiny"}}, "limits": {"max_n": 4}})
+    config = load_serve_config({"models": {"m": {"policy": {"model": "tiny"}}}, "limits": {"max_n": 4}})
     return config
 
 

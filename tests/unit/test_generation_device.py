@@ -73,8 +73,9 @@ def test_a_worker_generates_on_its_device():
 
 
 def test_a_served_model_refuses_an_unknown_device():
-    from serve.config import ModelSpec
+    from serve.config import load_serve_config
+    from sqlrl.config import ConfigError
 
-    assert ModelSpec(path="tiny").device == "auto"
-    with pytest.raises(ValueError, match="unknown device"):
-        ModelSpec(path="tiny", device="gpu0")
+    assert load_serve_config({"models": {"m": {"policy": {"model": "tiny"}}}}).models["m"].policy.device == "auto"
+    with pytest.raises(ConfigError, match="unknown device"):
+        load_serve_config({"models": {"m": {"policy": {"model": "tiny", "device": "gpu0"}}}})

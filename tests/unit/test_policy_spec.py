@@ -76,3 +76,70 @@ def test_stage_and_infer_configs_keep_loading_and_accept_the_aliases():
 def test_bad_values_in_a_stage_config_are_clear_errors(override, message):
     with pytest.raises((ValueError, ConfigError), match=message):
         load_stage_config("jobs/configs/stage3.yaml", [override])
+
+
+# -- building: load (with or without weights), engine (options from the spec and the caller), auto ---
+
+
+def test_a_policy_loaded_without_weights_has_the_tokenizer_and_end_tokens_of_the_full_load():
+    """``load(weights=False)`` (a vLLM serving replica's: vLLM holds the only copy of the weights)."""
+    spec = PolicySpec("tiny", dtype="bf16", device="cpu")
+    light, full = spec.load(weights=False), spec.load()
+    assert light.model is None and full.model is not None
+    assert light.dtype == full.dtype == "bfloat16" and str(next(full.model.parameters()).dtype) == "torch.bfloat16"
+    assert (light.path, light.eos_token_ids, light.pad_token_id) == (full.path, full.eos_token_ids, full.pad_token_id)
+    assert light.tokenizer.padding_side == full.tokenizer.padding_side == "left"
+
+
+def test_the_engine_gets_the_spec_options_and_the_callers_and_a_key_given_both_ways_is_refused():
+    import asyncio
+
+    spec = PolicySpec("tiny", backend="hf", engine_options={"prefix_cache": False})
+    policy = spec.load()
+    engine = spec.engine(policy, max_batch=3)  # serving's batch bound, as serve/engines.py gives it
+    try:
+        assert engine._scheduler.max_batch == 3 and engine.backend.prefix_cache is None
+    finally:
+        asyncio.run(engine.close())
+    with pytest.raises(ValueError, match="max_batch.*remove them from engine_options"):
+        PolicySpec("tiny", backend="hf", engine_options={"max_batch": 2}).engine(policy, max_batch=3)
+
+
+def test_auto_resolves_to_the_engine_it_builds_with_the_options_that_engine_takes():
+    from sqlrl.policy.backends import vllm_unavailable
+
+    light = PolicySpec("tiny").load(weights=False)
+    spec = PolicySpec("tiny", engine_options={"kv_cache_gb": 1, "max_batch": 4, "seed": 3})
+    resolved = spec.resolved(light)
+    if vllm_unavailable(light):  # CPU: no vLLM kernel for the tiny model's head size
+        assert resolved == PolicySpec("tiny", backend="hf", engine_options={"max_batch": 4, "seed": 3})
+    else:
+        assert resolved == PolicySpec("tiny", backend="vllm", engine_options=spec.engine_options)
+    hf = PolicySpec("tiny", backend="hf")
+    assert hf.resolved(light) == hf
+
+
+def test_a_scripted_engine_option_gate_file_holds_requests_until_the_file_exists(tmp_path):
+    """The cross-process gate (``sqlrl.policy.file_gate.FileGate``) that e2e serving tests use."""
+    import asyncio
+
+    from sqlrl.policy.types import SamplingParams
+
+    gate_file = tmp_path / "open"
+    spec = PolicySpec("tiny", backend="scripted",
+                      engine_options={"gate_file": str(gate_file), "gate_after_tokens": 1, "gate_match": "Q-held"})
+    policy = spec.load(weights=False)
+    engine = spec.engine(policy)
+    gate, = engine.gates
+    ids = policy.tokenizer.encode("<|im_start|>user\nQ-held<|im_end|>\n<|im_start|>assistant\n",
+                                  add_special_tokens=False)
+
+    async def run():
+        task = asyncio.ensure_future(engine.generate(ids, SamplingParams(max_new_tokens=8)))
+        await gate.reached.wait()  # held before its second token
+        assert not task.done() and engine.in_flight == 1
+        gate_file.touch()  # the gate's watcher opens it
+        return await asyncio.wait_for(task, 60)
+
+    out = asyncio.run(run())
+    assert len(out.token_ids) > 1 and gate.opened.is_set() and engine.in_flight == 0

@@ -103,7 +103,7 @@ def test_the_sampling_seed_seeds_vllms_engine_and_nothing_else(monkeypatch):
     assert [m.get("seed") if isinstance(m, dict) else m for m in made] == [7, None, ("hf", {"prefix_cache": False})]
     seen = []
     monkeypatch.setattr(backends, "make_engine", lambda name, pol, seed=None, **o: seen.append((name, seed, o)))
-    monkeypatch.setattr("sqlrl.policy.load.load_policy", lambda model, dtype=None: types.SimpleNamespace(
+    monkeypatch.setattr("sqlrl.policy.load.load_policy", lambda model, dtype=None, weights=True: types.SimpleNamespace(
         tokenizer=None))
     monkeypatch.setattr(backends, "place_policy", lambda pol, device, backend: pol)
     monkeypatch.setattr("sqlrl.agent.agent.HFChatFormat", lambda tok: None)

@@ -209,7 +209,8 @@ def test_a_served_model_is_prompted_with_the_schema_style_its_checkpoint_records
     db = tmp_path / "shop.sqlite"
     build_demo_database(str(db))
     record_schema_style(tmp_path, style)  # what the curriculum writes next to the weights
-    config = load_serve_config({"models": {"t": {"path": str(tmp_path)}}, "databases": {"shop": {"url": f"sqlite:///{db}"}}})
+    config = load_serve_config({"models": {"t": {"policy": {"model": str(tmp_path)}}},
+                                "databases": {"shop": {"url": f"sqlite:///{db}"}}})
     script = [{"match": "How many customers", "turns": [call("submit_solution", "SELECT count(*) FROM customers")]}]
     engine = ModelEngine("t", tiny, make_engine("scripted", tiny, script=script), config,
                          schema_style=checkpoint_schema_style(tmp_path))  # as ModelServer does

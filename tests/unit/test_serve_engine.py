@@ -55,7 +55,8 @@ def served(tiny, tmp_path, *, limits=None, window=None):
     db = tmp_path / "shop.sqlite"
     if not db.exists():
         build_demo_database(str(db))
-    config = load_serve_config({"models": {"m": {"path": "tiny"}}, "databases": {"shop": {"url": f"sqlite:///{db}"}},
+    config = load_serve_config({"models": {"m": {"policy": {"model": "tiny"}}},
+                                "databases": {"shop": {"url": f"sqlite:///{db}"}},
                                 "limits": {"max_n": 3, **(limits or {})}})
     engine = Recording(tiny.tokenizer, tiny.eos_token_ids, script=SCRIPT)
     return ModelEngine("m", tiny, engine, config, window=window), engine
@@ -165,7 +166,8 @@ def test_stream_must_be_a_boolean():
 # -- resources ------------------------------------------------------------------------------------
 
 def two_models(**spec):
-    return load_serve_config({"models": {"talon": {"path": "tiny", **spec}, "zeno": {"path": "tiny", **spec}}})
+    tiny = {"model": "tiny"}
+    return load_serve_config({"models": {"talon": {"policy": tiny, **spec}, "zeno": {"policy": tiny, **spec}}})
 
 
 def test_default_asks_fit_a_two_core_machine():
@@ -182,7 +184,7 @@ def test_asks_that_cannot_fit_are_refused_in_one_line_naming_the_setting():
     assert "\n" not in msg and "2.25 CPU" in msg and "models.talon.num_cpus" in msg
     with pytest.raises(ResourceError, match="models.talon.num_gpus"):
         fit(two_models(num_gpus=1), cpus=8, gpus=1)
-    many = load_serve_config({"models": {"m": {"path": "tiny", "num_replicas": 64}}})
+    many = load_serve_config({"models": {"m": {"policy": {"model": "tiny"}, "num_replicas": 64}}})
     with pytest.raises(ResourceError, match="num_replicas"):
         fit(many, cpus=2)
 
@@ -190,10 +192,11 @@ def test_asks_that_cannot_fit_are_refused_in_one_line_naming_the_setting():
 def test_build_app_refuses_before_deploying(monkeypatch):
     from serve.app import build_app
 
-    args = {"models": {"talon": {"path": "tiny", "num_cpus": 1}, "zeno": {"path": "tiny", "num_cpus": 1}}}
+    tiny = {"model": "tiny"}
+    args = {"models": {"talon": {"policy": tiny, "num_cpus": 1}, "zeno": {"policy": tiny, "num_cpus": 1}}}
     with pytest.raises(ResourceError):
         build_app(args, (2.0, 0.0))
-    build_app({"models": {"talon": {"path": "tiny"}, "zeno": {"path": "tiny"}}}, (2.0, 0.0))  # fits
+    build_app({"models": {"talon": {"policy": tiny}, "zeno": {"policy": tiny}}}, (2.0, 0.0))  # fits
 
 
 def test_unknown_routes_and_methods_are_openai_errors():
@@ -247,7 +250,6 @@ def test_a_vllm_replica_builds_no_hf_model_beside_its_engine(tiny, monkeypatch):
     """The replica hands vLLM's factory a policy without weights (one copy of the weights: vLLM's),
     with the tokenizer and end tokens ``load_policy`` would give; an HF replica still loads them."""
     import sqlrl.policy.load as load
-    from serve.engines import weightless_policy
     from serve.model_server import ModelServer
     from sqlrl.policy import backends
 
@@ -261,16 +263,40 @@ def test_a_vllm_replica_builds_no_hf_model_beside_its_engine(tiny, monkeypatch):
         return engine
 
     monkeypatch.setitem(backends.ENGINES, "vllm", fake_vllm)
-    monkeypatch.setattr(load, "load_policy", lambda *a, **kw: loaded.append(a) or real_load(*a, **kw))
-    server = ModelServer("m", {"models": {"m": {"path": "tiny", "backend": "vllm", "max_batch_size": 4}}})
+    monkeypatch.setattr(load, "load_policy", lambda *a, **kw: loaded.append(kw["weights"]) or real_load(*a, **kw))
+    server = ModelServer("m", {"models": {"m": {"policy": {"model": "tiny", "backend": "vllm", "dtype": "fp32",
+                                                           "engine_options": {"kv_cache_gb": 1}},
+                                                "max_batch_size": 4}}})
     (policy, options), = built
-    assert policy.model is None and loaded == []
-    assert options["dtype"] == "float32" and options["max_num_seqs"] == 4
+    assert policy.model is None and loaded == [False]  # the tokenizer and end tokens only
+    assert policy.dtype == "float32" and options == {"kv_cache_gb": 1, "max_num_seqs": 4}
     assert (policy.eos_token_ids, policy.pad_token_id) == (tiny.eos_token_ids, tiny.pad_token_id)
     assert policy.tokenizer.padding_side == "left" and server.model.window == 2048
     out = asyncio.run(server.chat({"model": "m", "messages": [{"role": "user", "content": "weather?"}]}))
     assert out[0] == "ok" and "Let me check." in out[2]["choices"][0]["message"]["content"]
 
-    ModelServer("h", {"models": {"h": {"path": "tiny", "backend": "scripted"}}})
-    assert len(loaded) == 1  # the other kinds still load the model (the scripted one reads its window)
-    assert weightless_policy("tiny").eos_token_ids == tiny.eos_token_ids
+    ModelServer("h", {"models": {"h": {"policy": {"model": "tiny", "backend": "scripted"}}}})
+    assert loaded == [False, False, True]  # the other kinds still load the model (the scripted one reads its window)
+
+
+def test_a_served_model_is_built_by_its_policy_spec_with_the_batch_bound_as_the_engines_option():
+    """``build_served``: training's load and engine factory (``PolicySpec``), ``max_batch_size`` as
+    the engine's own option (hf: ``max_batch``), ``auto`` resolved on the checkpoint folder."""
+    from serve.config import load_serve_config
+    from serve.engines import KINDS, build_served
+    from sqlrl.policy.backends import vllm_unavailable
+
+    spec = load_serve_config({"models": {"m": {"policy": {"model": "tiny", "backend": "hf", "dtype": "bf16"},
+                                               "max_batch_size": 3}}}).models["m"]
+    served = build_served(spec, seed=5)
+    try:
+        assert served.kind is KINDS["hf"] and served.engine._scheduler.max_batch == 3
+        assert str(next(served.policy.model.parameters()).dtype) == "torch.bfloat16"
+    finally:
+        asyncio.run(served.engine.close())
+    auto = load_serve_config({"models": {"m": {"policy": {"model": "tiny"}}}}).models["m"]  # backend: auto
+    served = build_served(auto)
+    try:
+        assert served.kind is KINDS["hf" if vllm_unavailable(served.policy) else "vllm"]
+    finally:
+        asyncio.run(served.engine.close())
