@@ -53,6 +53,7 @@ import contextlib
 import errno
 import json
 import os
+import secrets
 import socket
 import sys
 import time
@@ -89,6 +90,17 @@ class GatewaySpec:
             raise ValueError(f"gateway tick_s must be > 0, got {self.tick_s}")
         if not self.rebind_wait_s >= 0:
             raise ValueError(f"gateway rebind_wait_s must be >= 0, got {self.rebind_wait_s}")
+
+
+@dataclass(frozen=True)
+class Incarnation:
+    """One gateway process (``GatewayServer.incarnation``): ``token`` is new in every process."""
+
+    token: str
+    pid: int
+    lost: int  # rollouts live at the restart that this incarnation ended (0: a first start)
+    released: int  # their DB sessions it released
+    awaiting_weights: bool  # restarted under a policy version > 0: the job must restore its weights
 
 
 class GatewayBindError(RuntimeError):
@@ -205,6 +217,7 @@ class GatewayServer:
         self._tasks: list[asyncio.Task] = []
         self._gauges = _Gauges()
         self._start_error: BaseException | None = None
+        self._token = secrets.token_hex(8)  # this process's incarnation
 
     async def start(self) -> str:
         """Serve (module docstring); returns the base URL clients use."""
@@ -256,10 +269,19 @@ class GatewayServer:
         """This incarnation's process id (tests kill it to make Ray restart the actor)."""
         return os.getpid()
 
-    async def offer(self, group_id: str, task: Text2SQLTask | Mapping[str, Any], n: int = 1) -> None:
+    async def incarnation(self) -> Incarnation:
+        """Who answers: a new ``token`` in every process, and what it resumed (``ActorGateway``
+        compares tokens to notice a restart)."""
+        r = self.rollouts
+        return Incarnation(self._token, os.getpid(), len(r.restored.lost), r.restored_released,
+                           r.awaiting_weights)
+
+    async def offer(self, group_id: str, task: Text2SQLTask | Mapping[str, Any], n: int = 1,
+                    token: str | None = None) -> None:
+        """``token``: an idempotency key (``Rollouts.offer``: the same token again is a no-op)."""
         if isinstance(task, Mapping):  # a task record (from another process): its kind's class reads it
             task = kind_of_record(task).task_type.from_dict(dict(task))
-        self.rollouts.offer(group_id, task, n)
+        self.rollouts.offer(group_id, task, n, token)
 
     async def finish(self) -> None:
         self.rollouts.finish()
@@ -270,15 +292,18 @@ class GatewayServer:
         releases it. The job's step wait through the actor (``ActorGateway``)."""
         return await asyncio.to_thread(self.rollouts.wait_idle, timeout)
 
-    async def drain(self) -> list[RolloutTrace]:
-        return self.rollouts.drain()
+    async def drain(self, token: str | None = None) -> list[RolloutTrace]:
+        """``token``: the last drain's token again returns its traces again (``Rollouts.drain``)."""
+        return self.rollouts.drain(token)
 
     async def stats(self) -> GatewayStats:
         return self.rollouts.stats()
 
-    async def update_weights(self, weights: Mapping[str, Any], policy: str = "drain") -> int:
-        """New weights through the engine's ``update_weights``; returns the new policy version."""
-        return await self.rollouts.update_weights(self.engine, weights, policy)
+    async def update_weights(self, weights: Mapping[str, Any], policy: str = "drain",
+                             version: int | None = None) -> int:
+        """New weights through the engine's ``update_weights``; returns the new policy version
+        (``version``: the job's number for these weights, recorded calls then carry it)."""
+        return await self.rollouts.update_weights(self.engine, weights, policy, version)
 
     async def stop(self) -> int:
         """Stop serving; returns how many live rollouts were failed (their sessions released)."""
@@ -306,7 +331,15 @@ class _GatewayActor(GatewayServer):
 
         super().__init__(*args, **kwargs)
         ctx = ray.get_runtime_context()
+        self._served = asyncio.Event()  # a restart: set once serve_again has served or failed
         self._restarting = ctx.current_actor.serve_again.remote() if ctx.was_current_actor_reconstructed else None
+
+    async def ready(self) -> str | None:
+        """The URL once serving; a restarted incarnation: once its ``serve_again`` has served (its
+        error raised: ``address``)."""
+        if self._restarting is not None:
+            await self._served.wait()
+        return await self.address()
 
     async def serve_again(self) -> str:
         try:
@@ -315,44 +348,8 @@ class _GatewayActor(GatewayServer):
             self._start_error = exc
             print(f"sqlrl gateway: restarted but not serving: {exc}", file=sys.stderr, flush=True)
             raise
-
-
-class ActorGateway:
-    """A gateway actor seen from the job's driver as ``sqlrl.gateway.job.StepGateway`` (blocking
-    calls: each is one actor method, ``ray.get`` of it). ``jobs.train_agent`` with ``gateway_host:
-    actor``; ``jobs.train_agent.GatewayHost`` is the same interface in-process."""
-
-    def __init__(self, handle: Any) -> None:
-        import ray
-
-        self.handle, self._get = handle, ray.get
-
-    def offer(self, group_id: str, task: Any, n: int) -> None:
-        self._get(self.handle.offer.remote(group_id, task, n))
-
-    def finish(self) -> None:
-        self._get(self.handle.finish.remote())
-
-    def wait_step(self, timeout: float | None) -> bool:
-        return self._get(self.handle.wait_step.remote(timeout))
-
-    def drain(self) -> list[RolloutTrace]:
-        return self._get(self.handle.drain.remote())
-
-    def stats(self) -> GatewayStats:
-        return self._get(self.handle.stats.remote())
-
-    def update_weights(self, weights: Mapping[str, Any], policy: str) -> int:
-        return self._get(self.handle.update_weights.remote(weights, policy))
-
-    def close(self) -> int:
-        """Stop the actor's server (live rollouts failed, sessions released), then the actor."""
-        import ray
-
-        try:
-            return self._get(self.handle.stop.remote())
         finally:
-            ray.kill(self.handle)
+            self._served.set()
 
 
 def start_gateway(spec: Mapping[str, Any] | GatewaySpec, *, num_cpus: float = 1.0, num_gpus: float = 0.0,
@@ -360,7 +357,10 @@ def start_gateway(spec: Mapping[str, Any] | GatewaySpec, *, num_cpus: float = 1.
                   sessions: Any = None, max_restarts: int = 0) -> tuple[Any, str]:
     """The gateway as a Ray actor (started, serving): ``(handle, url)``. ``sessions``: a picklable
     ``SessionSource`` for the rollouts (``PoolSessions(db_pool_client)``: leases from the job's DB
-    pool); default: local sessions on the spec's catalog."""
+    pool); default: local sessions on the spec's catalog. ``max_restarts``: how often Ray restarts
+    a dead actor (needs the journal; ``ActorGateway(handle, max_restarts=)`` drives it across them)."""
+    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+        raise ValueError(f"max_restarts must be an int >= 0, got {max_restarts!r}")
     import ray
 
     spec = spec if isinstance(spec, GatewaySpec) else load_gateway_spec(spec)
@@ -374,3 +374,6 @@ def start_gateway(spec: Mapping[str, Any] | GatewaySpec, *, num_cpus: float = 1.
         runtime_env={"env_vars": env} if env else None)
     handle = actor.remote(spec, sessions=sessions)
     return handle, ray.get(handle.start.remote())
+
+
+from actors.gateway_driver import ActorGateway, GatewayLost  # noqa: E402  (the driver's side, re-exported)

@@ -129,13 +129,15 @@ def process_gateway(cfg: AgentJobConfig, spec: Any, sessions: Any, asks: Any) ->
 
 def actor_gateway(cfg: AgentJobConfig, spec: Any, sessions: Any, asks: Any) -> tuple[Any, str]:
     """The gateway as a Ray actor building its own engine from ``spec.model``
-    (``gateway_host: actor``; the rollout workers' placement ask): ``(ActorGateway, url)``."""
+    (``gateway_host: actor``; the rollout workers' placement ask), restarted by Ray at most
+    ``cfg.gateway_restarts`` times, the driver recovering across restarts: ``(ActorGateway, url)``."""
     from actors.gateway import ActorGateway, start_gateway
 
     ask = asks.rollout
     handle, url = start_gateway(spec, num_cpus=ask.num_cpus, num_gpus=ask.num_gpus, resources=ask.resources,
-                                sessions=sessions)
-    return ActorGateway(handle), url
+                                sessions=sessions, max_restarts=cfg.gateway_restarts)
+    return ActorGateway(handle, max_restarts=cfg.gateway_restarts,
+                        restart_timeout_s=cfg.gateway_restart_timeout_s), url
 
 
 # Where the gateway runs (``gateway_host``; names: ``sqlrl.gateway.job.GATEWAY_HOSTS``).

@@ -94,6 +94,14 @@ def claim_view(claim: Claim, base: str) -> dict[str, Any]:
             "complete_url": f"{base}/v1/rollouts/{rid}/complete", "deadline_s": claim.deadline_s}
 
 
+async def _weights_restored(rollouts: Rollouts) -> None:
+    """Until the engine has the job's weights (``Rollouts.when_weights``: at once but after a restart)."""
+    loop = asyncio.get_running_loop()
+    ready = loop.create_future()
+    if not rollouts.when_weights(lambda: loop.call_soon_threadsafe(lambda: ready.done() or ready.set_result(None))):
+        await ready
+
+
 def build_gateway_app(rollouts: Rollouts, model: ModelEngine, *, keys: frozenset[str],
                       limits: LimitsSpec | None = None, public_url: str | None = None) -> FastAPI:
     """The app (module docstring). ``public_url``: the address clients reach it at (None: the
@@ -164,6 +172,8 @@ def build_gateway_app(rollouts: Rollouts, model: ModelEngine, *, keys: frozenset
                 raise APIError(400, str(exc), param="metadata") from None
             rollouts.check(key, rollout_id)
             plan = model.chat_plan(req)  # 400s (template, context length) before the call begins
+            if rollouts.config.during_update == "wait":
+                await _weights_restored(rollouts)  # a restarted gateway: held until the job restores them
             runner: dict[str, asyncio.Task] = {"task": asyncio.current_task()}  # type: ignore[dict-item]
             loop = asyncio.get_running_loop()
             ticket = rollouts.begin_call(key, rollout_id,

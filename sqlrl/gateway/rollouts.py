@@ -48,6 +48,15 @@ The values, errors and ``GatewayConfig`` are ``sqlrl.gateway.contract``'s (re-ex
   serves (``restored_released`` counts those it ended; the journal's end record says per rollout). A
   lease granted and not yet journalled when the process died is left to the pool's lease TTL. The
   call and token counters count this process's calls only.
+- **Repeatable driver calls**: ``offer(..., token=)`` with a token already seen (journalled) is a
+  no-op, ``drain(token=)`` with the last drain's token returns that drain's traces again: a driver
+  whose call was in flight when the process died repeats it safely on the next incarnation.
+- **Weights after a restart**: ``update_weights(..., version=)`` makes the engine's versions read
+  as the job's (an offset, applied to every recorded call's ``versions`` and the returned version)
+  and journals the version. A ``Rollouts`` restored from a journal naming a version > 0 has the
+  start weights under it, so ``awaiting_weights`` is set: new calls are refused with ``Busy``
+  (``when_weights`` lets the app hold them instead) and ``wait_idle`` returns, until an update
+  brings the weights back.
 
 Thread-safe: one lock; SQL, session opening/closing and scoring run outside it (the app calls the
 blocking methods -- ``claim``, ``execute_sql``, ``complete``, ``expire_due`` -- in worker threads).
@@ -55,6 +64,7 @@ blocking methods -- ``claim``, ``execute_sql``, ``complete``, ``expire_due`` -- 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import secrets
 import threading
@@ -107,6 +117,9 @@ class CallTicket:
         return self._rollout.id
 
     def commit(self, prompt_ids: Sequence[int], generation: Generation, tag: str | None) -> None:
+        base = self._rollouts.version_base
+        if base and generation.versions:  # the engine's versions, read as the job's (after a restart)
+            generation = dataclasses.replace(generation, versions=tuple(v + base for v in generation.versions))
         self._rollouts._settle(self._rollout, self.seq, CapturedCall(
             self.seq, tag, tuple(int(i) for i in prompt_ids), generation))
 
@@ -132,7 +145,12 @@ class Rollouts:
         self._updating = False
         self._closed = False
         self._counts = dict.fromkeys(("claimed", "completed", "expired", "failed", "calls", "incomplete",
-                                      "prompt_tokens", "generated_tokens", "prefix_mismatches"), 0)
+                                      "prompt_tokens", "generated_tokens", "prefix_mismatches", "lost"), 0)
+        self._offer_tokens: set[str] = set()
+        self._last_drain: tuple[str | None, list[RolloutTrace]] = (None, [])
+        self.version_base = 0  # the job's policy version minus the engine's (non-zero after a restart)
+        self.awaiting_weights = False  # restarted with the start weights under a later version
+        self._weight_waiters: list[Callable[[], None]] = []
         self.journal = journal
         # sessions another process can release: named in the journal (the declared protocol, checked once here)
         self._durable = sessions if isinstance(sessions, DurableSessions) else None
@@ -150,6 +168,8 @@ class Rollouts:
         self._waiting.extend((g, kind_of_record(rec).task_type.from_dict(dict(rec))) for g, rec in state.waiting)
         self._traces, self._done, self._finished = list(state.ended), dict(state.done), state.finished
         self._counts.update(state.counts)
+        self._offer_tokens, self._last_drain = set(state.offer_tokens), state.last_drain
+        self.version_base, self.awaiting_weights = state.version, state.version > 0
         held = [rec for rec in state.lost if rec.get("session") is not None]
         ended = self._durable.release_records([r["session"] for r in held]) if held and self._durable else []
         released = {r["rollout_id"]: bool(e) for r, e in zip(held, ended)}
@@ -161,6 +181,7 @@ class Rollouts:
             self._traces.append(trace)
             self._done[trace.rollout_id] = rec["key"]
             self._counts["expired"] += 1
+            self._counts["lost"] += 1
 
     def _log(self, kind: str, **fields: Any) -> None:
         if self.journal is not None:
@@ -168,7 +189,8 @@ class Rollouts:
 
     # -- work -------------------------------------------------------------------------------------
 
-    def offer(self, group_id: str, task: Text2SQLTask, n: int = 1) -> None:
+    def offer(self, group_id: str, task: Text2SQLTask, n: int = 1, token: str | None = None) -> None:
+        """``n`` rollouts of ``task`` wait for claims; ``token``: an idempotency key (a repeat is a no-op)."""
         kind = kind_of(task)  # TypeError for anything that is not a task
         if kind.given_sql(task):
             raise TypeError(f"the gateway hands out tasks answered from scratch (text-to-SQL); "
@@ -176,9 +198,13 @@ class Rollouts:
         if n < 1:
             raise ValueError(f"offer: n must be >= 1, got {n}")
         with self._cond:
+            if token is not None and token in self._offer_tokens:
+                return  # offered already: the driver repeats a call whose answer it did not get
             if self._finished:
                 raise RuntimeError("offer after finish(): the job has finished handing out work")
-            self._log("offer", group_id=group_id, task=task.to_dict(), n=n)
+            self._log("offer", group_id=group_id, task=task.to_dict(), n=n, token=token)
+            if token is not None:
+                self._offer_tokens.add(token)
             self._waiting.extend([(group_id, task)] * n)
             self._cond.notify_all()
 
@@ -239,6 +265,9 @@ class Rollouts:
         """A call starts; ``cancel`` (thread-safe) stops it if the rollout expires meanwhile."""
         with self._cond:
             r = self._get(key, rollout_id)
+            if self.awaiting_weights:
+                raise Busy("the gateway restarted and waits for the job to restore the policy's weights; "
+                           "retry shortly", self.config.retry_after_s)
             if self._updating and self.config.during_update == "reject":
                 raise Busy("the policy's weights are being updated; retry shortly",
                            self.config.retry_after_s)
@@ -351,23 +380,51 @@ class Rollouts:
 
     # -- the job's side ---------------------------------------------------------------------------
 
-    def drain(self) -> list[RolloutTrace]:
-        """The rollouts that ended since the last drain, each handed out once."""
+    def drain(self, token: str | None = None) -> list[RolloutTrace]:
+        """The rollouts that ended since the last drain, each handed out once; ``token``: the same
+        token as the last drain's gets that drain's traces again (a repeated call)."""
         with self._cond:
+            if token is not None and self._last_drain[0] == token:
+                return list(self._last_drain[1])
             out, self._traces = self._traces, []
             if out:
-                self._log("drain", ids=[t.rollout_id for t in out])
-            return out
+                self._log("drain", ids=[t.rollout_id for t in out], token=token)
+            self._last_drain = (token, out)
+            return list(out)
 
     async def update_weights(self, engine: AsyncEngine, weights: Mapping[str, Any],
-                             policy: UpdatePolicy | str = UpdatePolicy.DRAIN) -> int:
+                             policy: UpdatePolicy | str = UpdatePolicy.DRAIN, version: int | None = None) -> int:
         """``engine.update_weights`` with calls arriving meanwhile waiting for the engine or
-        refused with ``Busy`` (``during_update``); returns the new policy version."""
+        refused with ``Busy`` (``during_update``); returns the new policy version: ``version`` when
+        given (the job's numbering: the engine's versions are offset to read so), else the engine's
+        plus the offset. Journalled; ends ``awaiting_weights``."""
+        if version is not None and (isinstance(version, bool) or not isinstance(version, int) or version < 1):
+            raise ValueError(f"version must be an int >= 1, got {version!r}")
+        waiters: list[Callable[[], None]] = []
         self.begin_update()
         try:
-            return await engine.update_weights(weights, policy=UpdatePolicy(policy))
+            engine_version = await engine.update_weights(weights, policy=UpdatePolicy(policy))
+            with self._cond:
+                if version is not None:
+                    self.version_base = version - engine_version
+                new = engine_version + self.version_base
+                self._log("weights", version=new)
+                self.awaiting_weights = False
+                waiters, self._weight_waiters = self._weight_waiters, []
+            return new
         finally:
             self.end_update()
+            for wake in waiters:
+                wake()
+
+    def when_weights(self, wake: Callable[[], None]) -> bool:
+        """True when the engine has the job's weights; else ``wake`` (thread-safe, called once) is
+        kept until an update restores them or ``close()`` (the app holds restarted calls on it)."""
+        with self._cond:
+            if not self.awaiting_weights or self._closed:
+                return True
+            self._weight_waiters.append(wake)
+            return False
 
     def begin_update(self) -> None:
         with self._cond:
@@ -389,10 +446,11 @@ class Rollouts:
             return not self._waiting and not self._live
 
     def wait_idle(self, timeout: float | None = None) -> bool:
-        """``wait_until(idle)``, also released by ``close()`` (returns whether idle then): the job's
-        wait for a step's rollouts, in-process or through the Ray actor."""
+        """``wait_until(idle)``, also released by ``close()`` and while ``awaiting_weights`` (the
+        job must restore them first); returns whether idle then: the job's wait for a step's
+        rollouts, in-process or through the Ray actor."""
         with self._cond:
-            self._cond.wait_for(lambda: self.idle() or self._closed, timeout)
+            self._cond.wait_for(lambda: self.idle() or self._closed or self.awaiting_weights, timeout)
             return self.idle()
 
     def rollout_status(self, rollout_id: str) -> str | None:
@@ -418,7 +476,10 @@ class Rollouts:
             self._end(r, "failed", error="the gateway stopped")
         with self._cond:
             self._closed = True
+            waiters, self._weight_waiters = self._weight_waiters, []
             self._cond.notify_all()
+        for wake in waiters:
+            wake()
         return len(live)
 
 

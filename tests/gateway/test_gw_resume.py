@@ -1,0 +1,115 @@
+"""What a restarted gateway needs from its driver (``sqlrl.gateway.rollouts`` on its journal, no Ray):
+repeatable offers and drains (idempotency tokens, journalled), and the policy's weights -- a gateway
+restarted under a version > 0 holds its calls and releases the job's step wait until an update
+brings them back, and then records the job's version numbers, not its new engine's."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from sqlrl.db import SessionPool
+from sqlrl.db.source import LocalSessions
+from sqlrl.gateway.journal import JOURNAL_FILE, Journal, replay
+from sqlrl.gateway.rollouts import Busy, GatewayConfig, Rollouts
+
+from .conftest import GOLD, FakeClock, shop_task
+from .test_gw_rollouts import FixedScorer, gen
+
+K = "gw-secret-key-1"
+
+
+class Engine:
+    """The part of an ``AsyncEngine`` weight updates use: versions count from 0 in every process."""
+
+    def __init__(self) -> None:
+        self.version, self.loaded = 0, []
+
+    async def update_weights(self, weights, *, policy=None):
+        self.loaded.append(dict(weights))
+        self.version += 1
+        return self.version
+
+
+@pytest.fixture
+def pool():
+    p = SessionPool()
+    yield p
+    p.close()
+
+
+def rollouts(catalog, pool, path):
+    return Rollouts(GatewayConfig(deadline_s=10), LocalSessions(catalog, pool=pool), FixedScorer(),
+                    clock=FakeClock(), journal=Journal(path))
+
+
+def test_offers_and_drains_repeated_with_their_token_happen_once(shop_catalog, pool, tmp_path):
+    path = tmp_path / JOURNAL_FILE
+    first = rollouts(shop_catalog, pool, path)
+    first.offer("g", shop_task("t1"), 2, token="o1")
+    first.offer("g", shop_task("t1"), 2, token="o1")  # the driver repeats a call it got no answer to
+    assert first.stats().waiting == 2
+    a = first.claim(K).rollout_id
+    first.complete(K, a, sql=GOLD)
+    (got,) = first.drain(token="d1")
+    assert first.drain(token="d1") == [got]  # the same drain again: the same traces
+    # the process dies after journalling the drain and before the driver got its answer
+
+    second = rollouts(shop_catalog, pool, path)
+    second.offer("g", shop_task("t1"), 2, token="o1")  # journalled by the dead process: not offered twice
+    assert second.stats().waiting == 1
+    assert second.drain(token="d1") == [got]  # the repeated drain gets the traces the reply lost
+    assert second.drain(token="d2") == []  # a new drain: nothing handed out twice
+    assert second.drain(token="d2") == []
+    second.offer("g", shop_task("t1"), 1)  # no token: always offered
+    assert second.stats().waiting == 2
+    state = replay(path)
+    assert state.offer_tokens == {"o1"} and state.last_drain == ("d1", [got])
+    second.close()
+
+
+def test_a_gateway_restarted_under_a_later_version_waits_for_its_weights(shop_catalog, pool, tmp_path):
+    path = tmp_path / JOURNAL_FILE
+    first = rollouts(shop_catalog, pool, path)
+    engine = Engine()
+    assert asyncio.run(first.update_weights(engine, {"w": 1})) == 1
+    assert asyncio.run(first.update_weights(engine, {"w": 2}, version=2)) == 2
+    first.offer("g", shop_task("t1"), 2)
+    # the process dies: the next one's engine has the start weights (its version 0)
+
+    second = rollouts(shop_catalog, pool, path)
+    assert second.awaiting_weights and second.version_base == 2 and replay(path).version == 2
+    rid = second.claim(K).rollout_id
+    with pytest.raises(Busy, match="restore the policy's weights"):
+        second.begin_call(K, rid)
+    assert second.wait_idle(None) is False  # the job's wait returns: its driver must restore them first
+    woken = []
+    assert second.when_weights(lambda: woken.append(1)) is False
+    with pytest.raises(ValueError, match="version"):
+        asyncio.run(second.update_weights(Engine(), {"w": 2}, version=0))
+    fresh = Engine()
+    assert asyncio.run(second.update_weights(fresh, {"w": 2}, version=2)) == 2  # restored: the job's number
+    assert woken == [1] and not second.awaiting_weights and second.when_weights(lambda: None) is True
+    assert fresh.loaded == [{"w": 2}]
+    ticket = second.begin_call(K, rid)
+    ticket.commit((1, 2), gen([5, 6]), None)  # tokens the engine says its version 3 sampled
+    (trace,) = [second.complete(K, rid, sql=GOLD)]
+    assert trace.calls[0].versions == (4, 4)  # read as the job's: + the offset 1 (job's 2 = engine's 1)
+    assert asyncio.run(second.update_weights(fresh, {"w": 3})) == 3  # then it counts on in the job's numbers
+
+    third = rollouts(shop_catalog, pool, path)
+    assert third.awaiting_weights and third.version_base == 3
+    third.close()  # stopping releases held calls too
+    assert third.when_weights(lambda: None) is True
+
+
+def test_a_gateway_restarted_before_any_update_serves_at_once(shop_catalog, pool, tmp_path):
+    path = tmp_path / JOURNAL_FILE
+    first = rollouts(shop_catalog, pool, path)
+    first.offer("g", shop_task("t1"), 1)
+    second = rollouts(shop_catalog, pool, path)
+    assert not second.awaiting_weights and second.version_base == 0
+    rid = second.claim(K).rollout_id
+    second.begin_call(K, rid).abandon()
+    second.close()
