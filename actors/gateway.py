@@ -36,11 +36,15 @@ methods and uvicorn share the actor's event loop (an async actor).
   incarnation starts serving by itself (``serve_again``, called on itself from its constructor) on
   that port, so the URLs clients hold keep answering (``host: 0.0.0.0`` restarted on another node:
   the node's IP, hence the URL, changes). ``address()`` raises the error of a restart that could
-  not serve.
+  not serve; ``ready()`` waits for a restarted incarnation to serve (or raises that error);
+  ``incarnation()`` names the process (a new token in each) and what it resumed. A restart under a
+  policy version > 0 holds its calls until ``update_weights(weights, policy, version)`` restores
+  them (``sqlrl.gateway.weights``).
 - **The job's wait**: ``wait_step(timeout)`` returns once every offered rollout has ended (an
   async method waiting on the rollouts' condition in a worker thread: the driver's ``ray.get``
-  long-polls the actor's state, nothing is polled on a clock); ``ActorGateway`` wraps a handle as
-  the job's ``StepGateway``.
+  long-polls the actor's state, nothing is polled on a clock); ``ActorGateway``
+  (``actors/gateway_driver.py``, re-exported here) wraps a handle as the job's ``StepGateway``
+  across restarts: weights restored, calls repeated with idempotency tokens, bounded.
 - ``start()`` binds ``host:port`` (port 0: any free port), prints ``sqlrl gateway: <url>`` and writes
   ``{"url": ...}`` to ``<run_dir>/gateway.json``; ``stop()`` ends the server, fails the rollouts still
   live (their sessions are released) and closes an engine it built.

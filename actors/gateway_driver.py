@@ -126,7 +126,7 @@ class ActorGateway:
 
     def _recover(self, what: str, error: BaseException | None) -> None:
         """Wait for the restarted actor, restore its weights; ``GatewayLost`` when it cannot be."""
-        from ray.exceptions import GetTimeoutError, RayActorError
+        from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 
         used = f"{self.restarts} of max_restarts={self.max_restarts} used"
         if self.restarts >= self.max_restarts and error is not None:
@@ -143,8 +143,9 @@ class ActorGateway:
             except GetTimeoutError:
                 raise GatewayLost(f"the gateway actor did not come back within restart_timeout_s="
                                   f"{self.restart_timeout_s:g} after {what} ({used})") from error
-            except RayActorError as exc:
-                if self._dead_for_good() or time.monotonic() + delay > deadline:
+            except RayActorError as exc:  # Ray's "restarting" is ActorUnavailableError; else ask if it is DEAD
+                gone = not isinstance(exc, ActorUnavailableError) and self._dead_for_good()
+                if gone or time.monotonic() + delay > deadline:
                     raise GatewayLost(f"the gateway actor died during {what} and did not come back ({used}): "
                                       f"{exc}") from exc
             except Exception as exc:  # ready(): the restart could not serve on its port again

@@ -26,7 +26,9 @@ only once the answer was produced whole (streamed: after its last chunk); a call
 cancelled or whose stream the client drops is abandoned (``n_incomplete``). A bad request
 (validation, context length, ``n`` > 1, a bad tag) is refused before the call begins: it is neither
 recorded nor counted. Order of checks: body size (413), key (401), rate (429), expiry of overdue
-rollouts, JSON and schema (400), the rollout (404 / 409), then the work.
+rollouts, JSON and schema (400), the rollout (404 / 409), then the work. A gateway restarted under
+a policy version > 0 (``Rollouts.awaiting_weights``) holds chat calls until the job restores its
+weights (``during_update: wait``) or answers them 429 + ``Retry-After`` (``reject``).
 """
 
 from __future__ import annotations

@@ -100,7 +100,7 @@ class Replayed:
     torn: int = 0  # a torn last line, skipped
     port: int | None = None  # the port the last gateway on this journal served on
     offer_tokens: set[str] = field(default_factory=set)  # idempotency keys of the offers journalled
-    last_drain: tuple[str | None, list[RolloutTrace]] = (None, [])  # the last drain: its token and traces
+    last_drain: tuple[str | None, list[RolloutTrace]] = field(default_factory=lambda: (None, []))  # token, traces
     version: int = 0  # the policy version of the last ``weights`` record (0: the start weights)
 
 

@@ -51,12 +51,11 @@ The values, errors and ``GatewayConfig`` are ``sqlrl.gateway.contract``'s (re-ex
 - **Repeatable driver calls**: ``offer(..., token=)`` with a token already seen (journalled) is a
   no-op, ``drain(token=)`` with the last drain's token returns that drain's traces again: a driver
   whose call was in flight when the process died repeats it safely on the next incarnation.
-- **Weights after a restart**: ``update_weights(..., version=)`` makes the engine's versions read
-  as the job's (an offset, applied to every recorded call's ``versions`` and the returned version)
-  and journals the version. A ``Rollouts`` restored from a journal naming a version > 0 has the
-  start weights under it, so ``awaiting_weights`` is set: new calls are refused with ``Busy``
-  (``when_weights`` lets the app hold them instead) and ``wait_idle`` returns, until an update
-  brings the weights back.
+- **Weights after a restart** (``self.weights``: ``sqlrl.gateway.weights.PolicyWeights``):
+  ``update_weights(..., version=)`` makes the engine's versions read as the job's (recorded calls'
+  ``versions`` and the returned version) and journals it. Restored from a journal naming a version
+  > 0 (the engine has the start weights), ``awaiting_weights`` holds until an update: new calls get
+  ``Busy`` (``when_weights`` lets the app hold them instead) and ``wait_idle`` returns.
 
 Thread-safe: one lock; SQL, session opening/closing and scoring run outside it (the app calls the
 blocking methods -- ``claim``, ``execute_sql``, ``complete``, ``expire_due`` -- in worker threads).
@@ -64,7 +63,6 @@ blocking methods -- ``claim``, ``execute_sql``, ``complete``, ``expire_due`` -- 
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import secrets
 import threading
@@ -88,6 +86,7 @@ from .contract import (BadInput, Busy, Claim, GatewayConfig, GatewayError, Gatew
                        WorkFinished)
 from .journal import RESTART_CAUSE, Journal, Replayed, key_digest, replay
 from .trace import LostReason, RolloutTrace
+from .weights import PolicyWeights
 
 
 @dataclass(eq=False)
@@ -117,9 +116,7 @@ class CallTicket:
         return self._rollout.id
 
     def commit(self, prompt_ids: Sequence[int], generation: Generation, tag: str | None) -> None:
-        base = self._rollouts.version_base
-        if base and generation.versions:  # the engine's versions, read as the job's (after a restart)
-            generation = dataclasses.replace(generation, versions=tuple(v + base for v in generation.versions))
+        generation = self._rollouts.weights.job_generation(generation)  # versions read as the job's
         self._rollouts._settle(self._rollout, self.seq, CapturedCall(
             self.seq, tag, tuple(int(i) for i in prompt_ids), generation))
 
@@ -148,9 +145,7 @@ class Rollouts:
                                       "prompt_tokens", "generated_tokens", "prefix_mismatches", "lost"), 0)
         self._offer_tokens: set[str] = set()
         self._last_drain: tuple[str | None, list[RolloutTrace]] = (None, [])
-        self.version_base = 0  # the job's policy version minus the engine's (non-zero after a restart)
-        self.awaiting_weights = False  # restarted with the start weights under a later version
-        self._weight_waiters: list[Callable[[], None]] = []
+        self.weights = PolicyWeights()  # the engine's versions read as the job's (sqlrl.gateway.weights)
         self.journal = journal
         # sessions another process can release: named in the journal (the declared protocol, checked once here)
         self._durable = sessions if isinstance(sessions, DurableSessions) else None
@@ -169,7 +164,7 @@ class Rollouts:
         self._traces, self._done, self._finished = list(state.ended), dict(state.done), state.finished
         self._counts.update(state.counts)
         self._offer_tokens, self._last_drain = set(state.offer_tokens), state.last_drain
-        self.version_base, self.awaiting_weights = state.version, state.version > 0
+        self.weights = PolicyWeights(state.version)
         held = [rec for rec in state.lost if rec.get("session") is not None]
         ended = self._durable.release_records([r["session"] for r in held]) if held and self._durable else []
         released = {r["rollout_id"]: bool(e) for r, e in zip(held, ended)}
@@ -265,7 +260,7 @@ class Rollouts:
         """A call starts; ``cancel`` (thread-safe) stops it if the rollout expires meanwhile."""
         with self._cond:
             r = self._get(key, rollout_id)
-            if self.awaiting_weights:
+            if self.weights.awaiting:
                 raise Busy("the gateway restarted and waits for the job to restore the policy's weights; "
                            "retry shortly", self.config.retry_after_s)
             if self._updating and self.config.during_update == "reject":
@@ -400,31 +395,23 @@ class Rollouts:
         plus the offset. Journalled; ends ``awaiting_weights``."""
         if version is not None and (isinstance(version, bool) or not isinstance(version, int) or version < 1):
             raise ValueError(f"version must be an int >= 1, got {version!r}")
-        waiters: list[Callable[[], None]] = []
         self.begin_update()
         try:
-            engine_version = await engine.update_weights(weights, policy=UpdatePolicy(policy))
+            new = self.weights.loaded(await engine.update_weights(weights, policy=UpdatePolicy(policy)), version)
             with self._cond:
-                if version is not None:
-                    self.version_base = version - engine_version
-                new = engine_version + self.version_base
                 self._log("weights", version=new)
-                self.awaiting_weights = False
-                waiters, self._weight_waiters = self._weight_waiters, []
             return new
         finally:
             self.end_update()
-            for wake in waiters:
-                wake()
+
+    @property
+    def awaiting_weights(self) -> bool:
+        return self.weights.awaiting
 
     def when_weights(self, wake: Callable[[], None]) -> bool:
-        """True when the engine has the job's weights; else ``wake`` (thread-safe, called once) is
-        kept until an update restores them or ``close()`` (the app holds restarted calls on it)."""
-        with self._cond:
-            if not self.awaiting_weights or self._closed:
-                return True
-            self._weight_waiters.append(wake)
-            return False
+        """``PolicyWeights.when_ready``: True, or ``wake`` is called once the weights are restored
+        or the gateway stops (the app holds a restarted gateway's calls on it)."""
+        return self.weights.when_ready(wake)
 
     def begin_update(self) -> None:
         with self._cond:
@@ -450,7 +437,7 @@ class Rollouts:
         job must restore them first); returns whether idle then: the job's wait for a step's
         rollouts, in-process or through the Ray actor."""
         with self._cond:
-            self._cond.wait_for(lambda: self.idle() or self._closed or self.awaiting_weights, timeout)
+            self._cond.wait_for(lambda: self.idle() or self._closed or self.weights.awaiting, timeout)
             return self.idle()
 
     def rollout_status(self, rollout_id: str) -> str | None:
@@ -476,10 +463,8 @@ class Rollouts:
             self._end(r, "failed", error="the gateway stopped")
         with self._cond:
             self._closed = True
-            waiters, self._weight_waiters = self._weight_waiters, []
             self._cond.notify_all()
-        for wake in waiters:
-            wake()
+        self.weights.release()
         return len(live)
 
 

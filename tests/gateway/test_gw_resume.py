@@ -9,13 +9,12 @@ import asyncio
 
 import pytest
 
-from sqlrl.db import SessionPool
-from sqlrl.db.source import LocalSessions
-from sqlrl.gateway.journal import JOURNAL_FILE, Journal, replay
-from sqlrl.gateway.rollouts import Busy, GatewayConfig, Rollouts
+from sqlrl.gateway.journal import JOURNAL_FILE, replay
+from sqlrl.gateway.rollouts import Busy
 
-from .conftest import GOLD, FakeClock, shop_task
-from .test_gw_rollouts import FixedScorer, gen
+from .conftest import GOLD, shop_task
+from .test_gw_journal import pool, rollouts  # noqa: F401  (the journal tests' pool fixture and Rollouts)
+from .test_gw_rollouts import gen
 
 K = "gw-secret-key-1"
 
@@ -30,18 +29,6 @@ class Engine:
         self.loaded.append(dict(weights))
         self.version += 1
         return self.version
-
-
-@pytest.fixture
-def pool():
-    p = SessionPool()
-    yield p
-    p.close()
-
-
-def rollouts(catalog, pool, path):
-    return Rollouts(GatewayConfig(deadline_s=10), LocalSessions(catalog, pool=pool), FixedScorer(),
-                    clock=FakeClock(), journal=Journal(path))
 
 
 def test_offers_and_drains_repeated_with_their_token_happen_once(shop_catalog, pool, tmp_path):
@@ -79,7 +66,7 @@ def test_a_gateway_restarted_under_a_later_version_waits_for_its_weights(shop_ca
     # the process dies: the next one's engine has the start weights (its version 0)
 
     second = rollouts(shop_catalog, pool, path)
-    assert second.awaiting_weights and second.version_base == 2 and replay(path).version == 2
+    assert second.awaiting_weights and second.weights.base == 2 and replay(path).version == 2
     rid = second.claim(K).rollout_id
     with pytest.raises(Busy, match="restore the policy's weights"):
         second.begin_call(K, rid)
@@ -99,7 +86,7 @@ def test_a_gateway_restarted_under_a_later_version_waits_for_its_weights(shop_ca
     assert asyncio.run(second.update_weights(fresh, {"w": 3})) == 3  # then it counts on in the job's numbers
 
     third = rollouts(shop_catalog, pool, path)
-    assert third.awaiting_weights and third.version_base == 3
+    assert third.awaiting_weights and third.weights.base == 3
     third.close()  # stopping releases held calls too
     assert third.when_weights(lambda: None) is True
 
@@ -109,7 +96,7 @@ def test_a_gateway_restarted_before_any_update_serves_at_once(shop_catalog, pool
     first = rollouts(shop_catalog, pool, path)
     first.offer("g", shop_task("t1"), 1)
     second = rollouts(shop_catalog, pool, path)
-    assert not second.awaiting_weights and second.version_base == 0
+    assert not second.awaiting_weights and second.weights.base == 0
     rid = second.claim(K).rollout_id
     second.begin_call(K, rid).abandon()
     second.close()
