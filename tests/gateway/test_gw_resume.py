@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
+import numpy as np
 import pytest
 
 from sqlrl.gateway.journal import JOURNAL_FILE, replay
@@ -100,3 +101,48 @@ def test_a_gateway_restarted_before_any_update_serves_at_once(shop_catalog, pool
     rid = second.claim(K).rollout_id
     second.begin_call(K, rid).abandon()
     second.close()
+
+
+@pytest.mark.parametrize("during_update", ["wait", "reject"])
+def test_over_http_a_restarted_gateway_holds_or_refuses_calls_until_its_weights_are_back(
+        tiny, shop_catalog, tmp_path, during_update):
+    """The app (``serve/gateway.py``) on a gateway restarted under version 2: a chat call waits for
+    the restore (``wait``) or gets 429 + ``Retry-After`` (``reject``); then it runs, recorded under
+    the job's version."""
+    import threading
+
+    from sqlrl.gateway.journal import Journal
+    from sqlrl.gateway.rollouts import GatewayConfig
+    from sqlrl.policy.scripted import ScriptedEngine
+
+    from .conftest import QUESTION, SCRIPT, gateway
+
+    path = tmp_path / JOURNAL_FILE
+    Journal(path).append("weights", version=2)  # what the dead process recorded
+    engine = ScriptedEngine(tiny.tokenizer, tiny.eos_token_ids, script=SCRIPT)
+    config = GatewayConfig(deadline_s=60, during_update=during_update)
+    body = {"model": "m", "messages": [{"role": "user", "content": QUESTION}]}
+    with gateway(tiny, engine, shop_catalog, config=config, journal=Journal(path)) as g:
+        g.rollouts.offer("g", shop_task(), 1)
+        rid = g.claim()["rollout_id"]
+        chat = f"/rollouts/{rid}/v1/chat/completions"
+        if during_update == "reject":
+            r = g.post(chat, body)
+            assert r.status_code == 429 and "restore the policy's weights" in r.text and r.headers["retry-after"]
+        else:
+            answers: list = []
+            caller = threading.Thread(target=lambda: answers.append(g.post(chat, body)))
+            caller.start()
+            while not g.rollouts.weights._waiters and caller.is_alive():  # the call reached the hold
+                threading.Event().wait(0.01)  # polls the gateway's state
+            assert not answers and g.rollouts.stats().in_flight == 0  # held before it began
+        assert asyncio.run(g.rollouts.update_weights(engine, {"scripted.weight": np.zeros(1)}, version=2)) == 2
+        if during_update == "wait":
+            caller.join(timeout=60)
+            (r,) = answers
+        else:
+            r = g.post(chat, body)
+        assert r.status_code == 200, r.text
+        g.post(f"/v1/rollouts/{rid}/complete", {"sql": GOLD})
+        (trace,) = g.rollouts.drain()
+        assert {v for c in trace.calls for v in c.versions} == {2}  # the engine's 1, read as the job's 2
