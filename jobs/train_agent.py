@@ -15,7 +15,11 @@ Guarantees:
 - Where the gateway and its engine run is ``GATEWAY_HOSTS[cfg.host_kind]``: ``process`` (this
   process, an event-loop thread; the default without Ray, and the tests') or ``actor`` (a Ray
   actor, ``actors.gateway.start_gateway``; the default with ``ray=true``); the job talks to either
-  through the same ``StepGateway`` calls, its step wait included. The learner ranks and the DB pool
+  through the same ``StepGateway`` calls, its step wait included. The actor is restarted by Ray
+  at most ``cfg.gateway_restarts`` times (``gateway_max_restarts``; default 3 with the actor) and
+  the driver goes on across a restart (``actors.gateway_driver.ActorGateway``: the last weights
+  restored at their version, calls repeated safely, the lost rollouts reported as expired
+  ``gateway-restart``; ``GatewayLost`` once restarts are spent). The learner ranks and the DB pool
   are Ray actors with ``ray=true`` (``ray job submit`` sets ``RAY_ADDRESS``), else in-process. Rollout sessions are leases from the job's DB pool (``PoolSessions``); the Judge
   scores final SQL on sessions of its own.
 - Every step's metrics row (``run_steps``) goes to ``<run_dir>/metrics.jsonl``, TensorBoard and
