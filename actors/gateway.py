@@ -66,6 +66,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from serve.config import AuthSpec, LimitsSpec, ModelSpec
+from actors.gateway_gauges import Gauges
 from sqlrl.config import from_mapping, to_dict
 from sqlrl.gateway.journal import JOURNAL_FILE, Journal
 from sqlrl.gateway.rollouts import GatewayConfig, GatewayStats, JudgeScorer, Rollouts
@@ -157,33 +158,6 @@ def _schemas(catalog: Mapping[str, Mapping[str, str]]) -> dict[str, Any]:
     return out
 
 
-class _Gauges:
-    """``sqlrl_gateway_*`` Ray gauges from ``GatewayStats`` (module docstring); never raises."""
-
-    def __init__(self) -> None:
-        self._g: dict[str, Any] = {}
-        self._last: tuple[float, GatewayStats] | None = None
-
-    def set(self, stats: GatewayStats, now: float) -> None:
-        try:
-            import ray
-            from ray.util.metrics import Gauge
-
-            job = ray.get_runtime_context().get_job_id() if ray.is_initialized() else ""
-            values = {k: float(v) for k, v in to_dict(stats).items()}
-            if self._last is not None and now > self._last[0]:
-                dt, before = now - self._last[0], self._last[1]
-                values["calls_per_s"] = (stats.calls - before.calls) / dt
-                values["generated_tokens_per_s"] = (stats.generated_tokens - before.generated_tokens) / dt
-            self._last = (now, stats)
-            for name, value in values.items():
-                if name not in self._g:
-                    self._g[name] = Gauge(f"sqlrl_gateway_{name}", f"sqlrl gateway: {name}", tag_keys=("job_id",))
-                self._g[name].set(value, tags={"job_id": job})
-        except Exception:
-            pass  # metrics must never break the gateway
-
-
 class GatewayServer:
     def __init__(self, spec: Mapping[str, Any] | GatewaySpec, *, policy: Any = None, engine: Any = None,
                  sessions: Any = None, owns_engine: bool = False) -> None:
@@ -219,7 +193,7 @@ class GatewayServer:
         self.url: str | None = None
         self._server: Any = None
         self._tasks: list[asyncio.Task] = []
-        self._gauges = _Gauges()
+        self._gauges = Gauges()
         self._start_error: BaseException | None = None
         self._token = secrets.token_hex(8)  # this process's incarnation
 
@@ -328,32 +302,63 @@ class GatewayServer:
 
 class _GatewayActor(GatewayServer):
     """The Ray actor's class: a ``GatewayServer`` that, when Ray restarts it (``max_restarts``),
-    starts serving by itself -- on the port of its journal -- since nobody calls ``start`` again."""
+    starts serving by itself -- on the port of its journal -- since nobody calls ``start`` again.
+    It calls ``serve_again`` on itself from a thread: Ray refuses a call to an actor whose
+    constructor is still running (``ActorUnavailableError``: it is restarting), so the call is made
+    again, backing off, until it is taken (bounded: ``SERVE_AGAIN_WAIT_S``)."""
+
+    SERVE_AGAIN_WAIT_S = 300.0
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        import threading
+
         import ray
 
         super().__init__(*args, **kwargs)
         ctx = ray.get_runtime_context()
-        self._served = asyncio.Event()  # a restart: set once serve_again has served or failed
-        self._restarting = ctx.current_actor.serve_again.remote() if ctx.was_current_actor_reconstructed else None
+        self._served = threading.Event()  # a restart: set once serve_again has served or failed
+        self._serve_lock = asyncio.Lock()
+        self._restarted = ctx.was_current_actor_reconstructed
+        if self._restarted:
+            threading.Thread(target=self._serve_when_taken, args=(ctx.current_actor,), daemon=True).start()
+
+    def _serve_when_taken(self, me: Any) -> None:
+        import ray
+        from ray.exceptions import ActorUnavailableError
+
+        deadline, delay = time.monotonic() + self.SERVE_AGAIN_WAIT_S, 0.05
+        try:
+            while True:
+                try:
+                    ray.get(me.serve_again.remote())
+                    return
+                except ActorUnavailableError as exc:  # the constructor has not returned yet
+                    if time.monotonic() + delay > deadline:
+                        self._start_error = self._start_error or exc
+                        return
+                except Exception as exc:  # serve_again failed (it recorded why) or the call did
+                    self._start_error = self._start_error or exc
+                    return
+                time.sleep(delay)  # this thread's own back-off between calls Ray refused
+                delay = min(delay * 2, 1.0)
+        finally:
+            self._served.set()
 
     async def ready(self) -> str | None:
         """The URL once serving; a restarted incarnation: once its ``serve_again`` has served (its
         error raised: ``address``)."""
-        if self._restarting is not None:
-            await self._served.wait()
+        if self._restarted:
+            await asyncio.to_thread(self._served.wait)
         return await self.address()
 
     async def serve_again(self) -> str:
-        try:
-            return await self.start()
-        except BaseException as exc:
-            self._start_error = exc
-            print(f"sqlrl gateway: restarted but not serving: {exc}", file=sys.stderr, flush=True)
-            raise
-        finally:
-            self._served.set()
+        async with self._serve_lock:  # at most one start at a time (a repeated call: the URL)
+            try:
+                return await self.start()
+            except BaseException as exc:
+                self._start_error = exc
+                print(f"sqlrl gateway: restarted but not serving: {exc}", file=sys.stderr, flush=True)
+                raise
 
 
 def start_gateway(spec: Mapping[str, Any] | GatewaySpec, *, num_cpus: float = 1.0, num_gpus: float = 0.0,

@@ -19,7 +19,7 @@ Ray actor (``actors/gateway.py``) only translate to and from it.
   injected ``clock`` (tests advance a fake one). ``expire_due()`` ends every rollout past its
   deadline (status ``expired``, session released, calls in flight cancelled and counted in
   ``n_incomplete``); the app calls it on every request and the actor on a ticker.
-- **Calls**: ``begin_call`` returns a ``CallTicket``; ``commit(prompt_ids, generation, tag)``
+- **Calls**: ``begin_call`` returns a ``CallTicket`` (``sqlrl.gateway.live``); ``commit(prompt_ids, generation, tag)``
   records the call whole (``capture.CapturedCall``), ``abandon()`` counts it in ``n_incomplete``
   (an engine failure, a cancelled stream, a client gone). A ticket is settled once; a commit after
   its rollout ended raises ``RolloutClosed`` (the call was counted incomplete when it ended).
@@ -68,60 +68,24 @@ import secrets
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping
 
 from sqlrl.db.source import DurableSessions, SessionRequest, SessionSource
 from sqlrl.db.types import Limits
 from sqlrl.policy.engine import AsyncEngine, UpdatePolicy
-from sqlrl.policy.types import Generation
 from sqlrl.tasks.kinds import kind_of
 from sqlrl.tasks.schema import DatabaseSchema
 from sqlrl.tasks.types import Text2SQLTask
 from sqlrl.tools import run_raw
 
-from .capture import CapturedCall, extends
+from .capture import CapturedCall
 from .contract import (BadInput, Busy, Claim, GatewayConfig, GatewayError, GatewayStats, JudgeScorer,
                        NotAllowed, NoWorkNow, RolloutClosed, RolloutNotFound, Scorer, Unavailable,
                        WorkFinished)
 from .journal import RESTART_CAUSE, Journal, Replayed, key_digest, replay
+from .live import CallTicket, LiveRollout
 from .trace import LostReason, RolloutTrace
 from .weights import PolicyWeights
-
-
-@dataclass(eq=False)
-class _Rollout:
-    id: str
-    key: str
-    group_id: str
-    task: Text2SQLTask
-    deadline: float
-    session: Any
-    status: str = "active"  # active | closing | completed | expired | failed
-    seq: int = 0
-    captured: list[CapturedCall] = field(default_factory=list)
-    open_calls: dict[int, Callable[[], None] | None] = field(default_factory=dict)  # seq -> cancel
-    n_incomplete: int = 0
-    sql_lock: threading.Lock = field(default_factory=threading.Lock)
-
-
-class CallTicket:
-    """One call in flight (module docstring): settle it with ``commit`` or ``abandon``."""
-
-    def __init__(self, rollouts: "Rollouts", rollout: _Rollout, seq: int) -> None:
-        self._rollouts, self._rollout, self.seq = rollouts, rollout, seq
-
-    @property
-    def rollout_id(self) -> str:
-        return self._rollout.id
-
-    def commit(self, prompt_ids: Sequence[int], generation: Generation, tag: str | None) -> None:
-        generation = self._rollouts.weights.job_generation(generation)  # versions read as the job's
-        self._rollouts._settle(self._rollout, self.seq, CapturedCall(
-            self.seq, tag, tuple(int(i) for i in prompt_ids), generation))
-
-    def abandon(self) -> None:
-        self._rollouts._settle(self._rollout, self.seq, None)
 
 
 class Rollouts:
@@ -135,7 +99,7 @@ class Rollouts:
         self.limits = Limits(timeout_s=config.sql_timeout_s, max_rows=config.sql_max_rows)
         self._cond = threading.Condition()
         self._waiting: deque[tuple[str, Text2SQLTask]] = deque()
-        self._live: dict[str, _Rollout] = {}
+        self._live: dict[str, LiveRollout] = {}
         self._done: dict[str, str] = {}  # ended rollout id -> its key's digest (409 for its owner)
         self._traces: list[RolloutTrace] = []
         self._finished = False
@@ -231,7 +195,7 @@ class Rollouts:
         with self._cond:
             self._log("claim", rollout_id=rollout_id, group_id=group_id, task_id=task.task_id, key=key_digest(key),
                       session=self._durable.record_of(session) if self._durable is not None else None)
-            self._live[rollout_id] = _Rollout(rollout_id, key, group_id, task,
+            self._live[rollout_id] = LiveRollout(rollout_id, key, group_id, task,
                                               self.clock() + self.config.deadline_s, session)
             self._counts["claimed"] += 1
             self._cond.notify_all()
@@ -241,7 +205,7 @@ class Rollouts:
 
     # -- calls and SQL ----------------------------------------------------------------------------
 
-    def _get(self, key: str, rollout_id: str) -> _Rollout:
+    def _get(self, key: str, rollout_id: str) -> LiveRollout:
         """The caller's active rollout (lock held): 404 unknown or foreign, 409 ended."""
         r = self._live.get(rollout_id)
         if r is None or r.key != key:
@@ -269,9 +233,9 @@ class Rollouts:
             seq, r.seq = r.seq, r.seq + 1
             r.open_calls[seq] = cancel
             self._cond.notify_all()
-            return CallTicket(self, r, seq)
+            return CallTicket(self._settle, self.weights, r, seq)
 
-    def _settle(self, r: _Rollout, seq: int, call: CapturedCall | None) -> None:
+    def _settle(self, r: LiveRollout, seq: int, call: CapturedCall | None) -> None:
         with self._cond:
             if seq not in r.open_calls:
                 if r.status != "active" and call is not None:
@@ -344,7 +308,7 @@ class Rollouts:
             self._end(r, "expired", error=f"no completion within {self.config.deadline_s:g} s")
         return len(due)
 
-    def _end(self, r: _Rollout, status: str, **fields: Any) -> RolloutTrace:
+    def _end(self, r: LiveRollout, status: str, **fields: Any) -> RolloutTrace:
         with self._cond:
             cancels = [c for c in r.open_calls.values() if c is not None]
             r.n_incomplete += len(r.open_calls)
@@ -357,11 +321,7 @@ class Rollouts:
                 pass  # the call is counted incomplete whatever its cancel does
         with r.sql_lock:  # a statement running on the session finishes first (bounded by its timeout)
             self.sessions.close_many([r.session])
-        captured = sorted(r.captured, key=lambda c: c.seq)
-        calls = tuple(c.traced(r.id, i) for i, c in enumerate(captured))
-        mismatches = sum(not extends(a, b.prompt_ids) for a, b in zip(captured, captured[1:]))
-        trace = RolloutTrace(rollout_id=r.id, task_id=r.task.task_id, group_id=r.group_id, calls=calls,
-                             status=status, n_incomplete=r.n_incomplete, **fields)
+        trace, mismatches = r.trace(status, **fields)
         with self._cond:
             self._log("end", trace=trace.to_dict(), key=key_digest(r.key))  # before anyone is told
             r.status = status
