@@ -37,11 +37,15 @@ methods and uvicorn share the actor's event loop (an async actor).
   incarnation starts serving by itself (``serve_again``, called on itself from its constructor) on
   that port, so the URLs clients hold keep answering (``host: 0.0.0.0`` restarted on another node:
   the node's IP, hence the URL, changes). ``address()`` raises the error of a restart that could
-  not serve.
+  not serve; ``ready()`` waits for a restarted incarnation to serve (or raises that error);
+  ``incarnation()`` names the process (a new token in each) and what it resumed. A restart under a
+  policy version > 0 holds its calls until ``update_weights(weights, policy, version)`` restores
+  them (``sqlrl.gateway.weights``).
 - **The job's wait**: ``wait_step(timeout)`` returns once every offered rollout has ended (an
   async method waiting on the rollouts' condition in a worker thread: the driver's ``ray.get``
-  long-polls the actor's state, nothing is polled on a clock); ``ActorGateway`` wraps a handle as
-  the job's ``StepGateway``.
+  long-polls the actor's state, nothing is polled on a clock); ``ActorGateway``
+  (``actors/gateway_driver.py``, re-exported here) wraps a handle as the job's ``StepGateway``
+  across restarts: weights restored, calls repeated with idempotency tokens, bounded.
 - ``start()`` binds ``host:port`` (port 0: any free port), prints ``sqlrl gateway: <url>`` and writes
   ``{"url": ...}`` to ``<run_dir>/gateway.json``; ``stop()`` ends the server, fails the rollouts still
   live (their sessions are released) and closes an engine it built.
@@ -54,6 +58,7 @@ import contextlib
 import errno
 import json
 import os
+import secrets
 import socket
 import sys
 import time
@@ -62,6 +67,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from serve.config import AuthSpec, LimitsSpec, ModelSpec
+from actors.gateway_gauges import Gauges
 from sqlrl.config import from_mapping, to_dict
 from sqlrl.gateway.journal import JOURNAL_FILE, Journal
 from sqlrl.gateway.rollouts import GatewayConfig, GatewayStats, JudgeScorer, Rollouts
@@ -90,6 +96,17 @@ class GatewaySpec:
             raise ValueError(f"gateway tick_s must be > 0, got {self.tick_s}")
         if not self.rebind_wait_s >= 0:
             raise ValueError(f"gateway rebind_wait_s must be >= 0, got {self.rebind_wait_s}")
+
+
+@dataclass(frozen=True)
+class Incarnation:
+    """One gateway process (``GatewayServer.incarnation``): ``token`` is new in every process."""
+
+    token: str
+    pid: int
+    lost: int  # rollouts live at the restart that this incarnation ended (0: a first start)
+    released: int  # their DB sessions it released
+    awaiting_weights: bool  # restarted under a policy version > 0: the job must restore its weights
 
 
 class GatewayBindError(RuntimeError):
@@ -142,33 +159,6 @@ def _schemas(catalog: Mapping[str, Mapping[str, str]]) -> dict[str, Any]:
     return out
 
 
-class _Gauges:
-    """``sqlrl_gateway_*`` Ray gauges from ``GatewayStats`` (module docstring); never raises."""
-
-    def __init__(self) -> None:
-        self._g: dict[str, Any] = {}
-        self._last: tuple[float, GatewayStats] | None = None
-
-    def set(self, stats: GatewayStats, now: float) -> None:
-        try:
-            import ray
-            from ray.util.metrics import Gauge
-
-            job = ray.get_runtime_context().get_job_id() if ray.is_initialized() else ""
-            values = {k: float(v) for k, v in to_dict(stats).items()}
-            if self._last is not None and now > self._last[0]:
-                dt, before = now - self._last[0], self._last[1]
-                values["calls_per_s"] = (stats.calls - before.calls) / dt
-                values["generated_tokens_per_s"] = (stats.generated_tokens - before.generated_tokens) / dt
-            self._last = (now, stats)
-            for name, value in values.items():
-                if name not in self._g:
-                    self._g[name] = Gauge(f"sqlrl_gateway_{name}", f"sqlrl gateway: {name}", tag_keys=("job_id",))
-                self._g[name].set(value, tags={"job_id": job})
-        except Exception:
-            pass  # metrics must never break the gateway
-
-
 class GatewayServer:
     def __init__(self, spec: Mapping[str, Any] | GatewaySpec, *, policy: Any = None, engine: Any = None,
                  sessions: Any = None, owns_engine: bool = False) -> None:
@@ -204,8 +194,9 @@ class GatewayServer:
         self.url: str | None = None
         self._server: Any = None
         self._tasks: list[asyncio.Task] = []
-        self._gauges = _Gauges()
+        self._gauges = Gauges()
         self._start_error: BaseException | None = None
+        self._token = secrets.token_hex(8)  # this process's incarnation
 
     async def start(self) -> str:
         """Serve (module docstring); returns the base URL clients use."""
@@ -257,10 +248,19 @@ class GatewayServer:
         """This incarnation's process id (tests kill it to make Ray restart the actor)."""
         return os.getpid()
 
-    async def offer(self, group_id: str, task: Text2SQLTask | Mapping[str, Any], n: int = 1) -> None:
+    async def incarnation(self) -> Incarnation:
+        """Who answers: a new ``token`` in every process, and what it resumed (``ActorGateway``
+        compares tokens to notice a restart)."""
+        r = self.rollouts
+        return Incarnation(self._token, os.getpid(), len(r.restored.lost), r.restored_released,
+                           r.awaiting_weights)
+
+    async def offer(self, group_id: str, task: Text2SQLTask | Mapping[str, Any], n: int = 1,
+                    token: str | None = None) -> None:
+        """``token``: an idempotency key (``Rollouts.offer``: the same token again is a no-op)."""
         if isinstance(task, Mapping):  # a task record (from another process): its kind's class reads it
             task = kind_of_record(task).task_type.from_dict(dict(task))
-        self.rollouts.offer(group_id, task, n)
+        self.rollouts.offer(group_id, task, n, token)
 
     async def finish(self) -> None:
         self.rollouts.finish()
@@ -271,15 +271,18 @@ class GatewayServer:
         releases it. The job's step wait through the actor (``ActorGateway``)."""
         return await asyncio.to_thread(self.rollouts.wait_idle, timeout)
 
-    async def drain(self) -> list[RolloutTrace]:
-        return self.rollouts.drain()
+    async def drain(self, token: str | None = None) -> list[RolloutTrace]:
+        """``token``: the last drain's token again returns its traces again (``Rollouts.drain``)."""
+        return self.rollouts.drain(token)
 
     async def stats(self) -> GatewayStats:
         return self.rollouts.stats()
 
-    async def update_weights(self, weights: Mapping[str, Any], policy: str = "drain") -> int:
-        """New weights through the engine's ``update_weights``; returns the new policy version."""
-        return await self.rollouts.update_weights(self.engine, weights, policy)
+    async def update_weights(self, weights: Mapping[str, Any], policy: str = "drain",
+                             version: int | None = None) -> int:
+        """New weights through the engine's ``update_weights``; returns the new policy version
+        (``version``: the job's number for these weights, recorded calls then carry it)."""
+        return await self.rollouts.update_weights(self.engine, weights, policy, version)
 
     async def stop(self) -> int:
         """Stop serving; returns how many live rollouts were failed (their sessions released)."""
@@ -300,60 +303,63 @@ class GatewayServer:
 
 class _GatewayActor(GatewayServer):
     """The Ray actor's class: a ``GatewayServer`` that, when Ray restarts it (``max_restarts``),
-    starts serving by itself -- on the port of its journal -- since nobody calls ``start`` again."""
+    starts serving by itself -- on the port of its journal -- since nobody calls ``start`` again.
+    It calls ``serve_again`` on itself from a thread: Ray refuses a call to an actor whose
+    constructor is still running (``ActorUnavailableError``: it is restarting), so the call is made
+    again, backing off, until it is taken (bounded: ``SERVE_AGAIN_WAIT_S``)."""
+
+    SERVE_AGAIN_WAIT_S = 300.0
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        import threading
+
         import ray
 
         super().__init__(*args, **kwargs)
         ctx = ray.get_runtime_context()
-        self._restarting = ctx.current_actor.serve_again.remote() if ctx.was_current_actor_reconstructed else None
+        self._served = threading.Event()  # a restart: set once serve_again has served or failed
+        self._serve_lock = asyncio.Lock()
+        self._restarted = ctx.was_current_actor_reconstructed
+        if self._restarted:
+            threading.Thread(target=self._serve_when_taken, args=(ctx.current_actor,), daemon=True).start()
+
+    def _serve_when_taken(self, me: Any) -> None:
+        import ray
+        from ray.exceptions import ActorUnavailableError
+
+        deadline, delay = time.monotonic() + self.SERVE_AGAIN_WAIT_S, 0.05
+        try:
+            while True:
+                try:
+                    ray.get(me.serve_again.remote())
+                    return
+                except ActorUnavailableError as exc:  # the constructor has not returned yet
+                    if time.monotonic() + delay > deadline:
+                        self._start_error = self._start_error or exc
+                        return
+                except Exception as exc:  # serve_again failed (it recorded why) or the call did
+                    self._start_error = self._start_error or exc
+                    return
+                time.sleep(delay)  # this thread's own back-off between calls Ray refused
+                delay = min(delay * 2, 1.0)
+        finally:
+            self._served.set()
+
+    async def ready(self) -> str | None:
+        """The URL once serving; a restarted incarnation: once its ``serve_again`` has served (its
+        error raised: ``address``)."""
+        if self._restarted:
+            await asyncio.to_thread(self._served.wait)
+        return await self.address()
 
     async def serve_again(self) -> str:
-        try:
-            return await self.start()
-        except BaseException as exc:
-            self._start_error = exc
-            print(f"sqlrl gateway: restarted but not serving: {exc}", file=sys.stderr, flush=True)
-            raise
-
-
-class ActorGateway:
-    """A gateway actor seen from the job's driver as ``sqlrl.gateway.job.StepGateway`` (blocking
-    calls: each is one actor method, ``ray.get`` of it). ``jobs.train_agent`` with ``gateway_host:
-    actor``; ``jobs.train_agent.GatewayHost`` is the same interface in-process."""
-
-    def __init__(self, handle: Any) -> None:
-        import ray
-
-        self.handle, self._get = handle, ray.get
-
-    def offer(self, group_id: str, task: Any, n: int) -> None:
-        self._get(self.handle.offer.remote(group_id, task, n))
-
-    def finish(self) -> None:
-        self._get(self.handle.finish.remote())
-
-    def wait_step(self, timeout: float | None) -> bool:
-        return self._get(self.handle.wait_step.remote(timeout))
-
-    def drain(self) -> list[RolloutTrace]:
-        return self._get(self.handle.drain.remote())
-
-    def stats(self) -> GatewayStats:
-        return self._get(self.handle.stats.remote())
-
-    def update_weights(self, weights: Mapping[str, Any], policy: str) -> int:
-        return self._get(self.handle.update_weights.remote(weights, policy))
-
-    def close(self) -> int:
-        """Stop the actor's server (live rollouts failed, sessions released), then the actor."""
-        import ray
-
-        try:
-            return self._get(self.handle.stop.remote())
-        finally:
-            ray.kill(self.handle)
+        async with self._serve_lock:  # at most one start at a time (a repeated call: the URL)
+            try:
+                return await self.start()
+            except BaseException as exc:
+                self._start_error = exc
+                print(f"sqlrl gateway: restarted but not serving: {exc}", file=sys.stderr, flush=True)
+                raise
 
 
 def start_gateway(spec: Mapping[str, Any] | GatewaySpec, *, num_cpus: float = 1.0, num_gpus: float = 0.0,
@@ -361,7 +367,10 @@ def start_gateway(spec: Mapping[str, Any] | GatewaySpec, *, num_cpus: float = 1.
                   sessions: Any = None, max_restarts: int = 0) -> tuple[Any, str]:
     """The gateway as a Ray actor (started, serving): ``(handle, url)``. ``sessions``: a picklable
     ``SessionSource`` for the rollouts (``PoolSessions(db_pool_client)``: leases from the job's DB
-    pool); default: local sessions on the spec's catalog."""
+    pool); default: local sessions on the spec's catalog. ``max_restarts``: how often Ray restarts
+    a dead actor (needs the journal; ``ActorGateway(handle, max_restarts=)`` drives it across them)."""
+    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+        raise ValueError(f"max_restarts must be an int >= 0, got {max_restarts!r}")
     import ray
 
     spec = spec if isinstance(spec, GatewaySpec) else load_gateway_spec(spec)
@@ -375,3 +384,6 @@ def start_gateway(spec: Mapping[str, Any] | GatewaySpec, *, num_cpus: float = 1.
         runtime_env={"env_vars": env} if env else None)
     handle = actor.remote(spec, sessions=sessions)
     return handle, ray.get(handle.start.remote())
+
+
+from actors.gateway_driver import ActorGateway, GatewayLost  # noqa: E402  (the driver's side, re-exported)

@@ -15,7 +15,11 @@ Guarantees:
 - Where the gateway and its engine run is ``GATEWAY_HOSTS[cfg.host_kind]``: ``process`` (this
   process, an event-loop thread; the default without Ray, and the tests') or ``actor`` (a Ray
   actor, ``actors.gateway.start_gateway``; the default with ``ray=true``); the job talks to either
-  through the same ``StepGateway`` calls, its step wait included. The learner ranks and the DB pool
+  through the same ``StepGateway`` calls, its step wait included. The actor is restarted by Ray
+  at most ``cfg.gateway_restarts`` times (``gateway_max_restarts``; default 3 with the actor) and
+  the driver goes on across a restart (``actors.gateway_driver.ActorGateway``: the last weights
+  restored at their version, calls repeated safely, the lost rollouts reported as expired
+  ``gateway-restart``; ``GatewayLost`` once restarts are spent). The learner ranks and the DB pool
   are Ray actors with ``ray=true`` (``ray job submit`` sets ``RAY_ADDRESS``), else in-process. Rollout sessions are leases from the job's DB pool (``PoolSessions``); the Judge
   scores final SQL on sessions of its own.
 - Every step's metrics row (``run_steps``) goes to ``<run_dir>/metrics.jsonl``, TensorBoard and
@@ -128,13 +132,15 @@ def process_gateway(cfg: AgentJobConfig, spec: Any, sessions: Any, asks: Any) ->
 
 def actor_gateway(cfg: AgentJobConfig, spec: Any, sessions: Any, asks: Any) -> tuple[Any, str]:
     """The gateway as a Ray actor building its own engine from ``spec.model``
-    (``gateway_host: actor``; the rollout workers' placement ask): ``(ActorGateway, url)``."""
+    (``gateway_host: actor``; the rollout workers' placement ask), restarted by Ray at most
+    ``cfg.gateway_restarts`` times, the driver recovering across restarts: ``(ActorGateway, url)``."""
     from actors.gateway import ActorGateway, start_gateway
 
     ask = asks.rollout
     handle, url = start_gateway(spec, num_cpus=ask.num_cpus, num_gpus=ask.num_gpus, resources=ask.resources,
-                                sessions=sessions)
-    return ActorGateway(handle), url
+                                sessions=sessions, max_restarts=cfg.gateway_restarts)
+    return ActorGateway(handle, max_restarts=cfg.gateway_restarts,
+                        restart_timeout_s=cfg.gateway_restart_timeout_s), url
 
 
 # Where the gateway runs (``gateway_host``; names: ``sqlrl.gateway.job.GATEWAY_HOSTS``).

@@ -26,7 +26,9 @@ only once the answer was produced whole (streamed: after its last chunk); a call
 cancelled or whose stream the client drops is abandoned (``n_incomplete``). A bad request
 (validation, context length, ``n`` > 1, a bad tag) is refused before the call begins: it is neither
 recorded nor counted. Order of checks: body size (413), key (401), rate (429), expiry of overdue
-rollouts, JSON and schema (400), the rollout (404 / 409), then the work.
+rollouts, JSON and schema (400), the rollout (404 / 409), then the work. A gateway restarted under
+a policy version > 0 (``Rollouts.awaiting_weights``) holds chat calls until the job restores its
+weights (``during_update: wait``) or answers them 429 + ``Retry-After`` (``reject``).
 """
 
 from __future__ import annotations
@@ -92,6 +94,14 @@ def claim_view(claim: Claim, base: str) -> dict[str, Any]:
                      "database": t.db_id, "dialect": t.dialect, "schema": claim.schema},
             "session_url": f"{base}/v1/rollouts/{rid}/sql",
             "complete_url": f"{base}/v1/rollouts/{rid}/complete", "deadline_s": claim.deadline_s}
+
+
+async def _weights_restored(rollouts: Rollouts) -> None:
+    """Until the engine has the job's weights (``Rollouts.when_weights``: at once but after a restart)."""
+    loop = asyncio.get_running_loop()
+    ready = loop.create_future()
+    if not rollouts.when_weights(lambda: loop.call_soon_threadsafe(lambda: ready.done() or ready.set_result(None))):
+        await ready
 
 
 def build_gateway_app(rollouts: Rollouts, model: ModelEngine, *, keys: frozenset[str],
@@ -164,6 +174,8 @@ def build_gateway_app(rollouts: Rollouts, model: ModelEngine, *, keys: frozenset
                 raise APIError(400, str(exc), param="metadata") from None
             rollouts.check(key, rollout_id)
             plan = model.chat_plan(req)  # 400s (template, context length) before the call begins
+            if rollouts.config.during_update == "wait":
+                await _weights_restored(rollouts)  # a restarted gateway: held until the job restores them
             runner: dict[str, asyncio.Task] = {"task": asyncio.current_task()}  # type: ignore[dict-item]
             loop = asyncio.get_running_loop()
             ticket = rollouts.begin_call(key, rollout_id,

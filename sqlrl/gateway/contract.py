@@ -126,3 +126,4 @@ class GatewayStats:
     prompt_tokens: int = 0
     generated_tokens: int = 0
     prefix_mismatches: int = 0  # calls of ended rollouts whose prompt does not extend the previous call's
+    lost: int = 0  # rollouts a gateway restart ended (live when its process died; counted in expired too)

@@ -88,6 +88,8 @@ class AgentJobConfig:
     redraws: int = 0  # replacement rollouts a group may get per step for its expired / failed ones (0: none)
     sampling_rounds: int = 1  # > 1: dynamic sampling -- draw more groups until tasks_per_step groups train
     gateway_host: str | None = None  # process | actor (jobs.train_agent.GATEWAY_HOSTS); None: actor with ray=true
+    gateway_max_restarts: int | None = None  # Ray restarts of the gateway actor; None: 3 with the actor, else 0
+    gateway_restart_timeout_s: float = 300.0  # how long the driver waits for a restarted gateway actor
     max_length: int | None = 4096
     min_group_size: int = 2
     drop_equal_groups: bool = True
@@ -126,6 +128,14 @@ class AgentJobConfig:
             raise ValueError(f"gateway_host {self.gateway_host!r} is not one of {', '.join(GATEWAY_HOSTS)} (or null)")
         if self.host_kind == "actor" and not self.ray:
             raise ValueError("gateway_host: actor needs ray: true (the actor's DB sessions are the Ray pool's)")
+        m = self.gateway_max_restarts
+        if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 0):
+            raise ValueError(f"gateway_max_restarts must be an int >= 0 or null, got {m!r}")
+        if m and self.host_kind != "actor":
+            raise ValueError("gateway_max_restarts needs gateway_host: actor (Ray restarts an actor; a gateway "
+                             "in the job's process ends with it)")
+        if not self.gateway_restart_timeout_s > 0:
+            raise ValueError(f"gateway_restart_timeout_s must be > 0, got {self.gateway_restart_timeout_s!r}")
         if self.step_timeout_s is not None and not self.step_timeout_s > 0:
             raise ValueError(f"step_timeout_s must be > 0 or null, got {self.step_timeout_s!r}")
         try:
@@ -140,6 +150,14 @@ class AgentJobConfig:
     def host_kind(self) -> str:
         """Where the gateway runs: ``gateway_host``, or ``actor`` with ``ray: true`` else ``process``."""
         return self.gateway_host or ("actor" if self.ray else "process")
+
+    @property
+    def gateway_restarts(self) -> int:
+        """How often Ray may restart the gateway actor: ``gateway_max_restarts``, or 3 with the actor
+        (the job always journals, which a restart resumes from) and 0 in the job's process."""
+        if self.gateway_max_restarts is not None:
+            return self.gateway_max_restarts
+        return 3 if self.host_kind == "actor" else 0
 
     def train_config(self, turn_end_ids: Sequence[int] = ()) -> TraceTrainConfig:
         return TraceTrainConfig(SequenceConfig(train_tags=self.train_tags, untagged=self.untagged,

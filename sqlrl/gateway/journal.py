@@ -4,13 +4,18 @@
 also appends one JSON line per state change to a file (``<run_dir>/gateway_journal.jsonl`` in the
 host), each written and ``fsync``'d before the change is answered:
 
-- ``offer``  ``{group_id, task, n}`` (the task's record: ``Task.to_dict``)
+- ``offer``  ``{group_id, task, n, token}`` (the task's record: ``Task.to_dict``; ``token``: the
+  driver's idempotency key, or None -- an offer repeated with a token already journalled is a no-op)
 - ``claim``  ``{rollout_id, group_id, task_id, key, session}`` (``key``: the API key's SHA-256, never
   the key; ``session``: the session's record when the source is ``DurableSessions`` -- a pool lease --
   else None)
 - ``end``    ``{trace, key}`` (the whole ``RolloutTrace``: calls, token ids, log-probs, reward); for a
   rollout lost at a restart also ``session_released`` (True / False, None: no record)
-- ``drain``  ``{ids}`` (traces handed to the job: not handed out again)
+- ``drain``  ``{ids, token}`` (traces handed to the job: not handed out again; a drain repeated with
+  the last drain's ``token`` gets the same traces again, so a reply lost with a dead process is not)
+- ``weights`` ``{version}`` (the policy version the engine serves after an update: a restarted
+  gateway whose journal names a version > 0 has only the start weights and holds its calls until the
+  job restores them)
 - ``finish`` ``{}``
 - ``serve``  ``{port}`` (the port the gateway serves on: a restarted gateway binds it again)
 
@@ -22,6 +27,8 @@ host), each written and ``fsync``'d before the change is answered:
   them ``expired`` with the cause ``RESTART_CAUSE`` and ``lost=LostReason.GATEWAY_RESTART`` (their
   calls were in the dead process's memory; their clients get 409, as for any ended rollout), and
   releases their sessions where the claim named one (``Replayed.lost`` keeps the claim records).
+- ``Replayed.offer_tokens`` / ``last_drain`` / ``version``: the offers' idempotency keys, the last
+  drain (its token and traces) and the last ``weights`` version (0: never updated).
 - ``Replayed.port`` is the last ``serve`` record's port (None before any): the address clients
   hold stays the gateway's across restarts.
 - A crash in the middle of a write leaves at most a torn last line: it is skipped and counted
@@ -92,6 +99,9 @@ class Replayed:
     finished: bool = False
     torn: int = 0  # a torn last line, skipped
     port: int | None = None  # the port the last gateway on this journal served on
+    offer_tokens: set[str] = field(default_factory=set)  # idempotency keys of the offers journalled
+    last_drain: tuple[str | None, list[RolloutTrace]] = field(default_factory=lambda: (None, []))  # token, traces
+    version: int = 0  # the policy version of the last ``weights`` record (0: the start weights)
 
 
 def _records(path: Path) -> tuple[list[dict[str, Any]], int]:
@@ -116,7 +126,7 @@ def _records(path: Path) -> tuple[list[dict[str, Any]], int]:
 def replay(path: str | os.PathLike) -> Replayed:
     """The state recorded in ``path`` (an absent file: the empty state)."""
     path = Path(path)
-    state = Replayed(counts=dict.fromkeys(("claimed", "completed", "expired", "failed"), 0))
+    state = Replayed(counts=dict.fromkeys(("claimed", "completed", "expired", "failed", "lost"), 0))
     if not path.is_file():
         return state
     records, state.torn = _records(path)
@@ -126,6 +136,8 @@ def replay(path: str | os.PathLike) -> Replayed:
         kind = rec["kind"]
         if kind == "offer":
             state.waiting.extend([(rec["group_id"], rec["task"])] * int(rec["n"]))
+            if rec.get("token") is not None:
+                state.offer_tokens.add(rec["token"])
         elif kind == "claim":
             for i, (group, task) in enumerate(state.waiting):  # the first waiting one of its group and task
                 if group == rec["group_id"] and task.get("task_id") == rec["task_id"]:
@@ -141,9 +153,11 @@ def replay(path: str | os.PathLike) -> Replayed:
             ended[trace.rollout_id] = trace
             state.done[trace.rollout_id] = rec["key"]
             state.counts[trace.status] += 1
+            state.counts["lost"] += trace.lost is not None
         elif kind == "drain":
-            for rid in rec["ids"]:
-                ended.pop(rid, None)
+            state.last_drain = (rec.get("token"), [ended.pop(rid) for rid in rec["ids"] if rid in ended])
+        elif kind == "weights":
+            state.version = int(rec["version"])
         elif kind == "finish":
             state.finished = True
         elif kind == "serve":

@@ -19,7 +19,7 @@ Ray actor (``actors/gateway.py``) only translate to and from it.
   injected ``clock`` (tests advance a fake one). ``expire_due()`` ends every rollout past its
   deadline (status ``expired``, session released, calls in flight cancelled and counted in
   ``n_incomplete``); the app calls it on every request and the actor on a ticker.
-- **Calls**: ``begin_call`` returns a ``CallTicket``; ``commit(prompt_ids, generation, tag)``
+- **Calls**: ``begin_call`` returns a ``CallTicket`` (``sqlrl.gateway.live``); ``commit(prompt_ids, generation, tag)``
   records the call whole (``capture.CapturedCall``), ``abandon()`` counts it in ``n_incomplete``
   (an engine failure, a cancelled stream, a client gone). A ticket is settled once; a commit after
   its rollout ended raises ``RolloutClosed`` (the call was counted incomplete when it ended).
@@ -48,6 +48,14 @@ The values, errors and ``GatewayConfig`` are ``sqlrl.gateway.contract``'s (re-ex
   serves (``restored_released`` counts those it ended; the journal's end record says per rollout). A
   lease granted and not yet journalled when the process died is left to the pool's lease TTL. The
   call and token counters count this process's calls only.
+- **Repeatable driver calls**: ``offer(..., token=)`` with a token already seen (journalled) is a
+  no-op, ``drain(token=)`` with the last drain's token returns that drain's traces again: a driver
+  whose call was in flight when the process died repeats it safely on the next incarnation.
+- **Weights after a restart** (``self.weights``: ``sqlrl.gateway.weights.PolicyWeights``):
+  ``update_weights(..., version=)`` makes the engine's versions read as the job's (recorded calls'
+  ``versions`` and the returned version) and journals it. Restored from a journal naming a version
+  > 0 (the engine has the start weights), ``awaiting_weights`` holds until an update: new calls get
+  ``Busy`` (``when_weights`` lets the app hold them instead) and ``wait_idle`` returns.
 
 Thread-safe: one lock; SQL, session opening/closing and scoring run outside it (the app calls the
 blocking methods -- ``claim``, ``execute_sql``, ``complete``, ``expire_due`` -- in worker threads).
@@ -60,58 +68,24 @@ import secrets
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping
 
 from sqlrl.db.source import DurableSessions, SessionRequest, SessionSource
 from sqlrl.db.types import Limits
 from sqlrl.policy.engine import AsyncEngine, UpdatePolicy
-from sqlrl.policy.types import Generation
 from sqlrl.tasks.kinds import kind_of
 from sqlrl.tasks.schema import DatabaseSchema
 from sqlrl.tasks.types import Text2SQLTask
 from sqlrl.tools import run_raw
 
-from .capture import CapturedCall, extends
+from .capture import CapturedCall
 from .contract import (BadInput, Busy, Claim, GatewayConfig, GatewayError, GatewayStats, JudgeScorer,
                        NotAllowed, NoWorkNow, RolloutClosed, RolloutNotFound, Scorer, Unavailable,
                        WorkFinished)
 from .journal import RESTART_CAUSE, Journal, Replayed, key_digest, replay
+from .live import CallTicket, LiveRollout
 from .trace import LostReason, RolloutTrace
-
-
-@dataclass(eq=False)
-class _Rollout:
-    id: str
-    key: str
-    group_id: str
-    task: Text2SQLTask
-    deadline: float
-    session: Any
-    status: str = "active"  # active | closing | completed | expired | failed
-    seq: int = 0
-    captured: list[CapturedCall] = field(default_factory=list)
-    open_calls: dict[int, Callable[[], None] | None] = field(default_factory=dict)  # seq -> cancel
-    n_incomplete: int = 0
-    sql_lock: threading.Lock = field(default_factory=threading.Lock)
-
-
-class CallTicket:
-    """One call in flight (module docstring): settle it with ``commit`` or ``abandon``."""
-
-    def __init__(self, rollouts: "Rollouts", rollout: _Rollout, seq: int) -> None:
-        self._rollouts, self._rollout, self.seq = rollouts, rollout, seq
-
-    @property
-    def rollout_id(self) -> str:
-        return self._rollout.id
-
-    def commit(self, prompt_ids: Sequence[int], generation: Generation, tag: str | None) -> None:
-        self._rollouts._settle(self._rollout, self.seq, CapturedCall(
-            self.seq, tag, tuple(int(i) for i in prompt_ids), generation))
-
-    def abandon(self) -> None:
-        self._rollouts._settle(self._rollout, self.seq, None)
+from .weights import PolicyWeights
 
 
 class Rollouts:
@@ -125,14 +99,17 @@ class Rollouts:
         self.limits = Limits(timeout_s=config.sql_timeout_s, max_rows=config.sql_max_rows)
         self._cond = threading.Condition()
         self._waiting: deque[tuple[str, Text2SQLTask]] = deque()
-        self._live: dict[str, _Rollout] = {}
+        self._live: dict[str, LiveRollout] = {}
         self._done: dict[str, str] = {}  # ended rollout id -> its key's digest (409 for its owner)
         self._traces: list[RolloutTrace] = []
         self._finished = False
         self._updating = False
         self._closed = False
         self._counts = dict.fromkeys(("claimed", "completed", "expired", "failed", "calls", "incomplete",
-                                      "prompt_tokens", "generated_tokens", "prefix_mismatches"), 0)
+                                      "prompt_tokens", "generated_tokens", "prefix_mismatches", "lost"), 0)
+        self._offer_tokens: set[str] = set()
+        self._last_drain: tuple[str | None, list[RolloutTrace]] = (None, [])
+        self.weights = PolicyWeights()  # the engine's versions read as the job's (sqlrl.gateway.weights)
         self.journal = journal
         # sessions another process can release: named in the journal (the declared protocol, checked once here)
         self._durable = sessions if isinstance(sessions, DurableSessions) else None
@@ -150,6 +127,8 @@ class Rollouts:
         self._waiting.extend((g, kind_of_record(rec).task_type.from_dict(dict(rec))) for g, rec in state.waiting)
         self._traces, self._done, self._finished = list(state.ended), dict(state.done), state.finished
         self._counts.update(state.counts)
+        self._offer_tokens, self._last_drain = set(state.offer_tokens), state.last_drain
+        self.weights = PolicyWeights(state.version)
         held = [rec for rec in state.lost if rec.get("session") is not None]
         ended = self._durable.release_records([r["session"] for r in held]) if held and self._durable else []
         released = {r["rollout_id"]: bool(e) for r, e in zip(held, ended)}
@@ -161,6 +140,7 @@ class Rollouts:
             self._traces.append(trace)
             self._done[trace.rollout_id] = rec["key"]
             self._counts["expired"] += 1
+            self._counts["lost"] += 1
 
     def _log(self, kind: str, **fields: Any) -> None:
         if self.journal is not None:
@@ -168,7 +148,8 @@ class Rollouts:
 
     # -- work -------------------------------------------------------------------------------------
 
-    def offer(self, group_id: str, task: Text2SQLTask, n: int = 1) -> None:
+    def offer(self, group_id: str, task: Text2SQLTask, n: int = 1, token: str | None = None) -> None:
+        """``n`` rollouts of ``task`` wait for claims; ``token``: an idempotency key (a repeat is a no-op)."""
         kind = kind_of(task)  # TypeError for anything that is not a task
         if kind.given_sql(task):
             raise TypeError(f"the gateway hands out tasks answered from scratch (text-to-SQL); "
@@ -176,9 +157,13 @@ class Rollouts:
         if n < 1:
             raise ValueError(f"offer: n must be >= 1, got {n}")
         with self._cond:
+            if token is not None and token in self._offer_tokens:
+                return  # offered already: the driver repeats a call whose answer it did not get
             if self._finished:
                 raise RuntimeError("offer after finish(): the job has finished handing out work")
-            self._log("offer", group_id=group_id, task=task.to_dict(), n=n)
+            self._log("offer", group_id=group_id, task=task.to_dict(), n=n, token=token)
+            if token is not None:
+                self._offer_tokens.add(token)
             self._waiting.extend([(group_id, task)] * n)
             self._cond.notify_all()
 
@@ -210,7 +195,7 @@ class Rollouts:
         with self._cond:
             self._log("claim", rollout_id=rollout_id, group_id=group_id, task_id=task.task_id, key=key_digest(key),
                       session=self._durable.record_of(session) if self._durable is not None else None)
-            self._live[rollout_id] = _Rollout(rollout_id, key, group_id, task,
+            self._live[rollout_id] = LiveRollout(rollout_id, key, group_id, task,
                                               self.clock() + self.config.deadline_s, session)
             self._counts["claimed"] += 1
             self._cond.notify_all()
@@ -220,7 +205,7 @@ class Rollouts:
 
     # -- calls and SQL ----------------------------------------------------------------------------
 
-    def _get(self, key: str, rollout_id: str) -> _Rollout:
+    def _get(self, key: str, rollout_id: str) -> LiveRollout:
         """The caller's active rollout (lock held): 404 unknown or foreign, 409 ended."""
         r = self._live.get(rollout_id)
         if r is None or r.key != key:
@@ -239,15 +224,18 @@ class Rollouts:
         """A call starts; ``cancel`` (thread-safe) stops it if the rollout expires meanwhile."""
         with self._cond:
             r = self._get(key, rollout_id)
+            if self.weights.awaiting:
+                raise Busy("the gateway restarted and waits for the job to restore the policy's weights; "
+                           "retry shortly", self.config.retry_after_s)
             if self._updating and self.config.during_update == "reject":
                 raise Busy("the policy's weights are being updated; retry shortly",
                            self.config.retry_after_s)
             seq, r.seq = r.seq, r.seq + 1
             r.open_calls[seq] = cancel
             self._cond.notify_all()
-            return CallTicket(self, r, seq)
+            return CallTicket(self._settle, self.weights, r, seq)
 
-    def _settle(self, r: _Rollout, seq: int, call: CapturedCall | None) -> None:
+    def _settle(self, r: LiveRollout, seq: int, call: CapturedCall | None) -> None:
         with self._cond:
             if seq not in r.open_calls:
                 if r.status != "active" and call is not None:
@@ -320,7 +308,7 @@ class Rollouts:
             self._end(r, "expired", error=f"no completion within {self.config.deadline_s:g} s")
         return len(due)
 
-    def _end(self, r: _Rollout, status: str, **fields: Any) -> RolloutTrace:
+    def _end(self, r: LiveRollout, status: str, **fields: Any) -> RolloutTrace:
         with self._cond:
             cancels = [c for c in r.open_calls.values() if c is not None]
             r.n_incomplete += len(r.open_calls)
@@ -333,11 +321,7 @@ class Rollouts:
                 pass  # the call is counted incomplete whatever its cancel does
         with r.sql_lock:  # a statement running on the session finishes first (bounded by its timeout)
             self.sessions.close_many([r.session])
-        captured = sorted(r.captured, key=lambda c: c.seq)
-        calls = tuple(c.traced(r.id, i) for i, c in enumerate(captured))
-        mismatches = sum(not extends(a, b.prompt_ids) for a, b in zip(captured, captured[1:]))
-        trace = RolloutTrace(rollout_id=r.id, task_id=r.task.task_id, group_id=r.group_id, calls=calls,
-                             status=status, n_incomplete=r.n_incomplete, **fields)
+        trace, mismatches = r.trace(status, **fields)
         with self._cond:
             self._log("end", trace=trace.to_dict(), key=key_digest(r.key))  # before anyone is told
             r.status = status
@@ -351,23 +335,43 @@ class Rollouts:
 
     # -- the job's side ---------------------------------------------------------------------------
 
-    def drain(self) -> list[RolloutTrace]:
-        """The rollouts that ended since the last drain, each handed out once."""
+    def drain(self, token: str | None = None) -> list[RolloutTrace]:
+        """The rollouts that ended since the last drain, each handed out once; ``token``: the same
+        token as the last drain's gets that drain's traces again (a repeated call)."""
         with self._cond:
+            if token is not None and self._last_drain[0] == token:
+                return list(self._last_drain[1])
             out, self._traces = self._traces, []
             if out:
-                self._log("drain", ids=[t.rollout_id for t in out])
-            return out
+                self._log("drain", ids=[t.rollout_id for t in out], token=token)
+            self._last_drain = (token, out)
+            return list(out)
 
     async def update_weights(self, engine: AsyncEngine, weights: Mapping[str, Any],
-                             policy: UpdatePolicy | str = UpdatePolicy.DRAIN) -> int:
+                             policy: UpdatePolicy | str = UpdatePolicy.DRAIN, version: int | None = None) -> int:
         """``engine.update_weights`` with calls arriving meanwhile waiting for the engine or
-        refused with ``Busy`` (``during_update``); returns the new policy version."""
+        refused with ``Busy`` (``during_update``); returns the new policy version: ``version`` when
+        given (the job's numbering: the engine's versions are offset to read so), else the engine's
+        plus the offset. Journalled; ends ``awaiting_weights``."""
+        if version is not None and (isinstance(version, bool) or not isinstance(version, int) or version < 1):
+            raise ValueError(f"version must be an int >= 1, got {version!r}")
         self.begin_update()
         try:
-            return await engine.update_weights(weights, policy=UpdatePolicy(policy))
+            new = self.weights.loaded(await engine.update_weights(weights, policy=UpdatePolicy(policy)), version)
+            with self._cond:
+                self._log("weights", version=new)
+            return new
         finally:
             self.end_update()
+
+    @property
+    def awaiting_weights(self) -> bool:
+        return self.weights.awaiting
+
+    def when_weights(self, wake: Callable[[], None]) -> bool:
+        """``PolicyWeights.when_ready``: True, or ``wake`` is called once the weights are restored
+        or the gateway stops (the app holds a restarted gateway's calls on it)."""
+        return self.weights.when_ready(wake)
 
     def begin_update(self) -> None:
         with self._cond:
@@ -389,10 +393,11 @@ class Rollouts:
             return not self._waiting and not self._live
 
     def wait_idle(self, timeout: float | None = None) -> bool:
-        """``wait_until(idle)``, also released by ``close()`` (returns whether idle then): the job's
-        wait for a step's rollouts, in-process or through the Ray actor."""
+        """``wait_until(idle)``, also released by ``close()`` and while ``awaiting_weights`` (the
+        job must restore them first); returns whether idle then: the job's wait for a step's
+        rollouts, in-process or through the Ray actor."""
         with self._cond:
-            self._cond.wait_for(lambda: self.idle() or self._closed, timeout)
+            self._cond.wait_for(lambda: self.idle() or self._closed or self.weights.awaiting, timeout)
             return self.idle()
 
     def rollout_status(self, rollout_id: str) -> str | None:
@@ -419,6 +424,7 @@ class Rollouts:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
+        self.weights.release()
         return len(live)
 
 

@@ -107,7 +107,7 @@ class Gateway:
 
 @contextlib.contextmanager
 def gateway(policy: Any, engine: Any, catalog: dict, *, config: Any = None, window: int | None = None,
-            limits: dict | None = None, schemas: dict | None = None):
+            limits: dict | None = None, schemas: dict | None = None, journal: Any = None):
     from serve.config import load_serve_config
     from serve.engine import ModelEngine
     from serve.gateway import build_gateway_app
@@ -122,7 +122,7 @@ def gateway(policy: Any, engine: Any, catalog: dict, *, config: Any = None, wind
     serve_config = load_serve_config({"models": {"policy": {"policy": {"model": "tiny"}}}, "limits": limits or {}})
     model = ModelEngine("policy", policy, recorder, serve_config, window=window)
     rollouts = Rollouts(config or GatewayConfig(deadline_s=60), LocalSessions(catalog, pool=pool),
-                        JudgeScorer(Judge(catalog)), schemas=schemas, clock=clock)
+                        JudgeScorer(Judge(catalog)), schemas=schemas, clock=clock, journal=journal)
     app = build_gateway_app(rollouts, model, keys=frozenset({KEY, OTHER}))
     with serving(app) as url:
         yield Gateway(url, rollouts, engine, recorder, pool, clock, model)

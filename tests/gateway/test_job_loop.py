@@ -184,6 +184,11 @@ def test_step_tasks_cycle_and_refuse_an_empty_list():
     ({"gateway_host": "actor"}, "gateway_host: actor needs ray: true"),
     ({"rollout_deadline_s": -1.0}, "deadline_s"),
     ({"reward": "no-such-reward"}, "gateway.reward"),
+    ({"gateway_max_restarts": -1, "ray": True}, "gateway_max_restarts must be an int >= 0 or null"),
+    ({"gateway_max_restarts": True, "ray": True}, "gateway_max_restarts must be an int >= 0 or null"),
+    ({"gateway_max_restarts": 2}, "gateway_max_restarts needs gateway_host: actor"),
+    ({"gateway_max_restarts": 1, "ray": True, "gateway_host": "process"}, "needs gateway_host: actor"),
+    ({"gateway_restart_timeout_s": 0.0}, "gateway_restart_timeout_s must be > 0"),
 ])
 def test_bad_config_is_refused_before_anything_starts(bad, match):
     with pytest.raises(ValueError, match=match):
@@ -197,3 +202,9 @@ def test_the_shipped_config_loads():
     assert cfg.train_tags == ("write", "rewrite") and cfg.update_policy == "drain" and not cfg.client_rewards
     assert cfg.redraws == 0 and cfg.sampling_rounds == 1 and cfg.host_kind == "process"
     assert load_config(AgentJobConfig, "jobs/configs/agent.yaml", ["ray=true"]).host_kind == "actor"
+    # Ray restarts the gateway actor 3 times by default (the job always journals); in-process: never
+    assert cfg.gateway_restarts == 0 and cfg.gateway_restart_timeout_s == 300
+    assert load_config(AgentJobConfig, "jobs/configs/agent.yaml", ["ray=true"]).gateway_restarts == 3
+    assert load_config(AgentJobConfig, "jobs/configs/agent.yaml",
+                       ["ray=true", "gateway_max_restarts=0"]).gateway_restarts == 0
+    assert AgentJobConfig(gateway_max_restarts=0).gateway_restarts == 0
