@@ -47,7 +47,7 @@ def test_the_job_goes_on_across_a_gateway_actor_restart(ray_session, shop_catalo
     from sqlrl.gateway.trace import LostReason
 
     pool = session_pool(shop_catalog, ["sqlite"], workers=1, reward=False, asks=load_profile("cpu"))
-    spec = {"model": {"path": "tiny", "backend": "scripted", "backend_options": {"script": SCRIPT}},
+    spec = {"model": {"policy": {"model": "tiny", "backend": "scripted", "engine_options": {"script": SCRIPT}}},
             "catalog": shop_catalog, "auth": {"api_keys": [KEY]}, "run_dir": str(tmp_path),
             "gateway": {"deadline_s": 120}, "rebind_wait_s": 60}
     handle, url = start_gateway(spec, num_cpus=0.5, sessions=PoolSessions(pool.client(worker=0)), max_restarts=1)
