@@ -4,8 +4,9 @@
     python bench/gateway_learn.py --model tiny --quick  # a few minutes: the wiring, not a result
 
 1. **Held-out tasks**: ``--eval-tasks`` (default 64) tasks of the embedded data's ``test`` split
-   (``sqlrl.synth``, every domain, generated once into ``--data-dir``); training uses the ``train``
-   split of the same generation, so no held-out task is trained on.
+   (``sqlrl.synth``, every domain, generated once into ``<--data-dir>/n<tasks a domain>``, sized so
+   the test split holds them); training uses the ``train`` split of the same generation, so no
+   held-out task is trained on.
 2. **Before**: the start model (``--model``, default ``/work/mainjob/runs/main/stage2/final``) behind
    the gateway, each held-out task handed to ONE rollout of the unchanged LangGraph agent
    (``examples.run_clients --agent langgraph``, ``--clients`` processes); the outcome of a task is
@@ -21,6 +22,16 @@
    traced call of the three phases: calls captured whole vs incomplete, the share merged into
    sequences, mismatches by cause (``sqlrl.gateway.sequences``), and 0 re-tokenised (the gateway
    records the engine's ids; nothing is decoded and re-encoded anywhere on this path).
+
+``--from-run`` runs nothing: it rebuilds the report of the run in ``--out`` from the gateway
+journals of its three phases (``<out>/{eval_before,train,eval_after}/gateway_journal.jsonl``: every
+ended rollout's whole trace), so a run stopped after its "after" phase began still reports the
+rollouts that ended (the paired difference over the tasks scored in both; give the run's own
+``--model`` / ``--quick`` so the tokenizer and the labels match).
+
+The exactness part also says where each follow-up call's prompt leaves the earlier call of its
+rollout it shares the longest prefix with (``divergences``: the two calls' tags and the message the
+first differing token is in) and how many prompts hold an earlier reply's ids at all.
 
 ``--quick``: the tiny model (unless ``--model`` is given), 1 step x 2 tasks x 2 rollouts, 8 held-out
 tasks, small data, 32 tokens per call and one query per rollout (the agent's ``--max-tokens`` /
@@ -58,9 +69,12 @@ def _data(args: argparse.Namespace, split: str, size: int = 0) -> Any:
     from sqlrl.synth.domains import DOMAINS
 
     domains = tuple(DOMAINS)
-    # the test split is ~10 % of each domain's tasks: enough of them for --eval-tasks
-    n = max(args.n_per_domain, math.ceil(args.eval_tasks / 0.1 / len(domains)) + 4)
-    return DataSpec(synth_dir=str(args.data_dir), domains=domains, n_per_domain=n, split=split, seed=0, size=size)
+    # the test split is 10 % of each (domain, difficulty) stratum, rounded: ~7 % of the tasks at 44 a
+    # domain (18 of 264), so plan on 7 %. The generation lives in a folder named by its size: a cached
+    # smaller generation is never reused for a larger --eval-tasks.
+    n = max(args.n_per_domain, math.ceil(args.eval_tasks / 0.07 / len(domains)) + 4)
+    return DataSpec(synth_dir=str(args.data_dir / f"n{n}"), domains=domains, n_per_domain=n, split=split, seed=0,
+                    size=size)
 
 
 def _job_config(args: argparse.Namespace, model: str, run_dir: Path, key: str, **kw: Any) -> Any:
@@ -81,7 +95,6 @@ def evaluate(args: argparse.Namespace, model: str, run_dir: Path, traces_out: li
     """Each held-out task to one rollout of the agent; ``{task_id: 0/1}`` (module docstring, step 2)."""
     from jobs.train_agent import gateway_steps, load_tasks, start_clients, stop_clients
     from sqlrl.db.source import LocalSessions
-    from sqlrl.rl.outcome import solved
 
     tasks, catalog, _ = load_tasks(_data(args, "test", args.eval_tasks))
     if len(tasks) < args.eval_tasks:
@@ -98,10 +111,29 @@ def evaluate(args: argparse.Namespace, model: str, run_dir: Path, traces_out: li
     finally:
         stop_clients(clients, args.deadline_s)
     traces_out.extend(seen)
-    by_task = {t.task_id: t for t in seen}
-    return {t.task_id: int(by_task[t.task_id].status == "completed"
-                           and solved(_Parts(dict(by_task[t.task_id].reward_parts))))
-            for t in tasks if t.task_id in by_task}
+    wanted = {t.task_id for t in tasks}
+    return outcomes([t for t in seen if t.task_id in wanted])
+
+
+def outcomes(traces: list[Any]) -> dict[str, int]:
+    """``{task_id: 0/1}``: 1 when the task's (last) rollout completed and ``solved`` holds on its parts."""
+    from sqlrl.rl.outcome import solved
+
+    by_task = {t.task_id: t for t in traces}
+    return {tid: int(t.status == "completed" and solved(_Parts(dict(t.reward_parts)))) for tid, t in by_task.items()}
+
+
+def journal_traces(run_dir: Path) -> list[Any]:
+    """The traces of every rollout that ended in ``run_dir``'s gateway journal (``end`` records), in
+    the order they ended; [] when there is no journal (the phase never started)."""
+    from sqlrl.gateway.journal import JOURNAL_FILE
+    from sqlrl.gateway.trace import RolloutTrace
+
+    path = run_dir / JOURNAL_FILE
+    if not path.is_file():
+        return []
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [RolloutTrace.from_dict(r["trace"]) for r in records if r.get("kind") == "end"]
 
 
 def exactness(traces: list[Any], turn_end_ids: tuple[int, ...]) -> dict[str, Any]:
@@ -121,7 +153,47 @@ def exactness(traces: list[Any], turn_end_ids: tuple[int, ...]) -> dict[str, Any
             "merged": sum(r.n_merged for r in rows.rollouts), "could_merge": followers,
             "merged_share": sum(r.n_merged for r in rows.rollouts) / followers if followers else 1.0,
             "mismatches": dict(sorted(causes.items())), "retokenised": 0,
-            "statuses": dict(Counter(t.status for t in traces))}
+            "statuses": dict(Counter(t.status for t in traces)), **divergences(traces, turn_end_ids)}
+
+
+def _message_index(ids: tuple[int, ...], pos: int, turn_end_ids: tuple[int, ...]) -> int:
+    """How many whole messages (``turn_end_ids`` occurrences) lie before position ``pos``."""
+    k, n = 0, len(turn_end_ids)
+    for i in range(max(0, min(pos, len(ids)) - n + 1)):
+        if n and tuple(ids[i:i + n]) == turn_end_ids:
+            k += 1
+    return k
+
+
+def _contains(hay: tuple[int, ...], needle: tuple[int, ...]) -> bool:
+    n = len(needle)
+    return bool(n) and any(hay[i:i + n] == needle for i in range(len(hay) - n + 1))
+
+
+def divergences(traces: list[Any], turn_end_ids: tuple[int, ...]) -> dict[str, Any]:
+    """Where each follow-up call's prompt leaves the earlier call (prompt + response) of its rollout
+    that it shares the longest prefix with: ``"<earlier tag> > <later tag> @ message <k>"`` -> calls
+    (``k``: the 0-based message the first differing token is in, by ``turn_end_ids``; ``k`` = the
+    earlier prompt's message count means it left at the earlier response; ``extends it`` when it
+    does not leave it: a call that can merge), and how many follow-up
+    prompts hold an earlier call's response ids anywhere (an agent that sends its replies back as
+    assistant turns: what a merge needs)."""
+    where: Counter[str] = Counter()
+    reply_back = 0
+    for t in traces:
+        for k, call in enumerate(t.calls[1:], 1):
+            prompt = tuple(call.prompt_ids)
+            best: tuple[int, int] = (-1, 0)
+            for j in range(k):
+                prev = tuple(t.calls[j].prompt_ids) + tuple(t.calls[j].response_ids)
+                shared = next((i for i, (a, b) in enumerate(zip(prev, prompt)) if a != b), min(len(prev), len(prompt)))
+                best = max(best, (shared, j))
+            shared, j = best
+            prev = tuple(t.calls[j].prompt_ids) + tuple(t.calls[j].response_ids)
+            at = "extends it" if shared == len(prev) else f"@ message {_message_index(prev, shared, turn_end_ids)}"
+            where[f"{t.calls[j].tag} > {call.tag} {at}"] += 1
+            reply_back += any(_contains(prompt, tuple(t.calls[i].response_ids)) for i in range(k))
+    return {"where": dict(where.most_common()), "earlier_reply_in_prompt": reply_back}
 
 
 def report_md(rep: dict[str, Any]) -> str:
@@ -135,7 +207,9 @@ def report_md(rep: dict[str, Any]) -> str:
              f"{d['ci95'][0]:+.3f}-{d['ci95'][1]:+.3f} |", "",
              f"Trace exactness: {x['calls_captured']} calls captured whole, {x['calls_incomplete']} incomplete "
              f"({x['captured_share']:.3f}); merged {x['merged']}/{x['could_merge']} ({x['merged_share']:.3f}); "
-             f"mismatches {x['mismatches'] or 'none'}; re-tokenised {x['retokenised']}; rollouts {x['statuses']}."]
+             f"mismatches {x['mismatches'] or 'none'}; re-tokenised {x['retokenised']}; rollouts {x['statuses']}.", "",
+             f"Where follow-up calls leave the earlier call they share most with: {x['where'] or 'none'}; "
+             f"prompts holding an earlier reply's ids: {x['earlier_reply_in_prompt']}."]
     return "\n".join(lines)
 
 
@@ -158,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data-dir", type=Path, default=Path("runs/data/gateway_learn"))
     ap.add_argument("--out", type=Path, default=Path("runs/bench/gateway_learn"))
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--from-run", action="store_true",
+                    help="run nothing: rebuild the report of the run in --out from its gateway journals")
     a = ap.parse_args(argv)
     quick = a.quick
     a.model = a.model or ("tiny" if quick else DEFAULT_MODEL)
@@ -171,11 +247,10 @@ def main(argv: list[str] | None = None) -> int:
         a.clients = min(a.clients, 2)
         a.n_per_domain = max(a.n_per_domain, 8)
 
+    if a.from_run:
+        return report_from_run(a)
     from jobs.train_agent import run, start_clients, stop_clients
-    from sqlrl.agent.chat_format import HFChatFormat
-    from sqlrl.eval.stats import paired_difference, success_rate
     from sqlrl.learn.optim import OptimConfig
-    from sqlrl.policy.load import load_tokenizer
 
     t0 = time.perf_counter()
     a.out.mkdir(parents=True, exist_ok=True)
@@ -199,21 +274,48 @@ def main(argv: list[str] | None = None) -> int:
     trained = summary["checkpoint"]
     print(f"gateway_learn: after -- {trained}", flush=True)
     after = evaluate(a, trained, a.out / "eval_after", traces)
+    rep = build_report(a, before, after, traces, checkpoint=trained, train_steps=summary["steps"],
+                       db_active_leases=summary["db_active_leases"], seconds=time.perf_counter() - t0)
+    return write_report(a.out, rep)
+
+
+def build_report(a: argparse.Namespace, before: dict[str, int], after: dict[str, int], traces: list[Any],
+                 **extra: Any) -> dict[str, Any]:
+    """The report (module docstring, step 5); the paired difference is over the tasks scored in both."""
+    from sqlrl.agent.chat_format import HFChatFormat
+    from sqlrl.eval.stats import paired_difference, success_rate
+    from sqlrl.policy.load import load_tokenizer
 
     tokenizer, _ = load_tokenizer(a.model)
-    paired = paired_difference(before, after, seed=a.seed)
-    rep = {"model": a.model, "quick": quick, "steps": a.steps, "tasks_per_step": a.tasks_per_step,
-           "group_size": a.group_size, "eval_tasks": len(before), "checkpoint": trained,
-           "before": success_rate(list(before.values())).to_dict(),
-           "after": success_rate(list(after.values())).to_dict(),
-           "paired": paired.to_dict(), "exactness": exactness(traces, HFChatFormat(tokenizer).turn_end_ids),
-           "train_steps": summary["steps"], "db_active_leases": summary["db_active_leases"],
-           "seconds": time.perf_counter() - t0}
-    (a.out / "report.json").write_text(json.dumps(rep, indent=1, default=str) + "\n")
+    return {"model": a.model, "quick": a.quick, "steps": a.steps, "tasks_per_step": a.tasks_per_step,
+            "group_size": a.group_size, "eval_tasks": len(before), "max_tokens": a.max_tokens,
+            "max_turns": a.max_turns, "before": success_rate(list(before.values())).to_dict(),
+            "after": success_rate(list(after.values())).to_dict(),
+            "paired": paired_difference(before, after, seed=a.seed).to_dict(),
+            "exactness": exactness(traces, HFChatFormat(tokenizer).turn_end_ids), **extra}
+
+
+def write_report(out: Path, rep: dict[str, Any]) -> int:
+    (out / "report.json").write_text(json.dumps(rep, indent=1, default=str) + "\n")
     print(report_md(rep), flush=True)
-    print(f"gateway_learn: report in {a.out / 'report.json'} ({rep['seconds'] / 60:.1f} min, not a measurement "
-          f"on a shared machine)", flush=True)
+    took = f"{rep['seconds'] / 60:.1f} min, " if rep.get("seconds") else ""
+    print(f"gateway_learn: report in {out / 'report.json'} ({took}not a measurement on a shared machine)", flush=True)
     return 0
+
+
+def report_from_run(a: argparse.Namespace) -> int:
+    """``--from-run``: the report of a run in ``--out`` rebuilt from its three gateway journals
+    (``eval_before``, ``train``, ``eval_after``): what a stopped run had finished. Outcomes and
+    exactness count the rollouts that ended; the paired difference is over the tasks scored in both
+    evaluations (``paired.only_before`` / ``only_after`` name the others)."""
+    phases = {p: journal_traces(a.out / p) for p in ("eval_before", "train", "eval_after")}
+    if not phases["eval_before"] or not phases["eval_after"]:
+        raise SystemExit(f"gateway_learn: {a.out} has no ended rollout in eval_before and eval_after to compare "
+                         f"({', '.join(f'{p}: {len(t)}' for p, t in phases.items())})")
+    traces = [t for ts in phases.values() for t in ts]
+    rep = build_report(a, outcomes(phases["eval_before"]), outcomes(phases["eval_after"]), traces,
+                       from_run=True, rollouts_ended={p: len(t) for p, t in phases.items()})
+    return write_report(a.out, rep)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,9 @@ Routes (every one needs ``Authorization: Bearer <key>``; errors are OpenAI's bod
 Capture: a chat call is recorded (``CallTicket.commit``) with ``plan.ids`` -- the ids the engine
 generated from -- and the engine's own ``Generation`` (streamed: ``chat_chunks``' ``on_final``),
 only once the answer was produced whole (streamed: after its last chunk); a call that fails, is
-cancelled or whose stream the client drops is abandoned (``n_incomplete``). A bad request
+cancelled, whose stream the client drops, or whose client goes away before a non-streamed answer
+(a client timeout: the engine request is aborted, ``_unless_gone``) is abandoned (``n_incomplete``):
+the trace never holds an answer its agent did not receive. A bad request
 (validation, context length, ``n`` > 1, a bad tag) is refused before the call begins: it is neither
 recorded nor counted. Order of checks: body size (413), key (401), rate (429), expiry of overdue
 rollouts, JSON and schema (400), the rollout (404 / 409), then the work. A gateway restarted under
@@ -81,6 +83,12 @@ def _parse(model: type[BaseModel], data: dict[str, Any]) -> Any:
     except Exception as exc:
         msg, param = validation_message(exc)
         raise APIError(400, msg, param=param) from None
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client disconnects (the ASGI ``http.disconnect`` message; the body was read)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def _sse(item: Any) -> str:
@@ -183,7 +191,7 @@ def build_gateway_app(rollouts: Rollouts, model: ModelEngine, *, keys: frozenset
             if req.stream:
                 return await _stream(plan, req, ticket, tag, runner)
             try:
-                gens = await model.generate(plan)
+                answered, gens = await _unless_gone(request, model.generate(plan))
             except asyncio.CancelledError:
                 ticket.abandon()
                 if rollouts.rollout_status(rollout_id) in ("active", None):
@@ -192,9 +200,27 @@ def build_gateway_app(rollouts: Rollouts, model: ModelEngine, *, keys: frozenset
             except BaseException:
                 ticket.abandon()
                 raise
+            if not answered:  # the client went away first (its timeout): the engine request was aborted
+                ticket.abandon()
+                return Response(status_code=499)  # nobody reads it
             ticket.commit(plan.ids, gens[0], tag)
             return JSONResponse(model.chat_result(plan, gens))
         return await answer(work)
+
+    async def _unless_gone(request: Request, work: Awaitable[Any]) -> tuple[bool, Any]:
+        """``work`` while watching the client's connection: ``(True, result)`` when it finished first,
+        ``(False, None)`` when the client disconnected first (``work`` is cancelled and awaited: the
+        engine request aborts). A cancel of the caller cancels ``work`` too."""
+        job, gone = asyncio.ensure_future(work), asyncio.ensure_future(_disconnected(request))
+        try:
+            await asyncio.wait((job, gone), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not job.done():
+                job.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await job
+        return (False, None) if job.cancelled() else (True, job.result())
 
     async def _stream(plan: Any, req: ChatRequest, ticket: Any, tag: str | None,
                       runner: dict[str, Any]) -> StreamingResponse:

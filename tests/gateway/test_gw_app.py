@@ -259,6 +259,32 @@ def test_a_stream_cancelled_halfway_records_nothing(gw):
     assert trace.calls == () and trace.n_incomplete == 1
 
 
+def test_a_client_gone_before_a_plain_answer_records_nothing(gw):
+    """A non-streamed call whose client disconnects first (its timeout; it will retry) is aborted
+    and counted incomplete: the trace never holds an answer the agent did not receive."""
+    import socket
+    from urllib.parse import urlsplit
+
+    claim = gw.claim()
+    gate = gw.engine.hold("How many customers", after_tokens=2)
+    url = urlsplit(f"{claim['base_url']}/chat/completions")
+    body = json.dumps({"model": "m", "messages": MESSAGES}).encode()
+    head = (f"POST {url.path} HTTP/1.1\r\nHost: {url.netloc}\r\nAuthorization: Bearer {KEY}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+    with socket.create_connection((url.hostname, url.port), timeout=60) as sock:
+        sock.sendall(head + body)
+        assert gate.reached.wait_sync(60)  # the engine is generating the answer
+    # the client went away before the answer: its engine request is aborted, the call abandoned
+    assert gw.rollouts.wait_until(lambda: gw.rollouts.stats().incomplete == 1, 60)
+    assert gw.engine.in_flight == 0 and gw.engine.log[-1][0] == "abort" and gw.recorder.finished == []
+    gate.open()
+    r = gw.client(claim["base_url"]).chat.completions.create(model="m", messages=MESSAGES)  # the retry
+    assert r.choices[0].message.content
+    gw.post(f"/v1/rollouts/{claim['rollout_id']}/complete", {"sql": GOLD})
+    (trace,) = gw.rollouts.drain()
+    assert len(trace.calls) == 1 and trace.n_incomplete == 1  # only the answer the client received
+
+
 def test_weight_updates_reject_new_calls_with_429_when_configured(tiny, shop_catalog):
     engine = ScriptedEngine(tiny.tokenizer, tiny.eos_token_ids, script=SCRIPT)
     with gateway(tiny, engine, shop_catalog, config=GatewayConfig(deadline_s=60, during_update="reject")) as g:
