@@ -81,7 +81,7 @@ class AgentJobConfig:
     # models.NAME.policy): model (a checkpoint folder or a named model), backend (the gateway's engine:
     # hf, vllm, auto), dtype (the engine's weights), device, engine_options.
     policy: PolicySpec = field(default_factory=lambda: PolicySpec("tiny", backend="hf"))
-    max_batch_size: int = 8  # sequences the gateway's engine runs at once (serving's name: hf max_batch, vLLM max_num_seqs)
+    max_batch_size: int = 8  # sequences the gateway's engine runs at once (hf max_batch, vLLM max_num_seqs)
     # The learner's precision (as a stage's model.mixed_precision): float32, or bfloat16 (fp32 weights
     # and Adam state); policy.dtype is the engine's alone.
     mixed_precision: str = "float32"
