@@ -80,8 +80,9 @@ def _data(args: argparse.Namespace, split: str, size: int = 0) -> Any:
 def _job_config(args: argparse.Namespace, model: str, run_dir: Path, key: str, **kw: Any) -> Any:
     from sqlrl.gateway.job import AgentJobConfig
     from sqlrl.learn.config import GRPOConfig
+    from sqlrl.policy.spec import PolicySpec
 
-    base = dict(run_dir=str(run_dir), model=model, backend=args.backend, api_keys=(key,), api_keys_env="",
+    base = dict(run_dir=str(run_dir), policy=PolicySpec(model, backend=args.backend), api_keys=(key,), api_keys_env="",
                 rollout_deadline_s=args.deadline_s, train_tags=("write", "rewrite"), seed=args.seed,
                 loss=GRPOConfig(clip_ratio_low=0.2, clip_ratio_high=0.28, loss_agg_mode="token-mean"))
     return AgentJobConfig(**{**base, **kw})

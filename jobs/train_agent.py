@@ -10,7 +10,9 @@ offer ``group_size`` rollouts per task, wait for every one to complete or expire
 one GRPO update, push the weights to the gateway's engine) -> ``<run_dir>/final`` -> summary.
 
 Guarantees:
-- The gateway's engine is the policy the learner trains: both start from ``model``; after each
+- The gateway's engine is the policy the learner trains: both start from ``policy.model`` (one
+  ``PolicySpec``: the engine is built from it with ``max_batch_size`` as a serving replica's,
+  ``model_spec``, in ``policy.dtype``; the learner trains in ``mixed_precision``); after each
   update the learner's weights go to that engine with ``update_policy`` (``drain`` by default).
 - Where the gateway and its engine run is ``GATEWAY_HOSTS[cfg.host_kind]``: ``process`` (this
   process, an event-loop thread; the default without Ray, and the tests') or ``actor`` (a Ray
@@ -112,6 +114,15 @@ class GatewayHost:
             self._thread.join(timeout=30)
 
 
+def model_spec(cfg: AgentJobConfig) -> Any:
+    """The gateway's ``serve.config.ModelSpec``: ``cfg.policy`` with ``cfg.max_batch_size`` (a backend
+    serving cannot run, or a batch bound in ``policy.engine_options``, is a ``ValueError`` here)."""
+    from serve.config import ModelSpec
+
+    return ModelSpec(cfg.policy, max_batch_size=cfg.max_batch_size,
+                     max_ongoing_requests=max(cfg.max_batch_size, ModelSpec.max_ongoing_requests))
+
+
 def process_gateway(cfg: AgentJobConfig, spec: Any, sessions: Any, asks: Any) -> tuple[Any, str]:
     """The gateway and its engine in this process (``gateway_host: process``): ``(host, url)``."""
     from serve.engines import build_served
@@ -155,21 +166,20 @@ def gateway_steps(cfg: AgentJobConfig, tasks: Sequence[Any], catalog: Mapping[st
                   on_url: Callable[[str], None] | None = None,
                   observe: Callable[[int, list[RolloutTrace]], None] | None = None,
                   after_steps: Callable[[], Any] | None = None) -> tuple[list[dict[str, Any]], str, int]:
-    """The gateway (``GATEWAY_HOSTS[cfg.host_kind]``, serving ``cfg.model`` with rollout sessions
+    """The gateway (``GATEWAY_HOSTS[cfg.host_kind]``, serving ``cfg.policy`` with rollout sessions
     from ``sessions``) and ``run_steps`` with ``learner``; the gateway is stopped whatever happens.
     Returns ``(history, url, rollouts failed at stop)``. ``on_url``: called once it serves;
     ``observe``: ``run_steps``'; ``after_steps``: called after the last step, before the gateway
     stops (the job's own clients exit on its 410 meanwhile: ``stop_clients``)."""
     from actors.gateway import GatewaySpec
-    from serve.config import AuthSpec, ModelSpec
-    from sqlrl.policy.spec import PolicySpec
+    from serve.config import AuthSpec
     from sqlrl.agent.chat_format import HFChatFormat
     from sqlrl.policy.load import load_tokenizer
 
-    tokenizer, pad_id = load_tokenizer(cfg.model)
+    tokenizer, pad_id = load_tokenizer(cfg.policy.model)
     Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
     (Path(cfg.run_dir) / JOURNAL_FILE).unlink(missing_ok=True)  # a new gateway: it resumes only its own journal
-    spec = GatewaySpec(model=ModelSpec(PolicySpec(cfg.model, backend=cfg.backend), max_batch_size=cfg.max_batch),
+    spec = GatewaySpec(model=model_spec(cfg),
                        catalog=dict(catalog), gateway=cfg.gateway_config(),
                        auth=AuthSpec(api_keys=cfg.api_keys, api_keys_env=cfg.api_keys_env),
                        host=cfg.host, port=cfg.port, run_dir=cfg.run_dir, tick_s=cfg.tick_s)
@@ -230,7 +240,11 @@ def train_stage(rt: Any, model: str, tasks: Sequence[Any], logger: Any) -> tuple
 
     c, r, g = rt.cfg, rt.cfg.rl, rt.cfg.gateway
     key = secrets.token_urlsafe(18)
-    cfg = AgentJobConfig(run_dir=str(c.stage_dir / "gateway"), model=model, steps=r.steps,
+    from sqlrl.policy.spec import PolicySpec
+
+    # the gateway's engine: hf, as before PolicySpec (the stage's rollout.* settings are not applied here)
+    cfg = AgentJobConfig(run_dir=str(c.stage_dir / "gateway"), policy=PolicySpec(model, backend="hf"),
+                         mixed_precision=c.model.mixed_precision, steps=r.steps,
                          tasks_per_step=r.tasks_per_step, group_size=r.group_size, sampling_rounds=r.sampling_rounds,
                          updates_per_batch=r.updates_per_batch, update_policy=r.weight_update,
                          rollout_deadline_s=g.rollout_deadline_s, redraws=g.redraws, train_tags=g.train_tags,
@@ -269,12 +283,13 @@ def run(cfg: AgentJobConfig, *, rewards: Callable[[list[RolloutTrace]], list[Rol
     from sqlrl.metrics import MetricsLogger
 
     # -- setup: tasks, DB pool, learner, engine + gateway
+    model_spec(cfg)  # the gateway's engine spec: refused before anything starts
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=1) + "\n")
     tasks, catalog, schemas = load_tasks(cfg.data)
     print(f"train_agent: {cfg.steps} step(s) x {cfg.tasks_per_step} task(s) x {cfg.group_size} rollouts "
-          f"of {len(tasks)} embedded tasks; model {cfg.model}; run_dir {run_dir}", flush=True)
+          f"of {len(tasks)} embedded tasks; model {cfg.policy.model}; run_dir {run_dir}", flush=True)
     if cfg.ray:
         connect_ray(log_to_driver=False)
     asks = load_profile(cfg.placement)
@@ -284,7 +299,8 @@ def run(cfg: AgentJobConfig, *, rewards: Callable[[list[RolloutTrace]], list[Rol
     try:
         optim = dataclasses.replace(cfg.optim, total_steps=max(1, cfg.steps * cfg.updates_per_batch))
         ask = asks.learner
-        learner = LearnerGroup(cfg.model, optim, n=cfg.learner_ranks, in_process=not cfg.ray, seed=cfg.seed,
+        learner = LearnerGroup(cfg.policy.model, optim, n=cfg.learner_ranks, in_process=not cfg.ray, seed=cfg.seed,
+                               mixed_precision=cfg.mixed_precision,
                                reference=cfg.loss.kl_coef > 0, num_cpus=ask.num_cpus, num_gpus=ask.num_gpus,
                                resources=dict(ask.resources))
         closers.append(learner.shutdown)
@@ -331,6 +347,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = ap.parse_args(argv)
     try:
         cfg = load_config(AgentJobConfig, a.config, a.overrides)
+        model_spec(cfg)  # the gateway's engine spec: refused here, before anything starts
     except (ValueError, KeyError, TypeError) as exc:
         raise SystemExit(f"train_agent: {a.config}: {exc}") from None
     run(cfg)

@@ -41,9 +41,12 @@ import time
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
+from sqlrl.config import rename_keys
 from sqlrl.learn.config import GRPOConfig
+from sqlrl.learn.fsdp import precision_name
 from sqlrl.learn.optim import OptimConfig
 from sqlrl.policy.engine import UpdatePolicy
+from sqlrl.policy.spec import PolicySpec
 
 from .contract import GatewayConfig, GatewayStats
 from .sequences import SequenceConfig
@@ -74,9 +77,14 @@ class AgentJobConfig:
     """``jobs/configs/agent.yaml``: the job's whole config (one place; every key documented there)."""
 
     run_dir: str = "runs/agent"
-    model: str = "tiny"  # the policy the gateway serves and the learner trains: a checkpoint folder or a named model
-    backend: str = "hf"  # the gateway's engine (sqlrl.policy.backends: hf, vllm, auto)
-    max_batch: int = 8  # sequences the engine generates at once
+    # The policy the gateway serves and the learner trains (sqlrl.policy.spec.PolicySpec, as serving's
+    # models.NAME.policy): model (a checkpoint folder or a named model), backend (the gateway's engine:
+    # hf, vllm, auto), dtype (the engine's weights), device, engine_options.
+    policy: PolicySpec = field(default_factory=lambda: PolicySpec("tiny", backend="hf"))
+    max_batch_size: int = 8  # sequences the gateway's engine runs at once (hf max_batch, vLLM max_num_seqs)
+    # The learner's precision (as a stage's model.mixed_precision): float32, or bfloat16 (fp32 weights
+    # and Adam state); policy.dtype is the engine's alone.
+    mixed_precision: str = "float32"
     steps: int = 2
     tasks_per_step: int = 2
     group_size: int = 4
@@ -113,7 +121,8 @@ class AgentJobConfig:
     data: DataSpec = field(default_factory=DataSpec)
 
     def __post_init__(self) -> None:
-        for name in ("steps", "tasks_per_step", "group_size", "updates_per_batch", "learner_ranks", "max_batch"):
+        for name in ("steps", "tasks_per_step", "group_size", "updates_per_batch", "learner_ranks",
+                     "max_batch_size"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {v!r}")
@@ -143,6 +152,9 @@ class AgentJobConfig:
         except ValueError:
             raise ValueError(f"update_policy {self.update_policy!r} is not one of "
                              f"{', '.join(p.value for p in UpdatePolicy)}") from None
+        if not isinstance(self.policy, PolicySpec):
+            raise ValueError(f"policy must be a PolicySpec, got {type(self.policy).__name__}")
+        object.__setattr__(self, "mixed_precision", precision_name(self.mixed_precision))
         self.train_config()  # tags, unfinished, group sizes: refused here, before anything starts
         self.gateway_config()
 
@@ -168,6 +180,10 @@ class AgentJobConfig:
     def gateway_config(self) -> GatewayConfig:
         return GatewayConfig(deadline_s=self.rollout_deadline_s, client_rewards=self.client_rewards,
                              reward=self.reward, retry_after_s=self.retry_after_s, during_update=self.during_update)
+
+
+# the keys of AgentJobConfig before its policy was a PolicySpec (serving's spelling)
+rename_keys(AgentJobConfig, {"model": "policy.model", "backend": "policy.backend", "max_batch": "max_batch_size"})
 
 
 class StepTimeout(RuntimeError):

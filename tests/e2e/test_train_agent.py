@@ -69,13 +69,14 @@ def trained():
     from sqlrl.gateway.job import AgentJobConfig, DataSpec
     from sqlrl.learn.config import GRPOConfig
     from sqlrl.learn.optim import OptimConfig
+    from sqlrl.policy.spec import PolicySpec
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     tmp = Path(tempfile.mkdtemp(prefix="sqlrl-train-agent-"))
-    cfg = AgentJobConfig(run_dir=str(tmp / "run"), model="tiny", max_batch=4, steps=2, tasks_per_step=2,
-                         group_size=2, rollout_deadline_s=DEADLINE_S, tick_s=0.5, api_keys=(KEY,),
-                         loss=GRPOConfig(), optim=OptimConfig(lr=1e-3, micro_batch_size=2),
+    cfg = AgentJobConfig(run_dir=str(tmp / "run"), policy=PolicySpec("tiny", backend="hf"), max_batch_size=4,
+                         steps=2, tasks_per_step=2, group_size=2, rollout_deadline_s=DEADLINE_S, tick_s=0.5,
+                         api_keys=(KEY,), loss=GRPOConfig(), optim=OptimConfig(lr=1e-3, micro_batch_size=2),
                          data=DataSpec(synth_dir=str(tmp / "synth"), n_per_domain=12, size=4))
     steps: list[list] = []
 

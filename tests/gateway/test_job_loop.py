@@ -189,6 +189,9 @@ def test_step_tasks_cycle_and_refuse_an_empty_list():
     ({"gateway_max_restarts": 2}, "gateway_max_restarts needs gateway_host: actor"),
     ({"gateway_max_restarts": 1, "ray": True, "gateway_host": "process"}, "needs gateway_host: actor"),
     ({"gateway_restart_timeout_s": 0.0}, "gateway_restart_timeout_s must be > 0"),
+    ({"max_batch_size": 0}, "max_batch_size must be an int >= 1"),
+    ({"policy": "tiny"}, "policy must be a PolicySpec"),
+    ({"mixed_precision": "float16"}, "unknown mixed_precision 'float16'"),
 ])
 def test_bad_config_is_refused_before_anything_starts(bad, match):
     with pytest.raises(ValueError, match=match):
@@ -208,3 +211,48 @@ def test_the_shipped_config_loads():
     assert load_config(AgentJobConfig, "jobs/configs/agent.yaml",
                        ["ray=true", "gateway_max_restarts=0"]).gateway_restarts == 0
     assert AgentJobConfig(gateway_max_restarts=0).gateway_restarts == 0
+
+
+def test_the_config_takes_one_policy_spec():
+    """``policy`` is serving's PolicySpec (a partial section keeps the other defaults; precision
+    normalised), ``max_batch_size`` serving's batch bound; the learner's precision is its own key."""
+    from jobs.train_agent import model_spec
+    from sqlrl.config import load_config
+    from sqlrl.policy.spec import PolicySpec
+
+    cfg = load_config(AgentJobConfig, "jobs/configs/agent.yaml",
+                      ["policy.dtype=bf16", "policy.model=smollm2-135m", "max_batch_size=3", "mixed_precision=bf16"])
+    assert cfg.policy == PolicySpec("smollm2-135m", backend="hf", dtype="bfloat16")
+    assert cfg.mixed_precision == "bfloat16" and cfg.max_batch_size == 3
+    spec = model_spec(cfg)  # what the gateway builds its engine from (serve.engines.build_served)
+    assert spec.policy == cfg.policy and spec.max_batch_size == 3
+    assert load_config(AgentJobConfig, None, ["policy={model: tiny}"]).policy == PolicySpec("tiny", backend="hf")
+    assert model_spec(AgentJobConfig(max_batch_size=64)).max_batch_size == 64  # above serving's default queue
+    shipped = load_config(AgentJobConfig, "jobs/configs/agent.yaml")
+    assert shipped.policy == AgentJobConfig().policy and shipped.mixed_precision == "float32"
+
+
+@pytest.mark.parametrize("old,new", [("model=tiny", "policy.model"), ("backend=hf", "policy.backend"),
+                                     ("max_batch=4", "max_batch_size")])
+def test_the_old_policy_keys_name_the_new_one(old, new):
+    from sqlrl.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=f"{old.split('=')[0]} was renamed: write {new} instead"):
+        load_config(AgentJobConfig, "jobs/configs/agent.yaml", [old])
+
+
+@pytest.mark.parametrize("over,match", [
+    (["policy.backend=hf-batched"], "cannot serve"),
+    (["policy.engine_options={max_batch: 2}"], "set max_batch_size instead"),
+    (["policy.dtype=fp8"], "unknown precision"),
+])
+def test_a_policy_the_gateway_cannot_build_is_refused_by_the_job(over, match, monkeypatch):
+    import jobs.train_agent
+    from jobs.train_agent import main
+
+    def started(cfg):
+        raise AssertionError("the job started")
+
+    monkeypatch.setattr(jobs.train_agent, "run", started)
+    with pytest.raises(SystemExit, match=match):
+        main(["--config", "jobs/configs/agent.yaml", *over])
