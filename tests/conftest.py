@@ -10,6 +10,7 @@ that fails can be repeated. Fixtures prepare what they use: no test relies on an
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -58,15 +59,26 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.slow)
 
 
+def ray_can_stop(item: pytest.Item, nextitem: pytest.Item | None) -> bool:
+    """Whether the actor tests' Ray instance may be shut down once ``item`` is torn down: no test
+    follows, or the next one is in another module and does not use ``ray_session``. Never while
+    the next test is in the same module: that module's fixtures are still set up and may hold
+    actors on the instance (tests/actors/test_learner_fsdp.py's module-scoped FSDP group: in a
+    random order a test without Ray ran between two that use the group, the shutdown killed its
+    ranks, and the tests after it found them gone)."""
+    if nextitem is None:
+        return True
+    return nextitem.path != item.path and "ray_session" not in nextitem.fixturenames
+
+
 @pytest.hookimpl(trylast=True)  # after the module's fixtures are torn down
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
-    """Shut the actor tests' Ray instance (tests/actors/conftest.py) down after the last test that
-    uses it in a row: an idle local cluster (dashboard agent, log monitor, GCS, idle workers) costs
-    about a third of a core, which the rest of the suite would pay on a 2-core machine. The next
-    test that asks for ``ray_session`` starts it again."""
-    if "ray_session" not in item.fixturenames:
-        return
-    if nextitem is not None and "ray_session" in nextitem.fixturenames:
+    """Shut the actor tests' Ray instance (tests/actors/conftest.py) down after the last module in
+    a row that uses it (``ray_can_stop``): an idle local cluster (dashboard agent, log monitor,
+    GCS, idle workers) costs about a third of a core, which the rest of the suite would pay on a
+    2-core machine. The next test that asks for ``ray_session`` starts it again. Stopping when Ray
+    is not up (or is another instance) does nothing and imports nothing."""
+    if "ray" not in sys.modules or not ray_can_stop(item, nextitem):
         return
     from tests.actors.conftest import stop_ours
 

@@ -52,24 +52,39 @@ def single(tiny, batches):
     return metrics, group.state_dict()
 
 
+def two_ranks(tiny) -> LearnerGroup:
+    return LearnerGroup(tiny, OPTIM, n=2, num_cpus=1, timeout_s=600)  # rank start-up is slow on loaded cores
+
+
 @pytest.fixture(scope="module")
-def fsdp(ray_session, tiny):
-    group = LearnerGroup(tiny, OPTIM, n=2, num_cpus=1, timeout_s=600)  # rank start-up is slow on loaded cores
-    yield group
-    group.shutdown()
+def fsdp_run(ray_session, tiny, batches, tmp_path_factory):
+    """The module's 2-rank group, after the comparison's ``STEPS`` SFT steps (a checkpoint after
+    step 2): ``(group, metrics, checkpoint, weights after the last step)``. They run when the group
+    starts, so every test finds it in a known state in any test order (tests step and reload it;
+    none stops it)."""
+    group = two_ranks(tiny)
+    try:
+        got = [group.step(b, "sft", SFTConfig()) for b in batches[:2]]
+        path = group.save(tmp_path_factory.mktemp("fsdp") / "step-2")
+        got += [group.step(b, "sft", SFTConfig()) for b in batches[2:]]
+        yield group, got, path, group.state_dict()
+    finally:
+        group.shutdown()
 
 
-def test_two_fsdp_ranks_match_one_process(fsdp, single, batches, tmp_path_factory) -> None:
+@pytest.fixture
+def fsdp(fsdp_run) -> LearnerGroup:
+    return fsdp_run[0]
+
+
+def test_two_fsdp_ranks_match_one_process(fsdp_run, single, batches) -> None:
+    fsdp, got, path, state = fsdp_run
     metrics, weights = single
-    got = [fsdp.step(b, "sft", SFTConfig()) for b in batches[:2]]
-    path = fsdp.save(tmp_path_factory.mktemp("fsdp") / "step-2")
-    got += [fsdp.step(b, "sft", SFTConfig()) for b in batches[2:]]
-    for a, b in zip(metrics, got):
+    for a, b in zip(metrics, got, strict=True):
         assert b["loss"] == pytest.approx(a["loss"], abs=1e-4)
         assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4)
         assert b["tokens"] == a["tokens"] and b["lr"] == pytest.approx(a["lr"])
-    assert fsdp.version == STEPS
-    state = fsdp.state_dict()
+    assert [m["version"] for m in got] == list(range(1, STEPS + 1))
     assert set(state) == set(weights)
     for key, value in weights.items():
         torch.testing.assert_close(state[key], value, rtol=1e-3, atol=1e-4)
@@ -82,7 +97,7 @@ def test_two_fsdp_ranks_match_one_process(fsdp, single, batches, tmp_path_factor
     assert set(model.state_dict()) == set(weights)
     assert fsdp.load(path) == 2 and fsdp.version == 2
     again = [fsdp.step(b, "sft", SFTConfig()) for b in batches[2:]]
-    for a, b in zip(got[2:], again):
+    for a, b in zip(got[2:], again, strict=True):
         assert b["loss"] == pytest.approx(a["loss"], rel=1e-6, abs=1e-7)
 
 
@@ -135,14 +150,16 @@ def test_consistent_errors_keep_the_group_usable(fsdp, batches, tmp_path) -> Non
     assert fsdp.step(batches[0], "sft", SFTConfig())["version"] == version + 1
 
 
-def test_a_dead_rank_is_a_clear_error(fsdp, batches) -> None:
-    import ray
-
-    ray.kill(fsdp.ranks[1], no_restart=True)
-    with pytest.raises(LearnerGroupError, match="rank 1 died"):
-        fsdp.step(batches[0], "sft", SFTConfig())
-    with pytest.raises(LearnerGroupError, match="stopped"):
-        fsdp.step(batches[0], "sft", SFTConfig())
+def test_a_dead_rank_is_a_clear_error(ray_session, tiny, batches) -> None:
+    group = two_ranks(tiny)  # its own: a group with a dead rank is stopped for good
+    try:
+        ray_session.kill(group.ranks[1], no_restart=True)
+        with pytest.raises(LearnerGroupError, match="rank 1 died"):
+            group.step(batches[0], "sft", SFTConfig())
+        with pytest.raises(LearnerGroupError, match="stopped"):
+            group.step(batches[0], "sft", SFTConfig())
+    finally:
+        group.shutdown()
 
 
 def test_bad_arguments_fail_before_any_actor_starts(tmp_path) -> None:
