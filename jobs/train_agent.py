@@ -206,7 +206,8 @@ def start_clients(url: str, key: str, agent: str, k: int, extra: Sequence[str] =
     import subprocess
     import sys
 
-    return subprocess.Popen([sys.executable, "-m", "examples.run_clients", "--gateway", url, "--api-key", key,
+    # "--api-key=KEY": a token_urlsafe key may start with "-", which argparse takes for an option
+    return subprocess.Popen([sys.executable, "-m", "examples.run_clients", "--gateway", url, f"--api-key={key}",
                              "--agent", agent, "-k", str(k), *extra])
 
 

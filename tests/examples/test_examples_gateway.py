@@ -114,3 +114,22 @@ def test_the_local_sqlite_executor_is_read_only_and_reports_errors(shop):
         executor_for({"question": QUESTION}, "k")
     with pytest.raises(FileNotFoundError):
         SQLiteExecutor(shop.parent / "missing.sqlite")
+
+
+def test_the_jobs_client_command_passes_a_key_that_starts_with_a_dash(monkeypatch):
+    """A gateway key is ``secrets.token_urlsafe``, which can start with "-": ``start_clients``
+    must hand it to ``run_clients`` as the key, not as an option (it once failed with
+    "argument --api-key: expected one argument")."""
+    import subprocess
+
+    import examples.run_clients as rc
+    from jobs.train_agent import start_clients
+
+    started, seen = [], []
+    monkeypatch.setattr(subprocess, "Popen", lambda argv, **_: started.append(argv))
+    monkeypatch.setattr(rc, "run_clients", lambda url, key, *a, **k: seen.append((url, key)) or [0])
+    start_clients("http://127.0.0.1:1", "-Xk3y", "openai", 1)
+    argv = started[0]
+    assert argv[1:3] == ["-m", "examples.run_clients"]
+    assert rc.main(argv[3:]) == 0
+    assert seen == [("http://127.0.0.1:1", "-Xk3y")]
