@@ -100,6 +100,7 @@ class Rollouts:
         self._cond = threading.Condition()
         self._waiting: deque[tuple[str, Text2SQLTask]] = deque()
         self._live: dict[str, LiveRollout] = {}
+        self._claiming = 0  # taken off _waiting, session being leased: neither waiting nor live yet
         self._done: dict[str, str] = {}  # ended rollout id -> its key's digest (409 for its owner)
         self._traces: list[RolloutTrace] = []
         self._finished = False
@@ -183,16 +184,20 @@ class Rollouts:
                     raise WorkFinished("the job has finished handing out rollouts")
                 raise NoWorkNow("no task is waiting now", self.config.retry_after_s)
             group_id, task = self._waiting.popleft()
+            self._claiming += 1  # not idle while its session is leased (outside the lock)
         rollout_id = secrets.token_urlsafe(18)
         try:
             (session,) = self.sessions.open_many([SessionRequest(
                 task.db_id, task.dialect, limits=self.limits, key=rollout_id)])
         except Exception as exc:
             with self._cond:
+                self._claiming -= 1
                 self._waiting.appendleft((group_id, task))  # not handed out: it waits for the next claim
+                self._cond.notify_all()
             raise Unavailable(f"could not open a session on {task.db_id!r}: {exc}",
                               self.config.retry_after_s) from None
         with self._cond:
+            self._claiming -= 1
             self._log("claim", rollout_id=rollout_id, group_id=group_id, task_id=task.task_id, key=key_digest(key),
                       session=self._durable.record_of(session) if self._durable is not None else None)
             self._live[rollout_id] = LiveRollout(rollout_id, key, group_id, task,
@@ -388,9 +393,10 @@ class Rollouts:
             return self._cond.wait_for(predicate, timeout)
 
     def idle(self) -> bool:
-        """Nothing waits to be claimed and no rollout is live: every offered rollout has ended."""
+        """Nothing waits to be claimed, is being claimed (its session leased) or is live: every
+        offered rollout has ended."""
         with self._cond:
-            return not self._waiting and not self._live
+            return not self._waiting and not self._claiming and not self._live
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """``wait_until(idle)``, also released by ``close()`` and while ``awaiting_weights`` (the

@@ -156,3 +156,38 @@ def test_wait_idle_returns_when_the_last_rollout_ends_and_close_releases_it(part
     r.close()  # the gateway stops: the job's wait is released, not idle (one was never claimed)
     waiter.join(timeout=60)
     assert got == [True, False]
+
+
+def test_a_rollout_whose_session_is_being_leased_keeps_the_step_waiting(shop_catalog):
+    """Between a claim taking a task off the waiting list and its rollout going live, the session
+    is leased outside the lock: the gateway is not idle then. (It was: the job's step wait
+    returned with that rollout unaccounted for, and its trace was drained with the next step --
+    seen as step rows of 1 and 3 completed rollouts instead of 2 and 2.)"""
+    import threading
+
+    leasing, go = threading.Event(), threading.Event()
+
+    class SlowLease(LocalSessions):
+        def open_many(self, requests):
+            leasing.set()
+            assert go.wait(timeout=60)
+            return super().open_many(requests)
+
+    pool = SessionPool()
+    r = Rollouts(GatewayConfig(), SlowLease(shop_catalog, pool=pool), FixedScorer())
+    try:
+        r.offer("g", shop_task(), 1)
+        claimed: list = []
+        claimer = threading.Thread(target=lambda: claimed.append(r.claim("k")))
+        claimer.start()
+        assert leasing.wait(timeout=60)
+        assert not r.idle() and not r.wait_idle(timeout=0)  # neither waiting nor live, but not ended
+        go.set()
+        claimer.join(timeout=60)
+        assert not r.idle()
+        r.complete("k", claimed[0].rollout_id, sql=GOLD)
+        assert r.wait_idle(timeout=60) and len(r.drain()) == 1
+    finally:
+        go.set()
+        r.close()
+        pool.close()
