@@ -1,29 +1,50 @@
 """Gateway overhead per call against a direct engine call, paired (issue 44's first measurement).
 
-    python -m serve.gateway_bench --pairs 40 --tokens 16
+    python -m serve.gateway_bench --pairs 40 --tokens 16 [--client-process] [--json out.json]
 
-One process: the tiny HF model on ONE ``HFEngine``; the gateway app served by uvicorn on a loopback
-socket in a thread. Each pair is one direct call (``ModelEngine.chat_plan`` + ``chat``: the same
-rendering and generation the gateway does, without HTTP) and one call through the gateway (the
-official ``openai`` client, keep-alive, a claimed rollout), in alternating order, greedy with a
-fixed ``max_tokens``, so both generate the same tokens. Prints p50/p90 of
-each and of the per-pair difference (what the gateway adds: HTTP, JSON, validation, capture).
+The tiny HF model on ONE ``HFEngine``; the gateway app served by uvicorn on a loopback socket in a
+thread. Each pair is one direct call (``ModelEngine.chat_plan`` + ``chat``: the same rendering and
+generation the gateway does, without HTTP) and one call through the gateway (the official ``openai``
+client, keep-alive, a claimed rollout), in alternating order, greedy with a fixed ``max_tokens``, so
+both generate the same tokens. With ``--client-process`` the ``openai`` client runs in a child
+process (as an agent does), timing its own call, so its work does not share the server's GIL; without
+it the client runs in the server's process. Prints p50/p90 of each and of the per-pair difference
+(what the gateway adds: HTTP, JSON, validation, capture) and the load average, and writes them as
+JSON with ``--json``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import multiprocessing as mp
+import os
 import statistics
 import tempfile
 import time
+
+
+def _client_loop(conn, base_url: str, body: dict) -> None:
+    """Child process: one ``openai`` client; each message on ``conn`` is one timed call (ms back)."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=base_url, api_key="k", max_retries=0)
+    while conn.recv() is not None:
+        t0 = time.perf_counter()
+        r = client.chat.completions.create(**body)
+        ms = (time.perf_counter() - t0) * 1000
+        conn.send(ms if r.usage.completion_tokens >= 1 else -1.0)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--pairs", type=int, default=40)
     p.add_argument("--tokens", type=int, default=16)
+    p.add_argument("--client-process", action="store_true", help="run the openai client in a child process")
+    p.add_argument("--json", default="", help="also write the results here")
     args = p.parse_args()
+    load_before = os.getloadavg()
 
     import torch
 
@@ -58,6 +79,11 @@ def main() -> None:
 
         claim = httpx.post(f"{url}/v1/rollouts", json={}, headers={"Authorization": "Bearer k"}).json()
         client = OpenAI(base_url=claim["base_url"], api_key="k", max_retries=0)
+        child = None
+        if args.client_process:
+            conn, child_conn = mp.get_context("spawn").Pipe()
+            child = mp.get_context("spawn").Process(target=_client_loop, args=(child_conn, claim["base_url"], body))
+            child.start()
 
         def direct() -> float:
             t0 = time.perf_counter()
@@ -66,6 +92,11 @@ def main() -> None:
             return (time.perf_counter() - t0) * 1000
 
         def through() -> float:
+            if child is not None:
+                conn.send(1)
+                ms = conn.recv()
+                assert ms >= 0, "the client process got no tokens"
+                return ms
             t0 = time.perf_counter()
             r = client.chat.completions.create(**body)
             assert r.usage.completion_tokens >= 1
@@ -77,16 +108,29 @@ def main() -> None:
                 gateway_ms.append(through()), direct_ms.append(direct())
             else:
                 direct_ms.append(direct()), gateway_ms.append(through())
+        if child is not None:
+            conn.send(None)
+            child.join(timeout=30)
     loop.run_until_complete(engine.close())
     diff = [g - d for g, d in zip(gateway_ms, direct_ms)]
 
     def q(xs: list[float], f: float) -> float:
         return sorted(xs)[min(len(xs) - 1, int(f * len(xs)))]
 
-    print(f"pairs={args.pairs} tokens<={args.tokens} (tiny HF, greedy, one process)")
+    where = "client in a child process" if child is not None else "client in the server's process"
+    load = (load_before, os.getloadavg())
+    print(f"pairs={args.pairs} tokens<={args.tokens} (tiny HF, greedy, {where}); "
+          f"load average before {load[0][0]:.2f}, after {load[1][0]:.2f}")
+    rows = {}
     for name, xs in (("direct", direct_ms), ("gateway", gateway_ms), ("added", diff)):
-        print(f"{name:8s} p50 {statistics.median(xs):7.2f} ms   p90 {q(xs, 0.9):7.2f} ms")
+        rows[name] = {"p50_ms": statistics.median(xs), "p90_ms": q(xs, 0.9)}
+        print(f"{name:8s} p50 {rows[name]['p50_ms']:7.2f} ms   p90 {rows[name]['p90_ms']:7.2f} ms")
     print(f"calls traced by the gateway: {rollouts.stats().calls} (pairs + the warm-up)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"pairs": args.pairs, "tokens": args.tokens, "client_process": child is not None,
+                       "load_1min": [load[0][0], load[1][0]], "calls_traced": rollouts.stats().calls,
+                       "ms": rows, "direct_ms": direct_ms, "gateway_ms": gateway_ms}, f, indent=1)
 
 
 if __name__ == "__main__":
