@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Literal, Sequence
 from sqlrl.config import load_config
 from sqlrl.learn.config import GRPOConfig, SFTConfig
 from sqlrl.learn.optim import OptimConfig
+from sqlrl.learn.resume import CheckpointSettings  # noqa: F401  (checkpoint.*: one definition, the core's)
 from sqlrl.policy.spec import PolicySpec, dtype_name
 from sqlrl.rewards import RewardConfig
 
@@ -292,21 +293,6 @@ class RLSettings:
                                  f"({self.temperature}), the sampling temperature of the rollouts it scores; "
                                  "set rl.temperature only")
             object.__setattr__(self, "loss", replace(self.loss, temperature=self.temperature))
-
-
-@dataclass(frozen=True)
-class CheckpointSettings:
-    # Every this many steps the stage saves its full trainer state (weights, optimizer, scheduler,
-    # RNG; the loop's position, dynamic-sampling state and metrics so far) to
-    # <stage_dir>/checkpoints/step-<N>; resume=true continues from the newest. 0 = final/ only.
-    every_steps: int = 0
-    keep: int = 1  # how many of the newest such checkpoints stay (older ones go once a newer one is complete)
-
-    def __post_init__(self) -> None:
-        for name, low in (("every_steps", 0), ("keep", 1)):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < low:
-                raise ValueError(f"checkpoint.{name} must be an integer >= {low}, got {v!r}")
 
 
 @dataclass(frozen=True)

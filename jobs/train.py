@@ -162,47 +162,32 @@ def probe_tasks(rt: Any, fns: Any, tasks: Sequence[Any]) -> tuple[list[Any], Any
 
 
 class StageCheckpoints:
-    """A stage's mid-stage checkpoints in ``<stage_dir>/checkpoints`` (``sqlrl.learn.resume``):
+    """A stage's mid-stage checkpoints in ``<stage_dir>/checkpoints`` (``sqlrl.learn.resume.Checkpoints``):
     ``after(learner, steps_done, total, state)`` saves the learner and the loop's ``state`` every
     ``checkpoint.every_steps`` steps (not after the last: ``final/`` follows); ``restore(learner)``
     with ``resume=true`` loads the newest into ``learner`` and returns its state -- refusing (one
-    line) one made with another config -- and otherwise (a fresh run) clears stale ones."""
+    line, ``SystemExit``) one made with another config -- and otherwise (a fresh run) clears stale ones."""
 
     SAME_ANY_WAY = ("resume", "overwrite", "checkpoint.every_steps", "checkpoint.keep")  # may change on resume
 
     def __init__(self, cfg: StageConfig) -> None:
+        from sqlrl.learn.resume import Checkpoints
+
         self.cfg, self.root = cfg, cfg.stage_dir / "checkpoints"
+        self._run = Checkpoints(self.root, cfg.checkpoint, resume=cfg.resume, config=cfg, name=cfg.stage,
+                                ignore=self.SAME_ANY_WAY, say=console.print,
+                                fresh_hint="pass overwrite=true without resume to start over")
 
     def restore(self, learner: Any) -> dict[str, Any] | None:
-        import shutil
+        from sqlrl.learn.resume import ResumeRefused
 
-        from sqlrl.config import config_changes
-        from sqlrl.learn import resume
-
-        if not self.cfg.resume:
-            shutil.rmtree(self.root, ignore_errors=True)  # a fresh run: never resumed from later
-            return None
-        found = resume.latest(self.root)
-        if found is None:
-            console.print(f"  {self.cfg.stage}: resume=true, but {self.root} holds no checkpoint: from step 0")
-            return None
-        path, state = found
-        changes = config_changes(state.get("config") or {}, self.cfg, ignore=self.SAME_ANY_WAY)
-        if changes:
-            raise SystemExit(f"{self.cfg.stage}: resume=true: {path} was made with another config "
-                             f"({'; '.join(changes[:8])}); pass overwrite=true without resume to start over")
-        resume.restore(learner, self.root)
-        console.print(f"  {self.cfg.stage}: resuming after step {state['step']} from {path}")
-        return state
+        try:
+            return self._run.restore(learner)
+        except ResumeRefused as exc:
+            raise SystemExit(str(exc)) from None
 
     def after(self, learner: Any, steps_done: int, total: int, state: dict[str, Any]) -> None:
-        from sqlrl.config import to_dict
-        from sqlrl.learn import resume
-
-        every = self.cfg.checkpoint.every_steps
-        if every and steps_done % every == 0 and steps_done < total:
-            resume.save(learner, self.root, steps_done, {**state, "config": to_dict(self.cfg)},
-                        keep=self.cfg.checkpoint.keep)
+        self._run.after(learner, steps_done, total, state)
 
 
 def plan_sft(cfg: StageConfig) -> str:

@@ -17,6 +17,15 @@ Guarantees:
   state was written is skipped (the one before it is used).
 - ``restore(learner, root)`` loads ``latest``'s checkpoint into ``learner`` (``load_checkpoint``:
   a corrupt file is a ``CheckpointError``) and returns its state, or None when there is none.
+
+``Checkpoints`` is one training run's use of them (the stage jobs' ``jobs.train.StageCheckpoints``
+and the agent job's, ``sqlrl.gateway.job``): ``after(learner, steps_done, total, state)`` saves
+every ``CheckpointSettings.every_steps`` steps (never after the last: the job's ``final/``
+follows) with the run's config recorded; ``restore(learner)`` -- with ``resume`` -- loads the newest
+and returns its state, refusing (``ResumeRefused``, one line naming the changed keys, before
+anything is loaded) one made with another config, and saying so when there is none (the run
+starts at step 0); without ``resume`` it deletes stale ones (a fresh run is never resumed from
+later). ``clear()`` deletes them (once ``final/`` is saved).
 No torch or ray at import.
 """
 
@@ -25,12 +34,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from .checkpoint import CheckpointError, checkpoint_dir, read_manifest
 
-__all__ = ["LOOP_STATE", "latest", "restore", "save"]
+__all__ = ["LOOP_STATE", "CheckpointSettings", "Checkpoints", "ResumeRefused", "latest", "restore", "save"]
 
 LOOP_STATE = "loop_state.json"
 
@@ -85,3 +95,79 @@ def restore(learner: Any, root: str | os.PathLike) -> dict[str, Any] | None:
     path, state = found
     learner.load(path)
     return state
+
+
+@dataclass(frozen=True)
+class CheckpointSettings:
+    # Every this many steps the run saves its full trainer state (weights, optimizer, scheduler,
+    # RNG; the loop's position, dynamic-sampling state and metrics so far) to
+    # <its dir>/checkpoints/step-<N>; resume=true continues from the newest. 0 = final/ only.
+    every_steps: int = 0
+    keep: int = 1  # how many of the newest such checkpoints stay (older ones go once a newer one is complete)
+
+    def __post_init__(self) -> None:
+        for name, low in (("every_steps", 0), ("keep", 1)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < low:
+                raise ValueError(f"checkpoint.{name} must be an integer >= {low}, got {v!r}")
+
+
+class ResumeRefused(RuntimeError):
+    """``resume`` asked for, and the newest checkpoint was made with another config (one line)."""
+
+
+def _without(record: Mapping[str, Any], keys: Sequence[str]) -> dict[str, Any]:
+    """``record`` (a config's ``to_dict``) without the dotted ``keys``."""
+    out = dict(record)
+    for key in keys:
+        head, _, rest = key.partition(".")
+        if rest and isinstance(out.get(head), Mapping):
+            out[head] = _without(out[head], [rest])
+            if not out[head]:
+                del out[head]
+        elif not rest:
+            out.pop(head, None)
+    return out
+
+
+class Checkpoints:
+    """One run's mid-run checkpoints in ``root`` (module docstring). ``config``: the run's config
+    dataclass (recorded in each checkpoint; ``ignore``: its dotted keys that may change on a resume,
+    not recorded -- secrets among them); ``name`` starts every line; ``fresh_hint`` ends the refusal
+    (how to start over instead); ``say`` prints a line."""
+
+    def __init__(self, root: str | os.PathLike, settings: CheckpointSettings, *, resume: bool, config: Any,
+                 name: str, ignore: Sequence[str] = (), fresh_hint: str = "pass resume=false to start over",
+                 say: Callable[[str], None] = lambda line: print(line, flush=True)) -> None:
+        self.root, self.settings, self.resume = Path(root), settings, resume
+        self.config, self.name, self.ignore, self.fresh_hint, self.say = config, name, tuple(ignore), fresh_hint, say
+
+    def restore(self, learner: Any) -> dict[str, Any] | None:
+        from sqlrl.config import config_changes
+
+        if not self.resume:
+            shutil.rmtree(self.root, ignore_errors=True)  # a fresh run: never resumed from later
+            return None
+        found = latest(self.root)
+        if found is None:
+            self.say(f"  {self.name}: resume=true, but {self.root} holds no checkpoint: from step 0")
+            return None
+        path, state = found
+        changes = config_changes(state.get("config") or {}, self.config, ignore=self.ignore)
+        if changes:
+            raise ResumeRefused(f"{self.name}: resume=true: {path} was made with another config "
+                                f"({'; '.join(changes[:8])}); {self.fresh_hint}")
+        restore(learner, self.root)
+        self.say(f"  {self.name}: resuming after step {state['step']} from {path}")
+        return state
+
+    def after(self, learner: Any, steps_done: int, total: int, state: Mapping[str, Any]) -> None:
+        from sqlrl.config import to_dict
+
+        every = self.settings.every_steps
+        if every and steps_done % every == 0 and steps_done < total:
+            save(learner, self.root, steps_done, {**state, "config": _without(to_dict(self.config), self.ignore)},
+                 keep=self.settings.keep)
+
+    def clear(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
