@@ -95,8 +95,9 @@ class ActorGateway:
     def stats(self) -> GatewayStats:
         return self._call("stats", lambda: self.handle.stats.remote())
 
-    def update_weights(self, weights: Mapping[str, Any], policy: str) -> int:
-        ref, version = self._ray.put(dict(weights)), self.version + 1
+    def update_weights(self, weights: Mapping[str, Any], policy: str, version: int | None = None) -> int:
+        """``version``: the job's number for these weights (a resumed job's restore), else the last + 1."""
+        ref, version = self._ray.put(dict(weights)), self.version + 1 if version is None else version
         got = self._call("update_weights", lambda: self.handle.update_weights.remote(ref, policy, version))
         self._weights, self.version = ref, got
         return got

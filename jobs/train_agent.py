@@ -32,6 +32,13 @@ Guarantees:
   it, the steps' rows and the DB pool's active leases at the end (0 when every session was released).
 - Whatever happens, the gateway stops (live rollouts are failed, their sessions released; its
   engine with it), then the learner and the pool.
+- With ``checkpoint.every_steps: N`` the whole state goes to ``<run_dir>/checkpoints`` every N
+  steps (``sqlrl.gateway.resume``); ``resume=true`` continues a stopped job from the newest: the
+  learner restored, a new gateway (a new journal; ``gateway.json`` rewritten: clients re-read it,
+  or ``port`` is fixed) given the restored weights at their policy version before any offer, the
+  steps from the next one on (a step in flight when the job stopped is redone whole). A resume
+  with another config is refused in one line; none saved: from step 0, saying so. They are
+  deleted once ``final/`` is saved.
 """
 
 from __future__ import annotations
@@ -49,6 +56,8 @@ from sqlrl.config import load_config, to_dict
 from sqlrl.gateway.job import GATEWAY_HOSTS as HOST_NAMES
 from sqlrl.gateway.job import AgentJobConfig, DataSpec, run_steps
 from sqlrl.gateway.journal import JOURNAL_FILE
+from sqlrl.gateway.resume import StepCheckpoints, job_checkpoints, resume_steps
+from sqlrl.learn.resume import ResumeRefused
 from sqlrl.gateway.trace import RolloutTrace
 
 
@@ -102,8 +111,8 @@ class GatewayHost:
     def stats(self) -> Any:
         return self.rollouts.stats()
 
-    def update_weights(self, weights: Mapping[str, Any], policy: str) -> int:
-        return self._run(self.server.update_weights(weights, policy))
+    def update_weights(self, weights: Mapping[str, Any], policy: str, version: int | None = None) -> int:
+        return self._run(self.server.update_weights(weights, policy, version))
 
     def close(self) -> int:
         """Stop serving (live rollouts failed, sessions released) and the loop; returns how many failed."""
@@ -165,20 +174,29 @@ def gateway_steps(cfg: AgentJobConfig, tasks: Sequence[Any], catalog: Mapping[st
                   rewards: Callable[[list[RolloutTrace]], list[RolloutTrace]] | None = None,
                   on_url: Callable[[str], None] | None = None,
                   observe: Callable[[int, list[RolloutTrace]], None] | None = None,
-                  after_steps: Callable[[], Any] | None = None) -> tuple[list[dict[str, Any]], str, int]:
+                  after_steps: Callable[[], Any] | None = None,
+                  checkpoints: StepCheckpoints | None = None) -> tuple[list[dict[str, Any]], str, int]:
     """The gateway (``GATEWAY_HOSTS[cfg.host_kind]``, serving ``cfg.policy`` with rollout sessions
     from ``sessions``) and ``run_steps`` with ``learner``; the gateway is stopped whatever happens.
     Returns ``(history, url, rollouts failed at stop)``. ``on_url``: called once it serves;
     ``observe``: ``run_steps``'; ``after_steps``: called after the last step, before the gateway
-    stops (the job's own clients exit on its 410 meanwhile: ``stop_clients``)."""
+    stops (the job's own clients exit on its 410 meanwhile: ``stop_clients``); ``checkpoints``:
+    restored into ``learner`` before the gateway starts (``resume_steps``; a refusal stops the job
+    there), saved to after each step."""
     from actors.gateway import GatewaySpec
     from serve.config import AuthSpec
     from sqlrl.agent.chat_format import HFChatFormat
     from sqlrl.policy.load import load_tokenizer
 
     tokenizer, pad_id = load_tokenizer(cfg.policy.model)
+    start = resume_steps(checkpoints, learner)
+    if start.step:
+        print(f"train_agent: resuming at step {start.step + 1} of {cfg.steps} (task cursor {start.cursor}, "
+              f"policy version {start.version}); rollouts in flight when the job stopped are lost: their step "
+              "is offered again; a new gateway (clients: the address in gateway.json)", flush=True)
     Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
-    (Path(cfg.run_dir) / JOURNAL_FILE).unlink(missing_ok=True)  # a new gateway: it resumes only its own journal
+    # a new gateway resumes only its own journal (a restart of its actor); a resumed job redoes its step
+    (Path(cfg.run_dir) / JOURNAL_FILE).unlink(missing_ok=True)
     spec = GatewaySpec(model=model_spec(cfg),
                        catalog=dict(catalog), gateway=cfg.gateway_config(),
                        auth=AuthSpec(api_keys=cfg.api_keys, api_keys_env=cfg.api_keys_env),
@@ -190,7 +208,7 @@ def gateway_steps(cfg: AgentJobConfig, tasks: Sequence[Any], catalog: Mapping[st
             on_url(url)
         history = run_steps(cfg, tasks, host, learner, pad_id=pad_id,
                             turn_end_ids=HFChatFormat(tokenizer).turn_end_ids, log=log, rewards=rewards,
-                            observe=observe)
+                            observe=observe, checkpoints=checkpoints, start=start)
         if after_steps is not None:
             after_steps()
     except BaseException:
@@ -233,11 +251,13 @@ def train_stage(rt: Any, model: str, tasks: Sequence[Any], logger: Any) -> tuple
     started once the gateway serves, with a key made for this stage), their deadline, redraws and
     the tags that train. The gateway's engine and the stage's learner start from ``model``;
     rollout sessions come from the stage's DB pool; the Judge scores with ``StageConfig.reward_name``.
+    The stage's ``checkpoint.every_steps`` / ``resume`` apply (``jobs.train.StageCheckpoints``:
+    the loop's state in ``<stage_dir>/checkpoints``, ``sqlrl.gateway.job``'s resume).
     Returns the learner and the steps' metrics rows (each also ``logger.log``ged)."""
     import secrets
 
     from jobs.output import console
-    from jobs.train import rl_seed
+    from jobs.train import StageCheckpoints, rl_seed
 
     c, r, g = rt.cfg, rt.cfg.rl, rt.cfg.gateway
     key = secrets.token_urlsafe(18)
@@ -265,7 +285,8 @@ def train_stage(rt: Any, model: str, tasks: Sequence[Any], logger: Any) -> tuple
         history, _, _ = gateway_steps(cfg, tasks, rt.data.catalog, learner, rt.session_source(), rt.asks,
                                       log=log, on_url=lambda url: clients.append(start_clients(
                                           url, key, g.agent, g.clients, ["--max-tokens", str(g.max_tokens)])),
-                                      after_steps=lambda: stop_clients(clients, cfg.rollout_deadline_s))
+                                      after_steps=lambda: stop_clients(clients, cfg.rollout_deadline_s),
+                                      checkpoints=StageCheckpoints(c))
     finally:
         stop_clients(clients, cfg.rollout_deadline_s)
     return learner, history
@@ -276,7 +297,8 @@ def run(cfg: AgentJobConfig, *, rewards: Callable[[list[RolloutTrace]], list[Rol
         observe: Callable[[int, list[RolloutTrace]], None] | None = None,
         after_steps: Callable[[], Any] | None = None) -> dict[str, Any]:
     """The job (module docstring); returns its summary. ``rewards``: tests only (``run_steps``);
-    ``on_url``: called with the gateway's address once it serves."""
+    ``on_url``: called with the gateway's address once it serves; ``observe``: ``run_steps``'
+    (tests stop a job mid-step from it). A refused resume is ``ResumeRefused``."""
     from actors.learner import LearnerGroup
     from curriculum.placement import load_profile
     from jobs.runtime import connect_ray, session_pool
@@ -320,12 +342,14 @@ def run(cfg: AgentJobConfig, *, rewards: Callable[[list[RolloutTrace]], list[Rol
                   f"trained {row['groups_trained']}/{row['groups_drawn']}; calls {row['calls']}, merged "
                   f"{row['merged_share']:.2f}; updated {row['updated']}", flush=True)
 
+        checkpoints = job_checkpoints(cfg)
         history, url, failed = gateway_steps(cfg, tasks, catalog, learner, PoolSessions(pool.client(worker=0)),
                                              asks, log=log, rewards=rewards, on_url=on_url, observe=observe,
-                                             after_steps=after_steps)
+                                             after_steps=after_steps, checkpoints=checkpoints)
         # -- cleanup: the checkpoint (jobs.serve serves it as is), the summary
         final = run_dir / "final"
         learner.save(final, overwrite=True)
+        checkpoints.clear()  # mid-run ones: final/ supersedes them
         leases = sum(s.active_leases for s in pool.stats().values() if s is not None)
         summary = {"checkpoint": str(final), "gateway": url, "steps": history, "failed_at_stop": failed,
                    "db_active_leases": leases, "weights_version": learner.version}
@@ -351,7 +375,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         model_spec(cfg)  # the gateway's engine spec: refused here, before anything starts
     except (ValueError, KeyError, TypeError) as exc:
         raise SystemExit(f"train_agent: {a.config}: {exc}") from None
-    run(cfg)
+    try:
+        run(cfg)
+    except ResumeRefused as exc:
+        raise SystemExit(str(exc)) from None
     return 0
 
 

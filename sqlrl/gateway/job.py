@@ -31,8 +31,27 @@ Per step ``s`` (``run_steps``):
    metrics say why: ``groups_signal`` / ``groups_trained``).
 6. One metrics row: ``build_step``'s line, ``redrawn`` and ``sampling_draws``, the learner's
    (``loss``, ``grad_norm``, ... prefixed ``learner_``), the gateway's counters (``GatewayStats``
-   prefixed ``gateway_``), the phase times (``time_rollout_s``, ``time_update_s``,
-   ``time_sync_s``) and ``policy_version``.
+   prefixed ``gateway_``, counted from this gateway's start), the phase times (``time_rollout_s``,
+   ``time_update_s``, ``time_sync_s``) and ``policy_version``.
+7. With ``checkpoints`` (``StepCheckpoints``: ``sqlrl.learn.resume.Checkpoints`` through
+   ``job_checkpoints(cfg)``, or a stage's ``jobs.train.StageCheckpoints``): after the step,
+   ``checkpoints.after`` saves the learner (weights, optimizer, scheduler, RNG) with the loop's
+   ``StepsState`` (steps done, task cursor, the task order, the policy version the gateway serves,
+   the metrics rows so far) every ``checkpoint.every_steps`` steps.
+
+**Resume** (``resume_steps(checkpoints, learner)`` before the gateway starts, then
+``run_steps(..., start=)``): the learner holds the newest checkpoint's state, and the loop goes on
+at its next step: the tasks in the recorded order from the recorded cursor (a task trained before
+is not offered again), group ids ``s<step>/g<i>`` as an unstopped run's, and -- before the first
+offer -- the learner's weights go to the (new) gateway's engine as the recorded policy version
+(``update_weights(..., version=)``: calls are recorded under it, the next push is version + 1).
+**A step is the unit of resume**: rollouts in flight when the job stopped (claimed or ended, in a
+step not checkpointed) are lost with its gateway; their step is offered again from the start. With
+the same config and seeds and rollouts that come out the same (a deterministic engine and clients)
+the resumed job ends with the weights of a run never stopped; with sampling, the redone steps'
+samples are new ones, as in any rerun. A resume with another config is refused (``ResumeRefused``,
+one line naming the keys, before anything is loaded; ``RESUME_ANY_WAY`` may change); no checkpoint:
+from step 0, saying so.
 """
 
 from __future__ import annotations
@@ -45,15 +64,18 @@ from sqlrl.config import rename_keys
 from sqlrl.learn.config import GRPOConfig
 from sqlrl.learn.fsdp import precision_name
 from sqlrl.learn.optim import OptimConfig
+from sqlrl.learn.resume import CheckpointSettings
 from sqlrl.policy.engine import UpdatePolicy
 from sqlrl.policy.spec import PolicySpec
 
 from .contract import GatewayConfig, GatewayStats
+from .resume import RESUME_ANY_WAY, StepCheckpoints, StepsState, job_checkpoints, resume_steps
 from .sequences import SequenceConfig
 from .trace import RolloutTrace
 from .train import TraceTrainConfig, build_step, trained_groups
 
-__all__ = ["AgentJobConfig", "DataSpec", "StepGateway", "StepLearner", "StepTimeout", "draw_tasks", "run_steps",
+__all__ = ["AgentJobConfig", "DataSpec", "RESUME_ANY_WAY", "StepCheckpoints", "StepGateway", "StepLearner",
+           "StepTimeout", "StepsState", "draw_tasks", "job_checkpoints", "resume_steps", "run_steps",
            "settle_groups", "step_tasks"]
 
 
@@ -116,6 +138,10 @@ class AgentJobConfig:
     learner_ranks: int = 1
     placement: str = "cpu"  # deploy/placement.yaml profile (what the actors ask Ray for)
     seed: int = 0
+    # every checkpoint.every_steps steps the whole state goes to <run_dir>/checkpoints (0: final/ only);
+    # resume: true continues a stopped job from the newest (same config), else step 0
+    checkpoint: CheckpointSettings = field(default_factory=CheckpointSettings)
+    resume: bool = False
     loss: GRPOConfig = field(default_factory=GRPOConfig)
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5, micro_batch_size=1))
     data: DataSpec = field(default_factory=DataSpec)
@@ -203,7 +229,8 @@ class StepGateway(Protocol):
 
     def stats(self) -> GatewayStats: ...
 
-    def update_weights(self, weights: Mapping[str, Any], policy: str) -> int: ...
+    # ``version``: the job's number for these weights (a resume's restore); None: the last one + 1
+    def update_weights(self, weights: Mapping[str, Any], policy: str, version: int | None = None) -> int: ...
 
 
 class StepLearner(Protocol):
@@ -263,16 +290,23 @@ def settle_groups(cfg: AgentJobConfig, gateway: StepGateway, offered: Mapping[st
 def run_steps(cfg: AgentJobConfig, tasks: Sequence[Any], gateway: StepGateway, learner: StepLearner, *,
               pad_id: int, turn_end_ids: Sequence[int] = (), log: Callable[[int, dict], None] = lambda s, m: None,
               rewards: Callable[[list[RolloutTrace]], list[RolloutTrace]] | None = None,
-              observe: Callable[[int, list[RolloutTrace]], None] | None = None) -> list[dict[str, Any]]:
-    """``cfg.steps`` steps (module docstring); returns each step's metrics row (also ``log``ged).
+              observe: Callable[[int, list[RolloutTrace]], None] | None = None,
+              checkpoints: StepCheckpoints | None = None, start: StepsState = StepsState()) -> list[dict[str, Any]]:
+    """``cfg.steps`` steps (module docstring); returns each step's metrics row (also ``log``ged),
+    the rows of steps done before a resume first.
     ``observe(step, traces)``: sees every step's counted traces before they are built (evaluations
     read per-task outcomes from them: bench/gateway_learn.py).
     ``rewards``: applied to each draw's traces before they are counted (tests only: giving a random
-    model's all-zero groups a signal, as tests/gateway/test_seq_e2e.py does); None in the job."""
+    model's all-zero groups a signal, as tests/gateway/test_seq_e2e.py does); None in the job.
+    ``checkpoints``: saved to after each step (module docstring, 7); ``start``: ``resume_steps``'
+    state (the learner already restored): the loop goes on from there."""
     train_cfg = cfg.train_config(turn_end_ids)
-    history: list[dict[str, Any]] = []
-    version = cursor = 0
-    for step in range(cfg.steps):
+    tasks = start.tasks(tasks)
+    history: list[dict[str, Any]] = list(start.history)
+    version, cursor = start.version, start.cursor
+    if version:  # a resume: the new gateway's engine gets the restored weights as their version, before any offer
+        version = gateway.update_weights(learner.state_dict(), cfg.update_policy, version)
+    for step in range(start.step, cfg.steps):
         t0 = time.perf_counter()
         traces: list[RolloutTrace] = []
         replaced: list[RolloutTrace] = []
@@ -314,4 +348,7 @@ def run_steps(cfg: AgentJobConfig, tasks: Sequence[Any], gateway: StepGateway, l
                "time_rollout_s": t1 - t0, "time_update_s": t2 - t1, "time_sync_s": t3 - t2}
         log(step, row)
         history.append(row)
+        if checkpoints is not None:
+            state = StepsState(step + 1, cursor, version, tuple(history), tuple(t.task_id for t in tasks))
+            checkpoints.after(learner, step + 1, cfg.steps, state.to_state())
     return history
