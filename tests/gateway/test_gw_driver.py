@@ -97,6 +97,19 @@ def test_an_update_in_flight_at_a_restart_restores_the_last_weights_then_repeats
     assert len(lines) == 1 and "during update_weights" in lines[0] and "policy version 1 restored" in lines[0]
 
 
+def test_a_resumed_jobs_restore_push_sets_the_version_the_next_pushes_count_on_from(fake_ray):
+    """A resumed job (``sqlrl.gateway.job``) gives a new gateway its restored weights as their
+    version; a restart after that gets them back at that version, and the next push is version + 1."""
+    actor = FakeActor()
+    gw, lines = driver(actor, max_restarts=1)
+    assert gw.update_weights({"w": 5}, "drain", 5) == 5 and gw.version == 5
+    actor.die_on = ["update_weights"]
+    assert gw.update_weights({"w": 6}, "drain") == 6
+    pushes = [(c[1](), c[3]) for c in actor.calls if c[0] == "update_weights"]
+    assert pushes == [({"w": 5}, 5), ({"w": 6}, 6), ({"w": 5}, 5), ({"w": 6}, 6)]
+    assert "policy version 5 restored" in lines[0]
+
+
 def test_drain_and_offer_are_repeated_with_their_tokens(fake_ray):
     actor = FakeActor()
     gw, _ = driver(actor, max_restarts=1)

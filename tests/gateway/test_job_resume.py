@@ -184,3 +184,28 @@ def test_the_checkpoint_keys_load_and_are_checked():
     for bad in ("checkpoint.every_steps=-1", "checkpoint.keep=0"):
         with pytest.raises(ValueError, match="checkpoint"):
             load_config(AgentJobConfig, "jobs/configs/agent.yaml", [bad])
+
+
+def test_a_stages_gateway_trainer_checkpoints_with_the_stage(monkeypatch, tmp_path):
+    """``trainer: gateway`` (``jobs.train_agent.train_stage``) hands the loop the stage's own
+    checkpoints (``<stage_dir>/checkpoints``, the stage's ``checkpoint.*`` / ``resume``, its config's
+    refusal): a stage resumes through the gateway as its built-in trainers do."""
+    import jobs.train_agent
+    from curriculum.config import load_stage_config
+    from jobs.train import StageCheckpoints
+
+    cfg = load_stage_config(None, ["stage=stage4", "trainer=gateway", f"run_dir={tmp_path}", "resume=true",
+                                   "checkpoint.every_steps=2"])
+    got = {}
+
+    def gateway_steps(agent_cfg, tasks, catalog, learner, sessions, asks, **kw):
+        got.update(kw, agent_cfg=agent_cfg)
+        return [], "http://x", 0
+
+    monkeypatch.setattr(jobs.train_agent, "gateway_steps", gateway_steps)
+    rt = NS(cfg=cfg, data=NS(catalog={}), ray=False, asks=None, session_source=lambda: None,
+            learner=lambda model, optim, reference=False: NS())
+    jobs.train_agent.train_stage(rt, "tiny", TASKS, NS(log=lambda step, row: None))
+    checkpoints = got["checkpoints"]
+    assert isinstance(checkpoints, StageCheckpoints) and checkpoints.root == cfg.stage_dir / "checkpoints"
+    assert checkpoints.cfg is cfg and got["agent_cfg"].checkpoint.every_steps == 0  # the stage's, not the job's
