@@ -12,11 +12,14 @@ Each process loops until the gateway says the job is done:
    (``examples/sql_exec.py``).
 3. ``POST complete_url {"sql": <the agent's final query>}``; the gateway's Judge computes the reward
    on a fresh session (a client cannot send one). ``409`` means the rollout expired first: counted.
+   ``404`` means the gateway does not know the rollout: the job was restarted (``resume=true``) and
+   its new gateway redoes the step; counted as ``lost``, and the client claims again.
 
 An agent that raises (a bug, a gateway error mid-rollout) does not complete its rollout: the failure
 is printed and counted, and the gateway expires the rollout at its deadline (an infrastructure
 failure is not scored as the policy's). The gateway not answering yet is retried for
-``--connect-timeout-s`` seconds, so clients may start before the job. Each process prints one JSON
+``--connect-timeout-s`` seconds, so clients may start before the job -- and, with the job's
+``port`` fixed, go on across a restart of the job that takes less than that. Each process prints one JSON
 line with its counts when it ends; the runner exits non-zero if any process failed.
 """
 
@@ -49,6 +52,7 @@ class ClientReport:
     claimed: int = 0
     completed: int = 0
     expired: int = 0  # completed too late: the gateway answered 409
+    lost: int = 0  # completed after the job restarted: its new gateway does not know the rollout (404)
     failed: int = 0  # the agent raised; the rollout left to expire
     waits: int = 0  # 204 answers (no task right now)
     rewards: list[float] = field(default_factory=list)
@@ -110,6 +114,9 @@ def client_loop(worker: int, gateway: str, api_key: str, agent: str, options: di
             c = _post(client, claim["complete_url"], {"sql": out.get("query") or ""}, connect_timeout_s)
             if c.status_code == 409:
                 report.expired += 1
+                continue
+            if c.status_code == 404:
+                report.lost += 1
                 continue
             c.raise_for_status()
             report.completed += 1

@@ -57,6 +57,7 @@ class FakeGateway:
     waits: int = 1  # answer 204 this many times before the first claim
     fail_chat: set[str] = field(default_factory=set)  # questions whose chat calls answer 500
     expire: set[str] = field(default_factory=set)  # questions whose rollout expires before completion
+    forget: set[str] = field(default_factory=set)  # questions whose rollout is unknown at completion (a restarted job)
     rollouts: dict[str, Rollout] = field(default_factory=dict)
     calls: list[dict[str, Any]] = field(default_factory=list)  # rollout_id, tag, n_messages, tools
     sql: list[tuple[str, str]] = field(default_factory=list)
@@ -81,6 +82,9 @@ class FakeGateway:
         if r.task["question"] in self.expire:
             r.status = "expired"
             return {"error": {"message": "the rollout expired"}}, 409
+        if r.task["question"] in self.forget:
+            r.status = "forgotten"
+            return {"error": {"message": "unknown rollout"}}, 404
         got, _ = self.run_sql(sql)
         r.status, r.reward = "completed", float(got is not None and got == self.run_sql(GOLD)[0])
         self.completed.append((r.rollout_id, sql, r.reward))

@@ -80,6 +80,14 @@ def test_a_failing_agent_leaves_its_rollout_to_expire_and_a_late_completion_is_c
     assert statuses == ["completed", "expired", "running"]  # the failed one: never completed, expires there
 
 
+def test_a_completion_the_restarted_jobs_gateway_does_not_know_is_counted_lost_and_the_client_goes_on(shop):
+    fake = FakeGateway(str(shop), [task(shop, "GONE: how many customers?", 0), task(shop, i=1)], waits=0,
+                       forget={"GONE: how many customers?"})
+    with Served(fake.app) as gw:
+        report = client_loop(0, gw.url, KEY, "openai", {"max_turns": 3})
+    assert (report.claimed, report.completed, report.lost, report.expired) == (2, 1, 1, 0)
+
+
 @pytest.mark.slow
 def test_k_client_processes_drain_the_gateway(shop):
     fake = FakeGateway(str(shop), [task(shop, i=i) for i in range(4)], waits=1)
