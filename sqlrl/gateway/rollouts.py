@@ -75,7 +75,6 @@ from typing import Any, Callable, Mapping
 
 from sqlrl.db.source import DurableSessions, SessionRequest, SessionSource
 from sqlrl.db.types import Limits
-from sqlrl.agent.request import request_from_task
 from sqlrl.policy.engine import AsyncEngine, UpdatePolicy
 from sqlrl.tasks.kinds import kind_of, task_from_dict
 from sqlrl.tasks.schema import DatabaseSchema
@@ -190,7 +189,7 @@ class Rollouts:
         rollout_id = secrets.token_urlsafe(18)
         try:
             (session,) = self.sessions.open_many([SessionRequest(  # the kind's scene set, as the built-in loop's
-                task.db_id, task.dialect, request_from_task(task).preprocess_sql, limits=self.limits, key=rollout_id)])
+                task.db_id, task.dialect, tuple(getattr(task, "preprocess_sql", ())), limits=self.limits, key=rollout_id)])
         except Exception as exc:
             with self._cond:
                 self._claiming -= 1

@@ -190,6 +190,30 @@ def test_every_kind_declares_its_payload_and_the_docs_name_it():
         assert f'"{name}"' in doc or f"`{name}`" in doc, name
 
 
+def test_a_new_kind_is_handed_out_with_its_declared_payload_and_no_gateway_edit(gw):
+    """The test-only ``rewrite`` kind (tests/unit/test_fake_task_kind.py) with a payload declared in
+    its registry entry: claimed, shown, scored by the Judge -- nothing of the gateway edited."""
+    import dataclasses
+
+    from sqlrl.tasks.kinds import PayloadField, registered
+    from tests.unit.test_fake_task_kind import GOLD as RW_GOLD
+    from tests.unit.test_fake_task_kind import ORIGINAL, REWRITE, rewrite
+
+    kind = dataclasses.replace(REWRITE, payload=(
+        PayloadField("ask", str, "how to rewrite it", lambda r: r.ask),
+        PayloadField("original_sql", str, "the working query", lambda r: r.original_sql)))
+    with registered(kind):
+        gw.rollouts.offer("g1", rewrite(), 2)
+        good, bad = gw.claim(), gw.claim()
+        shown = good["task"]
+        assert (shown["kind"], shown["task_id"], shown["original_sql"], shown["ask"]) == (
+            "rewrite", "rw0", ORIGINAL, rewrite().ask)
+        assert RW_GOLD not in json.dumps(shown) and "gold_sql" not in shown
+        rewards = [gw.post(c["complete_url"][len(gw.url):], {"sql": sql}).json()["reward"]
+                   for c, sql in ((good, RW_GOLD), (bad, "SELECT 1"))]
+    assert rewards[0] > 0 and rewards[1] == 0.0
+
+
 def test_a_payload_field_of_the_wrong_type_is_refused():
     from sqlrl.tasks.kinds import PayloadField
 
