@@ -8,6 +8,10 @@ logged in as a role/user created for this session alone, on a database cloned fr
 adapter (``adapter.open_agent``). ``SCRATCH.give_back(conn)`` closes it and drops the database
 and the role. The admin connections never run agent SQL.
 
+The adapters reach ``SCRATCH`` without importing this module: it registers itself as their
+``contract.CloneSource`` when imported (``dialects.base.use_clone_source``), and ``sqlrl.db``'s
+sessions import it (``provisioning`` sits below ``sessions``, above ``dialects``).
+
 Guarantees:
 - A connection handed out by ``take`` is used by one session only and never handed out again;
   its database and role are dropped after ``give_back`` (in the background), so nothing a session
@@ -38,7 +42,7 @@ from typing import Any
 
 from sqlalchemy.engine import URL
 
-from ..dialects.base import close_quietly
+from ..dialects.base import close_quietly, use_clone_source
 from ..dialects.contract import SCRATCH_PREFIX, AgentLogin
 from ..types import Limits, SessionError
 from ..url import dialect_name, parse_url, redact
@@ -404,3 +408,4 @@ SCRATCH = ScratchManager(prefill=int(os.environ.get("SQLRL_SCRATCH_PREFILL", "2"
                          max_ready=int(os.environ.get("SQLRL_SCRATCH_MAX_READY", "16")),
                          threads=int(os.environ.get("SQLRL_SCRATCH_THREADS", "2")))
 atexit.register(SCRATCH.shutdown)
+use_clone_source(SCRATCH)  # server-clone adapters take their connections from it (base.clone_source)
