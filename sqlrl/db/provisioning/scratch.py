@@ -6,11 +6,8 @@ A session URL of a server engine names a base and carries admin credentials
 logged in as a role/user created for this session alone, on a database cloned from the base
 (``admin.admin_ops(dialect).create_scratch``), with the session's limits applied by the
 adapter (``adapter.open_agent``). ``SCRATCH.give_back(conn)`` closes it and drops the database
-and the role. The admin connections never run agent SQL.
-
-The adapters reach ``SCRATCH`` without importing this module: it registers itself as their
-``contract.CloneSource`` when imported (``dialects.base.use_clone_source``), and ``sqlrl.db``'s
-sessions import it (``provisioning`` sits below ``sessions``, above ``dialects``).
+and the role. The admin connections never run agent SQL. ``SCRATCH`` registers itself as the
+adapters' ``contract.CloneSource`` when imported (``dialects.base.use_clone_source``).
 
 Guarantees:
 - A connection handed out by ``take`` is used by one session only and never handed out again;
