@@ -38,6 +38,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Iterable, Iterator, Mapping
 
+from sqlglot.dialects import Dialect as SqlglotDialect
+
 __all__ = ["COMMON_RESERVED", "Dialect", "FileCopy", "LoadTypes", "ServerClone", "ServerTransaction",
            "Storage", "by_sqlglot", "dialect_of", "dialects", "find", "names", "register",
            "registered", "sqlglot_name", "unregister"]
@@ -187,8 +189,6 @@ class Dialect:
         """Upper-case words that must be quoted when used as names."""
         words = set(COMMON_RESERVED) | set(self.reserved_words)
         if self.sqlglot_reserved:
-            from sqlglot.dialects import Dialect as SqlglotDialect
-
             generator = SqlglotDialect.get_or_raise(self.sqlglot).generator_class
             words |= {k.upper() for k in generator.RESERVED_KEYWORDS}
         return frozenset(words)
