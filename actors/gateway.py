@@ -14,7 +14,7 @@ methods and uvicorn share the actor's event loop (an async actor).
   ``PolicySpec``; ``serve.model_server.ModelServer`` loads and builds it as training does: hf,
   vllm, auto, scripted), or given in-process
   (``GatewayServer(spec, policy=, engine=)``: a job that already holds its engine).
-- **Work in, traces out**: ``offer(group_id, task, n)`` (a ``Text2SQLTask`` or its dict), ``finish()``,
+- **Work in, traces out**: ``offer(group_id, task, n)`` (a task of any registered kind, or its dict), ``finish()``,
   ``drain()`` (each ``RolloutTrace`` once), ``stats()``.
 - **Weights**: ``update_weights(weights, policy)`` goes through the engine's own
   ``update_weights`` (``UpdatePolicy``: drain / abort / continue); calls arriving meanwhile wait for
@@ -73,7 +73,6 @@ from sqlrl.gateway.journal import JOURNAL_FILE, Journal
 from sqlrl.gateway.rollouts import GatewayConfig, GatewayStats, JudgeScorer, Rollouts
 from sqlrl.gateway.trace import RolloutTrace
 from sqlrl.tasks.kinds import kind_of_record
-from sqlrl.tasks.types import Text2SQLTask
 
 
 @dataclass(frozen=True)
@@ -255,7 +254,7 @@ class GatewayServer:
         return Incarnation(self._token, os.getpid(), len(r.restored.lost), r.restored_released,
                            r.awaiting_weights)
 
-    async def offer(self, group_id: str, task: Text2SQLTask | Mapping[str, Any], n: int = 1,
+    async def offer(self, group_id: str, task: Any, n: int = 1,
                     token: str | None = None) -> None:
         """``token``: an idempotency key (``Rollouts.offer``: the same token again is a no-op)."""
         if isinstance(task, Mapping):  # a task record (from another process): its kind's class reads it

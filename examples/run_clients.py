@@ -17,7 +17,10 @@ Each process loops until the gateway says the job is done:
 
 An agent that raises (a bug, a gateway error mid-rollout) does not complete its rollout: the failure
 is printed and counted, and the gateway expires the rollout at its deadline (an infrastructure
-failure is not scored as the policy's). The gateway not answering yet is retried for
+failure is not scored as the policy's). Task kinds: both agents handle text-to-SQL and debugging
+(``critic``) tasks; a task of a kind the agent does not handle (``examples/task_kinds.py``:
+``UnsupportedTask``, raised before any model call) is refused the same way -- printed, counted
+``refused``, left to expire. The gateway not answering yet is retried for
 ``--connect-timeout-s`` seconds, so clients may start before the job -- and, with the job's
 ``port`` fixed, go on across a restart of the job that takes less than that. Each process prints one JSON
 line with its counts when it ends; the runner exits non-zero if any process failed.
@@ -54,6 +57,7 @@ class ClientReport:
     expired: int = 0  # completed too late: the gateway answered 409
     lost: int = 0  # completed after the job restarted: its new gateway does not know the rollout (404)
     failed: int = 0  # the agent raised; the rollout left to expire
+    refused: int = 0  # a task of a kind the agent does not handle; the rollout left to expire
     waits: int = 0  # 204 answers (no task right now)
     rewards: list[float] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
@@ -84,6 +88,7 @@ def client_loop(worker: int, gateway: str, api_key: str, agent: str, options: di
                 connect_timeout_s: float = 60.0) -> ClientReport:
     """One client: claim -> run -> complete until the gateway answers 410."""
     from examples.sql_exec import SessionExecutor
+    from examples.task_kinds import UnsupportedTask
 
     run_agent = load_agent(agent)
     report = ClientReport(worker)
@@ -104,6 +109,11 @@ def client_loop(worker: int, gateway: str, api_key: str, agent: str, options: di
             execute = SessionExecutor(claim["session_url"], api_key)
             try:
                 out = run_agent(claim["base_url"], api_key, task, execute, **options)
+            except UnsupportedTask as exc:  # a kind this agent does not handle: said, left to expire
+                report.refused += 1
+                report.errors.append(f"{claim['rollout_id']}: refused: {exc}")
+                print(f"client {worker}: {report.errors[-1]}", file=sys.stderr, flush=True)
+                continue
             except Exception as exc:  # the agent failed: the rollout expires on the gateway
                 report.failed += 1
                 report.errors.append(f"{claim['rollout_id']}: {type(exc).__name__}: {exc}")

@@ -62,19 +62,27 @@ from sqlrl.gateway.trace import RolloutTrace
 
 
 def load_tasks(d: DataSpec) -> tuple[list[Any], dict, dict]:
-    """The embedded text-to-SQL tasks of ``d.split`` (generated into ``d.synth_dir`` on first use),
-    their catalog and schemas."""
+    """The embedded tasks of ``d.kinds`` (``<kind>_<split>.jsonl``, generated into ``d.synth_dir`` on
+    first use, or again when a kind's file is missing), their catalog and schemas."""
     from sqlrl.synth.dataset import build_default_dataset
     from sqlrl.tasks.loaders import load
 
     root = Path(d.synth_dir)
-    if not (root / "manifest.json").is_file():
+    files = [root / f"{kind}_{d.split}.jsonl" for kind in d.kinds]
+    if not (root / "manifest.json").is_file() or not all(f.is_file() for f in files):
         print(f"data: generating the embedded tasks into {root}", flush=True)
-        build_default_dataset(root, seed=d.seed, n_per_domain=d.n_per_domain, domains=list(d.domains), critic=False)
-    ts = load("jsonl", root / f"text2sql_{d.split}.jsonl", db_root=root / "databases")
-    tasks = [t for t in ts.tasks if t.db_id in ts.catalog]
+        build_default_dataset(root, seed=d.seed, n_per_domain=d.n_per_domain, domains=list(d.domains),
+                              critic="critic" in d.kinds)  # the generator's own switch for its debugging tasks
+    tasks, catalog, schemas = [], {}, {}
+    for f in files:
+        if not f.is_file():
+            raise ValueError(f"data.kinds: {f} was not generated (sqlrl.synth makes text2sql and critic tasks)")
+        ts = load("jsonl", f, db_root=root / "databases")
+        tasks += [t for t in ts.tasks if t.db_id in ts.catalog]
+        catalog.update(ts.catalog)
+        schemas.update(ts.schemas)
     random.Random(d.seed).shuffle(tasks)
-    return (tasks[:d.size] if d.size else tasks), dict(ts.catalog), dict(ts.schemas)
+    return (tasks[:d.size] if d.size else tasks), catalog, schemas
 
 
 class GatewayHost:
@@ -249,7 +257,8 @@ def train_stage(rt: Any, model: str, tasks: Sequence[Any], logger: Any) -> tuple
     ``rl.*`` gives the steps, groups, dynamic sampling, loss and weight update; ``gateway.*`` the
     clients (``gateway.clients`` processes of ``examples.run_clients --agent gateway.agent``,
     started once the gateway serves, with a key made for this stage), their deadline, redraws and
-    the tags that train. The gateway's engine and the stage's learner start from ``model``;
+    the tags that train. The gateway hands out the kinds ``tasks`` hold (a stage's mixture: text-to-SQL
+    and debugging tasks alike). The gateway's engine and the stage's learner start from ``model``;
     rollout sessions come from the stage's DB pool; the Judge scores with ``StageConfig.reward_name``.
     The stage's ``checkpoint.every_steps`` / ``resume`` apply (``jobs.train.StageCheckpoints``:
     the loop's state in ``<stage_dir>/checkpoints``, ``sqlrl.gateway.job``'s resume).
@@ -258,6 +267,7 @@ def train_stage(rt: Any, model: str, tasks: Sequence[Any], logger: Any) -> tuple
 
     from jobs.output import console
     from jobs.train import StageCheckpoints, rl_seed
+    from sqlrl.tasks.kinds import kind_of
 
     c, r, g = rt.cfg, rt.cfg.rl, rt.cfg.gateway
     key = secrets.token_urlsafe(18)
@@ -270,6 +280,7 @@ def train_stage(rt: Any, model: str, tasks: Sequence[Any], logger: Any) -> tuple
                          updates_per_batch=r.updates_per_batch, update_policy=r.weight_update,
                          rollout_deadline_s=g.rollout_deadline_s, redraws=g.redraws, train_tags=g.train_tags,
                          reward=c.reward_name, api_keys=(key,), api_keys_env="", ray=rt.ray, seed=rl_seed(c),
+                         data=DataSpec(kinds=tuple(dict.fromkeys(kind_of(t).name for t in tasks))),  # the stage's mix
                          max_length=c.rollout.max_total_tokens, loss=r.loss, optim=r.optim)
     optim = dataclasses.replace(r.optim, total_steps=max(1, r.steps * r.updates_per_batch))
     learner = rt.learner(model, optim, reference=r.loss.kl_coef > 0)
@@ -312,7 +323,7 @@ def run(cfg: AgentJobConfig, *, rewards: Callable[[list[RolloutTrace]], list[Rol
     (run_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=1) + "\n")
     tasks, catalog, schemas = load_tasks(cfg.data)
     print(f"train_agent: {cfg.steps} step(s) x {cfg.tasks_per_step} task(s) x {cfg.group_size} rollouts "
-          f"of {len(tasks)} embedded tasks; model {cfg.policy.model}; run_dir {run_dir}", flush=True)
+          f"of {len(tasks)} embedded {'/'.join(cfg.data.kinds)} tasks; model {cfg.policy.model}; run_dir {run_dir}", flush=True)
     if cfg.ray:
         connect_ray(log_to_driver=False)
     asks = load_profile(cfg.placement)

@@ -22,14 +22,19 @@ request and joins the running batch at the engine's next step (continuous batchi
 - ``constrains``: the engine honours ``SamplingParams.structured`` (hf, vllm: forced tool calls are
   grammar-constrained); the scripted engine does not (its turns are canned).
 
-``"auto"`` resolves to ``"vllm"`` where vLLM can serve the policy, else ``"hf"``
-(``PolicySpec.resolved``). ``build_served(model_spec)`` loads and builds a served model's engine
-(a serving replica's, and an in-process gateway's). The scripted engine's options (``script``, ``gate_file``, ...) are the
-engine registry's (``sqlrl.policy.backends``).
+A name that is not an engine but picks one from the checkpoint is a registered resolution
+(``RESOLUTIONS``): ``"auto"`` resolves to ``"vllm"`` where vLLM can serve the policy, else ``"hf"``
+(``PolicySpec.resolved``, ``sqlrl.policy.backends.resolve_engine``). Serving runs the names of
+``RESOLUTIONS`` and ``KINDS`` (``served_names``), and nothing else compares against ``"auto"``.
+``build_served(model_spec)`` loads and builds a served model's engine (a serving replica's, and an
+in-process gateway's). The scripted engine's options (``script``, ``gate_file``, ...) are the engine
+registry's (``sqlrl.policy.backends``).
 
 Guarantees: a backend serving has no kind for (``hf-batched``, ``vllm-batched``) is a ``ValueError``
-naming the served ones when the config is read (``check_served``); this module loads neither
-torch nor vLLM.
+naming the served ones when the config is read (``check_served``); a resolution that picks an
+engine with no kind is a ``ValueError`` naming it (``build_served``); ``build_served`` loads the
+tokenizer once (a resolution's weight-less policy is kept, and only the model is added where the
+engine needs it); this module loads neither torch nor vLLM.
 """
 
 from __future__ import annotations
@@ -83,6 +88,19 @@ KINDS: dict[str, EngineKind] = {
 }
 
 
+# name -> what it resolves to: a served backend that picks its engine (a KINDS name) from the
+# checkpoint, through PolicySpec.resolved (tests/unit/test_serve_engine.py holds each to the
+# engine registry, sqlrl.policy.backends.ENGINES)
+RESOLUTIONS: dict[str, str] = {
+    "auto": "vllm where vLLM can serve the policy here, else hf",
+}
+
+
+def served_names() -> tuple[str, ...]:
+    """Every backend name serving runs: the resolutions, then the engine kinds."""
+    return (*RESOLUTIONS, *KINDS)
+
+
 @dataclass(frozen=True)
 class Served:
     """A served model's engine as ``build_served`` made it: its kind, the policy beside it, the engine."""
@@ -94,17 +112,27 @@ class Served:
 
 def build_served(spec: Any, seed: int | None = None) -> Served:
     """The engine of a ``serve.config.ModelSpec``, loaded and built by its ``PolicySpec`` (training's
-    code): ``auto`` resolved on the checkpoint folder alone, the HF model loaded only where the
-    engine needs it (``loads_weights``), ``max_batch_size`` given as the engine's ``batch_option``."""
-    light = spec.policy.load(weights=False)  # auto picks an engine from the folder alone
-    policy_spec = spec.policy.resolved(light)
-    kind = KINDS[policy_spec.backend]
-    policy = policy_spec.load() if kind.loads_weights else light  # vLLM: its own copy of the weights only
+    code): a resolution (``auto``) resolved on the checkpoint's weight-less policy, the HF model
+    loaded only where the engine needs it (``loads_weights``), the tokenizer loaded once either
+    way, ``max_batch_size`` given as the engine's ``batch_option``."""
+    light = None
+    policy_spec = spec.policy
+    if check_served(policy_spec.backend) in RESOLUTIONS:  # picks an engine from the folder alone
+        light = policy_spec.load(weights=False)
+        policy_spec = policy_spec.resolved(light)
+    kind = KINDS.get(policy_spec.backend)
+    if kind is None:
+        raise ValueError(f"backend {spec.policy.backend!r} resolved to {policy_spec.backend!r}, "
+                         f"which cannot serve; serving runs: {', '.join(KINDS)}")
+    if kind.loads_weights:
+        policy = policy_spec.load(light=light)  # the model added to the resolution's tokenizer
+    else:  # vLLM: its own copy of the weights only
+        policy = light if light is not None else policy_spec.load(weights=False)
     return Served(kind, policy, policy_spec.engine(policy, seed, **kind.batch_bound(spec.max_batch_size)))
 
 
 def check_served(backend: str) -> str:
-    """``backend`` when serving can run it (``auto`` or a ``KINDS`` name); else ``ValueError``."""
-    if backend != "auto" and backend not in KINDS:
-        raise ValueError(f"backend {backend!r} cannot serve; serving runs: auto, {', '.join(KINDS)}")
+    """``backend`` when serving can run it (a ``RESOLUTIONS`` or ``KINDS`` name); else ``ValueError``."""
+    if backend not in served_names():
+        raise ValueError(f"backend {backend!r} cannot serve; serving runs: {', '.join(served_names())}")
     return backend

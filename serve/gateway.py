@@ -11,7 +11,8 @@ as structured ``tool_calls`` and streams are token by token exactly as ``serve/`
 (``ModelEngine.chat_plan`` / ``generate`` / ``chat_result`` / ``chat_chunks``).
 
 Routes (every one needs ``Authorization: Bearer <key>``; errors are OpenAI's body):
-- ``POST /v1/rollouts`` ``{}`` -> the next rollout (``base_url``, ``task``, ``session_url``,
+- ``POST /v1/rollouts`` ``{}`` -> the next rollout (``base_url``, ``task`` -- of any task kind the job
+  trains on, ``Claim.task_payload`` --, ``session_url``,
   ``complete_url``, ``deadline_s``); 204 + ``Retry-After`` when nothing waits; 410 when the job has
   finished handing out work.
 - ``POST /rollouts/{id}/v1/chat/completions`` (``n`` must be 1; ``stream`` supported) and
@@ -96,10 +97,9 @@ def _sse(item: Any) -> str:
 
 
 def claim_view(claim: Claim, base: str) -> dict[str, Any]:
-    t, rid = claim.task, claim.rollout_id
+    rid = claim.rollout_id
     return {"rollout_id": rid, "base_url": f"{base}/rollouts/{rid}/v1",
-            "task": {"task_id": t.task_id, "question": t.question, "evidence": t.evidence,
-                     "database": t.db_id, "dialect": t.dialect, "schema": claim.schema},
+            "task": claim.task_payload(),  # any kind: sqlrl.gateway.contract.task_payload
             "session_url": f"{base}/v1/rollouts/{rid}/sql",
             "complete_url": f"{base}/v1/rollouts/{rid}/complete", "deadline_s": claim.deadline_s}
 

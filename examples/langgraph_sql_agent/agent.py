@@ -13,6 +13,10 @@ LangChain); the answers are the same. Each node's calls carry their role in the 
 the gateway records it, and the training job's ``train_tags`` picks the roles that train (Agent
 Lightning trained ``write`` and ``rewrite``). Other servers ignore the header.
 
+Tasks: text-to-SQL (``question``, ``evidence``) and debugging (``kind: critic``: ``problem`` and the
+``issue_sql`` that does not do it; the first query is then the user's SQL fixed, ``DEBUG_QUERY_PROMPT``,
+still tagged ``write``); another kind is refused before any call (``examples/task_kinds.py``).
+
 The turn structure: ``write_query`` writes the first query; ``execute_query`` runs it (the task's
 ``session_url`` on the gateway, or a local SQLite file, ``examples/sql_exec.py``); ``check_query``
 reads query + result and ends with ``THE QUERY IS CORRECT.`` or ``THE QUERY IS INCORRECT.``; on
@@ -29,12 +33,22 @@ from langchain_core.prompts import ChatPromptTemplate
 from langchain_openai import ChatOpenAI
 from langgraph.graph import END, START, StateGraph
 
+from examples import task_kinds
+
 WRITE_QUERY_PROMPT = ChatPromptTemplate.from_messages([
     ("system", "You are an agent that answers questions about a {dialect} database by writing one SQL "
                "query. Use only the tables and columns in this schema:\n\n{schema}\n\n"
                "Write a syntactically correct {dialect} query that answers the question. Answer with "
                "the query in a ```sql code block."),
-    ("user", "Question: {question}\n{evidence}"),
+    ("user", "{request}"),
+])
+
+# A debugging task (``kind: critic``): the first query is the user's SQL, fixed; check and rewrite as above.
+DEBUG_QUERY_PROMPT = ChatPromptTemplate.from_messages([
+    ("system", "You are an agent that debugs {dialect} SQL: a user's SQL does not do what they need. Use only "
+               "the tables and columns in this schema:\n\n{schema}\n\nWrite {dialect} SQL that solves the "
+               "user's problem. Answer with the SQL in a ```sql code block."),
+    ("user", "{request}"),
 ])
 
 CHECK_QUERY_PROMPT = ChatPromptTemplate.from_messages([
@@ -43,14 +57,14 @@ CHECK_QUERY_PROMPT = ChatPromptTemplate.from_messages([
                "columns, wrong joins or filters, NULL handling, missing GROUP BY or ORDER BY, an "
                "error in the result. List the mistakes you find, then end with exactly one of "
                "THE QUERY IS CORRECT. or THE QUERY IS INCORRECT."),
-    ("user", "Question: {question}\n{evidence}\n\nQuery:\n```sql\n{query}\n```\n\nExecution result:\n{execution}"),
+    ("user", "{request}\n\nQuery:\n```sql\n{query}\n```\n\nExecution result:\n{execution}"),
 ])
 
 REWRITE_QUERY_PROMPT = ChatPromptTemplate.from_messages([
     ("system", "You are an agent that fixes {dialect} queries. Schema:\n\n{schema}\n\n"
                "Rewrite the query so that it answers the question, using the feedback. Answer with "
                "the new query in a ```sql code block."),
-    ("user", "Question: {question}\n{evidence}\n\nQuery:\n```sql\n{query}\n```\n\nExecution result:\n"
+    ("user", "{request}\n\nQuery:\n```sql\n{query}\n```\n\nExecution result:\n"
              "{execution}\n\nFeedback:\n{feedback}"),
 ])
 
@@ -59,9 +73,15 @@ CODE_BLOCK = re.compile(r"```(?:sql|sqlite|postgresql|mysql)?\s*(.*?)```", re.DO
 BARE_QUERY = re.compile(r"\b(SELECT|WITH)\b.*", re.DOTALL | re.IGNORECASE)
 
 
+# The task as the user's request, by its kind (examples/task_kinds.py); the first query's prompt by kind.
+REQUESTS: dict[str, Callable[[Mapping[str, Any]], str]] = {
+    "text2sql": lambda t: f"Question: {t['question']}\n{t.get('evidence') or ''}", "critic": task_kinds.REQUESTS["critic"]}
+FIRST_PROMPTS = {"text2sql": WRITE_QUERY_PROMPT, "critic": DEBUG_QUERY_PROMPT}
+
+
 class State(TypedDict, total=False):
-    question: str
-    evidence: str
+    kind: str
+    request: str
     schema: str
     dialect: str
     query: str
@@ -99,14 +119,13 @@ class SQLAgent:
         self.write_llm, self.check_llm, self.rewrite_llm = llm("write"), llm("check"), llm("rewrite")
 
     def _ask(self, llm: ChatOpenAI, prompt: ChatPromptTemplate, state: State) -> str:
-        values = {"question": state["question"], "evidence": state.get("evidence") or "",
-                  "schema": state["schema"], "dialect": state.get("dialect", "sqlite"),
+        values = {"request": state["request"], "schema": state["schema"], "dialect": state.get("dialect", "sqlite"),
                   "query": state.get("query", ""), "execution": state.get("execution", ""),
                   "feedback": state.get("feedback", "")}
         return str(llm.invoke(prompt.invoke(values)).content or "")
 
     def write_query(self, state: State) -> State:
-        answer = self._ask(self.write_llm, WRITE_QUERY_PROMPT, state)
+        answer = self._ask(self.write_llm, FIRST_PROMPTS[state.get("kind", "text2sql")], state)
         return {"query": parse_query(answer), "num_turns": 1, "calls": state.get("calls", 0) + 1}
 
     def execute_query(self, state: State) -> State:
@@ -145,10 +164,12 @@ class SQLAgent:
 
 def run_agent(base_url: str, api_key: str, task: Mapping[str, Any], execute: Callable[[str], tuple[str, bool]],
               **options: Any) -> dict[str, Any]:
-    """Run the graph on one task (``question``, ``evidence``, ``schema``, ``dialect``); returns the
-    final ``query``, its ``execution``, the ``feedback``, ``num_turns`` and ``calls`` (LLM calls)."""
+    """Run the graph on one task (``question`` + ``evidence``, or for ``kind: critic`` ``problem`` +
+    ``issue_sql``; ``schema``, ``dialect``); returns the final ``query``, its ``execution``, the
+    ``feedback``, ``num_turns`` and ``calls`` (LLM calls). Another kind: ``UnsupportedTask``, no call made."""
+    kind = task_kinds.check_kind(task, tuple(REQUESTS))
     agent = SQLAgent(base_url, api_key, execute, **options)
-    state: State = {"question": str(task["question"]), "evidence": str(task.get("evidence") or ""),
+    state: State = {"kind": kind, "request": REQUESTS[kind](task),
                     "schema": str(task.get("schema") or ""), "dialect": str(task.get("dialect") or "sqlite")}
     out = agent.graph().invoke(state, {"recursion_limit": 4 * agent.max_turns + 4})
     return {k: out.get(k) for k in ("query", "execution", "feedback", "num_turns", "calls")}

@@ -8,6 +8,10 @@ without an error. It takes a base URL, an API key and a task, and knows nothing 
     python -m examples.openai_client_agent.agent --base-url http://127.0.0.1:8000/v1 --api-key KEY \\
         --sqlite shop.sqlite --question "How many customers are there?"
 
+It handles text-to-SQL tasks (``question``) and debugging tasks (``kind: critic``: ``problem`` and the
+``issue_sql`` to fix), each with its own system prompt; a task of another kind is refused before any
+call (``examples/task_kinds.py``: ``UnsupportedTask``).
+
 Every call carries ``metadata={"tag": "agent"}`` (OpenAI's own request field): the gateway records
 it as the call's tag. Its calls extend one conversation, so the gateway's traces merge them into
 one training sequence with the tool results masked (docs/gateway_training.md).
@@ -21,10 +25,16 @@ from typing import Any, Callable, Mapping
 
 from openai import OpenAI
 
+from examples.task_kinds import check_kind, request_text
+
 TAG = "agent"
 SYSTEM_PROMPT = ("You answer questions about a {dialect} database with one SQL query. Schema:\n\n{schema}\n\n"
                  "Call execute_sql to try queries and read their results. When you are sure, answer with "
                  "the final query in a ```sql code block.")
+DEBUG_PROMPT = ("You fix SQL for a {dialect} database: the user's SQL does not do what they need. Schema:\n\n"
+                "{schema}\n\nCall execute_sql to try queries and read their results. When you are sure, answer "
+                "with the corrected SQL in a ```sql code block (several statements: separate them with ;).")
+SYSTEM_PROMPTS = {"text2sql": SYSTEM_PROMPT, "critic": DEBUG_PROMPT}  # by the task's kind (examples/task_kinds.py)
 TOOLS = [{"type": "function", "function": {
     "name": "execute_sql",
     "description": "Run one SQL query on the database and return its result (or its error).",
@@ -38,13 +48,14 @@ def run_agent(base_url: str, api_key: str, task: Mapping[str, Any], execute: Cal
               max_tokens: int = 512, max_retries: int = 8, timeout_s: float = 300.0) -> dict[str, Any]:
     """Run the tool loop on one task; returns the final ``query``, ``calls``, ``tool_calls`` and the
     ``messages`` of the conversation."""
+    kind = check_kind(task, tuple(SYSTEM_PROMPTS))  # UnsupportedTask before any call
     client = OpenAI(base_url=base_url, api_key=api_key, max_retries=max_retries, timeout=timeout_s)
     if model is None:
         model = client.models.list().data[0].id
     messages: list[dict[str, Any]] = [
-        {"role": "system", "content": SYSTEM_PROMPT.format(dialect=task.get("dialect") or "sqlite",
-                                                           schema=task.get("schema") or "")},
-        {"role": "user", "content": f"Question: {task['question']}\n{task.get('evidence') or ''}".strip()}]
+        {"role": "system", "content": SYSTEM_PROMPTS[kind].format(dialect=task.get("dialect") or "sqlite",
+                                                                  schema=task.get("schema") or "")},
+        {"role": "user", "content": request_text(task)}]
     options: dict[str, Any] = {"max_tokens": max_tokens}
     if temperature is not None:
         options["temperature"] = temperature

@@ -44,6 +44,8 @@ from typing import Any
 from sqlglot.dialects import Dialect
 from sqlglot.tokens import TokenType
 
+from .dialects.descriptor import by_sqlglot
+
 MAX_WORDS = 8  # leading words kept per statement
 
 
@@ -63,9 +65,8 @@ class Statement:
 @lru_cache(maxsize=None)
 def _lexer(dialect: str) -> Any:
     """The exact lexer of the engine whose sqlglot name is ``dialect`` (a module, or an object
-    in one: ``Dialect.lexer`` is ``"module"`` or ``"module:name"``), or None."""
-    from .dialects.descriptor import by_sqlglot
-
+    in one: ``Dialect.lexer`` is ``"module"`` or ``"module:name"``), or None. The lexer module is
+    imported by that name on first use (pglast is loaded only by PostgreSQL's users)."""
     engine = by_sqlglot(dialect)
     if engine is None or not engine.lexer:
         return None

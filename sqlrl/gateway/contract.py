@@ -6,9 +6,14 @@
   ``WorkFinished`` 410, ``NoWorkNow`` 204, ``Busy`` 429, ``Unavailable`` 503 (the last three with
   ``retry_after_s``).
 - ``GatewayConfig``: deadlines, client rewards, the reward's name (checked against the registry at
-  construction), ``Retry-After``, what calls do during a weight update, the sessions' SQL limits.
+  construction), ``Retry-After``, what calls do during a weight update, the sessions' SQL limits,
+  the task kinds it hands out.
 - ``Scorer`` (the Protocol ``Rollouts`` grades final SQL with) and ``JudgeScorer`` (the reward
-  registry's ``compute`` with a ``Judge``); ``Claim`` (a claimed rollout); ``GatewayStats``.
+  registry's ``compute`` with a ``Judge``: the reward routes by the task's kind); ``Claim`` (a
+  claimed rollout); ``GatewayStats``.
+- ``task_payload(task, schema)``: the claim's ``task`` object for a task of any registered kind --
+  the fields every kind shares (``sqlrl.tasks.kinds.PAYLOAD_COMMON``) and the kind's own
+  (``TaskKind.payload``, read from its unlabelled request: never the gold answer, tests or meta).
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from sqlrl.rewards.registry import RewardBreakdown, RewardConfig, compute, get_reward
-from sqlrl.tasks.types import Text2SQLTask
+from sqlrl.tasks.kinds import get_kind, kind_of
 
 
 class GatewayError(Exception):
@@ -72,8 +77,14 @@ class GatewayConfig:
     during_update: str = "wait"  # "wait": calls wait for the engine; "reject": 429 + Retry-After
     sql_timeout_s: float = 5.0  # the rollout session's limits (sqlrl.db Limits)
     sql_max_rows: int = 1_000
+    task_kinds: tuple[str, ...] = ()  # the kinds ``offer`` takes (sqlrl.tasks.kinds names); (): any registered
 
     def __post_init__(self) -> None:
+        for name in self.task_kinds:
+            try:
+                get_kind(name)
+            except KeyError as exc:
+                raise ValueError(f"gateway.task_kinds: {exc.args[0]}") from None
         if not self.deadline_s > 0 or self.retry_after_s < 1:
             raise ValueError("gateway: deadline_s must be > 0 and retry_after_s >= 1")
         if self.during_update not in ("wait", "reject"):
@@ -82,6 +93,22 @@ class GatewayConfig:
             get_reward(self.reward)  # an unknown reward is an error now, not at the first completion
         except KeyError as exc:
             raise ValueError(f"gateway.reward: {exc.args[0]}") from None
+        for name in self.task_kinds:
+            why = self.refusal(get_kind(name))
+            if why:
+                raise ValueError(f"gateway: {why}")
+
+    def refusal(self, kind: Any) -> str | None:
+        """Why ``offer`` refuses tasks of ``kind`` (a ``TaskKind``), or None: not one of
+        ``task_kinds`` (when set), or ``reward`` cannot score it (a reward of one kind; a hybrid
+        reward routes every kind to its own)."""
+        if self.task_kinds and kind.name not in self.task_kinds:
+            return f"this gateway hands out {', '.join(self.task_kinds)} tasks, not {kind.name}"
+        spec = get_reward(self.reward)
+        if spec.scorer is not None and spec.task_kind != kind.scored_as:
+            return (f"reward {self.reward!r} scores {spec.task_kind} tasks, not {kind.name} "
+                    f"(use a hybrid reward, e.g. hybrid_agentic)")
+        return None
 
 
 class Scorer(Protocol):
@@ -103,13 +130,32 @@ class JudgeScorer:
                        self.judge, self.config)
 
 
+def task_payload(task: Any, schema: str | None) -> dict[str, Any]:
+    """The claim's ``task`` (docs/gateway.md): ``kind``, ``task_id``, ``database``, ``dialect``,
+    ``schema`` (``CREATE TABLE`` text or None), ``job`` (the built-in agent's "Your job: ..."),
+    ``prompt`` (the built-in agent's user message for it: ``TaskKind.user_prompt`` of the request),
+    then the kind's ``payload`` fields. Everything is read from the unlabelled request
+    (``TaskKind.request``), which holds no answer."""
+    kind = kind_of(task)
+    request = kind.request_type().from_task(task)
+    out: dict[str, Any] = {"kind": kind.name, "task_id": request.task_id, "database": request.db_id,
+                           "dialect": request.dialect, "schema": schema, "job": kind.job,
+                           "prompt": kind.user_prompt(request)}
+    out.update((f.name, f.value(request)) for f in kind.payload)
+    return out
+
+
 @dataclass(frozen=True)
 class Claim:
     rollout_id: str
     group_id: str
-    task: Text2SQLTask
+    task: Any  # a task of a registered kind (sqlrl.tasks.kinds)
     deadline_s: float
     schema: str | None  # the database's CREATE TABLE statements in the task's dialect, if known
+
+    def task_payload(self) -> dict[str, Any]:
+        """What the client is shown of the task (``task_payload``)."""
+        return task_payload(self.task, self.schema)
 
 
 @dataclass(frozen=True)

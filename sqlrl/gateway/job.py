@@ -84,7 +84,9 @@ GATEWAY_HOSTS = ("process", "actor")  # where the gateway runs: jobs.train_agent
 
 @dataclass(frozen=True)
 class DataSpec:
-    """The embedded text-to-SQL tasks (``sqlrl.synth``'s generated domains), generated on first use."""
+    """The embedded tasks (``sqlrl.synth``'s generated domains: ``<kind>_<split>.jsonl``), generated on
+    first use. ``kinds``: the task kinds the job trains on (``sqlrl.tasks.kinds`` names: ``text2sql``,
+    ``critic`` -- debugging tasks made by verified bug injection); the gateway hands out only these."""
 
     synth_dir: str = "runs/data/agent_synth"
     domains: tuple[str, ...] = ("shop",)
@@ -92,6 +94,18 @@ class DataSpec:
     split: str = "train"
     seed: int = 0
     size: int = 0  # tasks used (0: every task of the split), shuffled with ``seed``
+    kinds: tuple[str, ...] = ("text2sql",)
+
+    def __post_init__(self) -> None:
+        from sqlrl.tasks.kinds import get_kind
+
+        if not self.kinds or isinstance(self.kinds, str):
+            raise ValueError(f"data.kinds must be a non-empty list of task kinds, got {self.kinds!r}")
+        for name in self.kinds:
+            try:
+                get_kind(name)
+            except KeyError as exc:
+                raise ValueError(f"data.kinds: {exc.args[0]}") from None
 
 
 @dataclass(frozen=True)
@@ -205,7 +219,8 @@ class AgentJobConfig:
 
     def gateway_config(self) -> GatewayConfig:
         return GatewayConfig(deadline_s=self.rollout_deadline_s, client_rewards=self.client_rewards,
-                             reward=self.reward, retry_after_s=self.retry_after_s, during_update=self.during_update)
+                             reward=self.reward, retry_after_s=self.retry_after_s, during_update=self.during_update,
+                             task_kinds=tuple(self.data.kinds))  # a reward that cannot score a kind: refused here
 
 
 # the keys of AgentJobConfig before its policy was a PolicySpec (serving's spelling)

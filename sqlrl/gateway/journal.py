@@ -4,7 +4,8 @@
 also appends one JSON line per state change to a file (``<run_dir>/gateway_journal.jsonl`` in the
 host), each written and ``fsync``'d before the change is answered:
 
-- ``offer``  ``{group_id, task, n, token}`` (the task's record: ``Task.to_dict``; ``token``: the
+- ``offer``  ``{group_id, task, n, token}`` (the task's record, of any kind: ``Task.to_dict``, read back
+  with ``sqlrl.tasks.kinds.task_from_dict``, so a critic task stays one; ``token``: the
   driver's idempotency key, or None -- an offer repeated with a token already journalled is a no-op)
 - ``claim``  ``{rollout_id, group_id, task_id, key, session}`` (``key``: the API key's SHA-256, never
   the key; ``session``: the session's record when the source is ``DurableSessions`` -- a pool lease --
@@ -46,6 +47,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from sqlrl.tasks.kinds import task_from_dict
 
 from .trace import RolloutTrace
 
@@ -140,7 +143,7 @@ def replay(path: str | os.PathLike) -> Replayed:
                 state.offer_tokens.add(rec["token"])
         elif kind == "claim":
             for i, (group, task) in enumerate(state.waiting):  # the first waiting one of its group and task
-                if group == rec["group_id"] and task.get("task_id") == rec["task_id"]:
+                if group == rec["group_id"] and task_from_dict(task).task_id == rec["task_id"]:  # any kind's record
                     del state.waiting[i]
                     break
             else:

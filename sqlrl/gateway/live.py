@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from sqlrl.policy.types import Generation
-from sqlrl.tasks.types import Text2SQLTask
 
 from .capture import CapturedCall, extends
 from .trace import RolloutTrace
@@ -28,7 +27,7 @@ class LiveRollout:
     id: str
     key: str
     group_id: str
-    task: Text2SQLTask
+    task: Any  # a task of a registered kind (sqlrl.tasks.kinds)
     deadline: float
     session: Any
     status: str = "active"  # active | closing | completed | expired | failed

@@ -3,7 +3,9 @@
 ``Rollouts`` is the whole state of one job's gateway; the HTTP app (``serve/gateway.py``) and the
 Ray actor (``actors/gateway.py``) only translate to and from it.
 
-- **Work**: the job ``offer(group_id, task, n)``s a task to ``n`` rollouts (a GRPO group); a client
+- **Work**: the job ``offer(group_id, task, n)``s a task of any registered kind (``sqlrl.tasks.kinds``;
+  ``GatewayConfig.refusal``: one of ``task_kinds`` when set, and one its reward scores) to ``n``
+  rollouts (a GRPO group); the claim shows it as ``contract.task_payload``; a client
   ``claim(key)``s the next one. Nothing waiting: ``NoWorkNow`` (HTTP 204 + ``Retry-After``); after
   ``finish()`` and with nothing waiting: ``WorkFinished`` (410).
 - **Ids and keys**: a rollout id is ``secrets.token_urlsafe`` (144 random bits): unguessable. A
@@ -11,7 +13,8 @@ Ray actor (``actors/gateway.py``) only translate to and from it.
   the same answer as an id that does not exist, so ids do not leak).
 - **Sessions**: claiming leases ONE trajectory-scoped session for the rollout from a
   ``SessionSource`` (``sqlrl.db.source``: ``LocalSessions``, or ``PoolSessions`` over the DB pool),
-  keyed by the rollout id; ``execute_sql`` runs on it through the built-in tool
+  keyed by the rollout id, with the task's ``preprocess_sql`` run in it first (as the built-in
+  loop's: a debugging task's scene); ``execute_sql`` runs on it through the built-in tool
   (``sqlrl.tools.run_raw``: the same executor, validation and observation text as the agent's
   ``execute_sql``), one statement at a time per rollout. It is released exactly once, when the
   rollout completes, expires or fails.
@@ -73,9 +76,8 @@ from typing import Any, Callable, Mapping
 from sqlrl.db.source import DurableSessions, SessionRequest, SessionSource
 from sqlrl.db.types import Limits
 from sqlrl.policy.engine import AsyncEngine, UpdatePolicy
-from sqlrl.tasks.kinds import kind_of
+from sqlrl.tasks.kinds import kind_of, task_from_dict
 from sqlrl.tasks.schema import DatabaseSchema
-from sqlrl.tasks.types import Text2SQLTask
 from sqlrl.tools import run_raw
 
 from .capture import CapturedCall
@@ -98,7 +100,7 @@ class Rollouts:
         self.schemas = dict(schemas or {})
         self.limits = Limits(timeout_s=config.sql_timeout_s, max_rows=config.sql_max_rows)
         self._cond = threading.Condition()
-        self._waiting: deque[tuple[str, Text2SQLTask]] = deque()
+        self._waiting: deque[tuple[str, Any]] = deque()
         self._live: dict[str, LiveRollout] = {}
         self._claiming = 0  # taken off _waiting, session being leased: neither waiting nor live yet
         self._done: dict[str, str] = {}  # ended rollout id -> its key's digest (409 for its owner)
@@ -122,10 +124,8 @@ class Rollouts:
     def _restore(self, state: Replayed) -> None:
         """A restarted gateway's state (``sqlrl.gateway.journal``): ended traces not yet drained
         kept, waiting offers waiting again, rollouts live at the crash ended ``expired``."""
-        from sqlrl.tasks.kinds import kind_of_record
-
         self.restored = state
-        self._waiting.extend((g, kind_of_record(rec).task_type.from_dict(dict(rec))) for g, rec in state.waiting)
+        self._waiting.extend((g, task_from_dict(dict(rec))) for g, rec in state.waiting)  # of its own kind
         self._traces, self._done, self._finished = list(state.ended), dict(state.done), state.finished
         self._counts.update(state.counts)
         self._offer_tokens, self._last_drain = set(state.offer_tokens), state.last_drain
@@ -149,12 +149,13 @@ class Rollouts:
 
     # -- work -------------------------------------------------------------------------------------
 
-    def offer(self, group_id: str, task: Text2SQLTask, n: int = 1, token: str | None = None) -> None:
-        """``n`` rollouts of ``task`` wait for claims; ``token``: an idempotency key (a repeat is a no-op)."""
-        kind = kind_of(task)  # TypeError for anything that is not a task
-        if kind.given_sql(task):
-            raise TypeError(f"the gateway hands out tasks answered from scratch (text-to-SQL); "
-                            f"{kind.title} hands over SQL to fix")
+    def offer(self, group_id: str, task: Any, n: int = 1, token: str | None = None) -> None:
+        """``n`` rollouts of ``task`` (any registered kind; ``config.task_kinds`` when set) wait for
+        claims; ``token``: an idempotency key (a repeat is a no-op)."""
+        kind = kind_of(task)  # TypeError for anything that is not a task of a registered kind
+        why = self.config.refusal(kind)  # a kind not handed out, or one the reward cannot score
+        if why:
+            raise ValueError(f"offer of {task.task_id}: {why}")
         if n < 1:
             raise ValueError(f"offer: n must be >= 1, got {n}")
         with self._cond:
@@ -187,8 +188,8 @@ class Rollouts:
             self._claiming += 1  # not idle while its session is leased (outside the lock)
         rollout_id = secrets.token_urlsafe(18)
         try:
-            (session,) = self.sessions.open_many([SessionRequest(
-                task.db_id, task.dialect, limits=self.limits, key=rollout_id)])
+            (session,) = self.sessions.open_many([SessionRequest(  # the kind's scene set, as the built-in loop's
+                task.db_id, task.dialect, tuple(getattr(task, "preprocess_sql", ())), limits=self.limits, key=rollout_id)])
         except Exception as exc:
             with self._cond:
                 self._claiming -= 1
@@ -221,7 +222,7 @@ class Rollouts:
             raise RolloutClosed(f"rollout {rollout_id} has ended ({r.status})")
         return r
 
-    def check(self, key: str, rollout_id: str) -> Text2SQLTask:
+    def check(self, key: str, rollout_id: str) -> Any:
         with self._cond:
             return self._get(key, rollout_id).task
 

@@ -10,7 +10,8 @@ or a folder path; ``weights=False`` loads no model (``Policy.model`` is None): t
 and end tokens exactly as with weights (the tokenizer's EOS plus the generation config's, read from
 the folder's ``generation_config.json``, else derived from ``config.json`` as transformers does), for
 an engine that holds its own copy of the weights (vLLM). ``Policy.dtype`` records the precision
-asked for either way. Guarantees: every ``from_pretrained`` passes ``local_files_only=True``; a path that is not an
+asked for either way. ``with_weights(policy)`` adds the model to a policy loaded without weights,
+keeping its tokenizer and end tokens (a caller that needed them first loads the tokenizer once). Guarantees: every ``from_pretrained`` passes ``local_files_only=True``; a path that is not an
 existing folder (or a name that is neither registered nor a folder) raises ``FileNotFoundError``
 naming the known models; an unknown dtype raises ``ValueError``; the tokenizer is the checkpoint's
 ``tokenizer.json`` as saved (``PreTrainedTokenizerFast``, left padding) and must carry a chat
@@ -22,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -126,3 +127,17 @@ def load_policy(name_or_path: str | os.PathLike, *, dtype: str = "float32", devi
     eos.update(configured if isinstance(configured, (list, tuple)) else [] if configured is None else [configured])
     return Policy(name=os.fspath(name_or_path), path=path, model=model, tokenizer=tokenizer,
                   eos_token_ids=tuple(sorted(eos)), pad_token_id=pad, dtype=DTYPES[dtype])
+
+
+def with_weights(policy: Policy, device: str = "cpu") -> Policy:
+    """``policy`` (loaded with ``weights=False``) with its model loaded from its folder in its
+    ``dtype``, in eval mode on ``device``; the tokenizer, pad id and end tokens are the ones it
+    holds, not loaded again. A policy that has its model already is returned as it is."""
+    if policy.model is not None:
+        return policy
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(policy.path, local_files_only=True,
+                                                 dtype=getattr(torch, policy.dtype)).to(device).eval()
+    return replace(policy, model=model)

@@ -83,13 +83,21 @@ class PolicySpec:
             raise ValueError(f"PolicySpec.engine_options must be a mapping of option names, got {self.engine_options!r}")
         object.__setattr__(self, "engine_options", dict(self.engine_options))
 
-    def load(self, *, weights: bool = True) -> Any:
+    def load(self, *, weights: bool = True, light: Any = None) -> Any:
         """The ``Policy``: the model loaded in ``dtype`` and placed on ``device``; ``weights=False``:
-        no model (``Policy.model`` None), the tokenizer, pad id and end tokens only."""
+        no model (``Policy.model`` None), the tokenizer, pad id and end tokens only. ``light``: this
+        spec's policy loaded with ``weights=False`` already (to resolve ``auto``): its tokenizer and
+        end tokens are kept and only the model is loaded (``ValueError`` for another model or dtype)."""
         from .backends import place_policy
-        from .load import load_policy
+        from .load import load_policy, with_weights
 
-        policy = load_policy(self.model, dtype=self.dtype, weights=weights)
+        if light is not None and weights:
+            if light.name != str(self.model) or light.dtype != self.dtype:
+                raise ValueError(f"light policy {light.name!r} ({light.dtype}) is not this spec's "
+                                 f"{self.model!r} ({self.dtype})")
+            policy = with_weights(light)
+        else:
+            policy = load_policy(self.model, dtype=self.dtype, weights=weights)
         return place_policy(policy, self.device, self.backend) if weights else policy
 
     def engine(self, policy: Any, seed: int | None = None, **extra: Any) -> Any:

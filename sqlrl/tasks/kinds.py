@@ -17,6 +17,13 @@ registers a test-only kind and runs those paths with nothing else edited, and
 tests/unit/test_task_kind_registry.py fails on an ``isinstance`` test of a built-in task class
 outside this module.
 
+**The public payload** (``TaskKind.payload``: ``PayloadField``s) is what a client that fetches its
+own work is shown of a task -- the training gateway's claim (``sqlrl.gateway.contract.task_payload``,
+docs/gateway.md): each field is read from the kind's *unlabelled request* (``TaskKind.request``),
+never from the task, so no gold answer, test case or ``meta`` can reach a client; the gateway adds
+the fields every kind shares (``PAYLOAD_COMMON``). A new kind declares its payload here and needs no
+gateway edit.
+
 Guarantees:
 - Importing this module imports nothing of sqlrl but ``sqlrl.tasks.types``; the callables here
   reach judges and requests only through their arguments (duck typing) or by module name.
@@ -36,12 +43,46 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from .types import CriticTask, TaskError, Text2SQLTask
 
-__all__ = ["TaskKind", "kind_of", "kind_of_record", "kinds", "get_kind", "register",
+__all__ = ["PAYLOAD_COMMON", "PayloadField", "TaskKind", "kind_of", "kind_of_record", "kinds", "get_kind", "register",
            "registered", "unregister", "task_from_dict", "joined_sql"]
 
 
 def _nothing(task: Any) -> tuple[str, ...]:
     return ()
+
+
+# The claim payload's fields every kind has (sqlrl.gateway.contract.task_payload): a kind's own
+# ``PayloadField`` names must differ from these.
+PAYLOAD_COMMON = ("kind", "task_id", "database", "dialect", "schema", "job", "prompt")
+PAYLOAD_TYPES = (str, list)  # a payload value's JSON type: a string, or a list of strings
+
+
+@dataclass(frozen=True)
+class PayloadField:
+    """One field of a kind's public payload: ``name`` as JSON shows it, its JSON ``type`` (``str``,
+    or ``list``: a list of strings), what it means (``doc``, for the docs), and ``read``: the value
+    from the kind's unlabelled request (a tuple for a list)."""
+
+    name: str
+    type: type
+    doc: str
+    read: Callable[[Any], Any]
+
+    def __post_init__(self) -> None:
+        if not self.name or self.name in PAYLOAD_COMMON:
+            raise ValueError(f"payload field {self.name!r}: a name, not one of {', '.join(PAYLOAD_COMMON)}")
+        if self.type not in PAYLOAD_TYPES:
+            raise ValueError(f"payload field {self.name!r}: type must be str or list, got {self.type!r}")
+
+    def value(self, request: Any) -> Any:
+        """The field's JSON value for ``request``; ``TypeError`` when ``read`` gives another type."""
+        v = self.read(request)
+        if self.type is list and isinstance(v, (list, tuple)) and all(isinstance(x, str) for x in v):
+            return list(v)
+        if self.type is str and isinstance(v, str):
+            return v
+        raise TypeError(f"payload field {self.name!r} must be a {'list of strings' if self.type is list else 'string'}, "
+                        f"got {type(v).__name__}")
 
 
 @dataclass(frozen=True, eq=False)
@@ -68,10 +109,14 @@ class TaskKind:
     scored_as: str = ""  # the ``RewardSpec.task_kind`` of the rewards that score it (default: name)
     given_sql: Callable[[Any], tuple[str, ...]] = field(default=_nothing)  # SQL the user hands
     #                                    over to be fixed (none: the answer is written from scratch)
+    payload: tuple[PayloadField, ...] = ()  # what a client fetching its own work is shown (module docstring)
 
     def __post_init__(self) -> None:
         if not self.scored_as:
             object.__setattr__(self, "scored_as", self.name)
+        names = [f.name for f in self.payload]
+        if len(set(names)) != len(names):
+            raise ValueError(f"task kind {self.name!r}: payload field names repeat: {names}")
 
     def request_type(self) -> type:
         """The unlabelled request class (imported on first use: requests live in sqlrl.agent)."""
@@ -179,7 +224,10 @@ TEXT2SQL = register(TaskKind(
     verl_prompt=_text2sql_verl, problem=lambda t: t.question,
     reference=lambda t: t.gold_sql.strip(), ground_truth=lambda t: t.gold_sql,
     judge=lambda judge, task, sql: judge.text2sql(task, sql), check_reference=_text2sql_check,
-    rewards={"single": "bird_ex_single", "agentic": "bird_ex_agentic"}))
+    rewards={"single": "bird_ex_single", "agentic": "bird_ex_agentic"},
+    payload=(PayloadField("question", str, "the question to answer with SQL", lambda r: r.question),
+             PayloadField("evidence", str, "external knowledge the question needs (may be empty)",
+                          lambda r: r.evidence))))
 
 
 def _critic_user(task: Any) -> str:
@@ -209,4 +257,8 @@ CRITIC = register(TaskKind(
     ground_truth=lambda t: json.dumps(list(t.sol_sql), ensure_ascii=False),
     judge=lambda judge, task, sql: judge.critic(task, sql), check_reference=_critic_check,
     rewards={"single": "critic_single", "agentic": "critic_agentic"},
-    given_sql=lambda t: t.issue_sql))
+    given_sql=lambda t: t.issue_sql,
+    payload=(PayloadField("problem", str, "the user's problem statement: what the SQL must do",
+                          lambda r: r.query),
+             PayloadField("issue_sql", list, "the user's SQL that does not do it, one statement an item "
+                          "(the SQL to fix)", lambda r: r.issue_sql))))

@@ -141,3 +141,16 @@ def test_the_jobs_client_command_passes_a_key_that_starts_with_a_dash(monkeypatc
     assert argv[1:3] == ["-m", "examples.run_clients"]
     assert rc.main(argv[3:]) == 0
     assert seen == [("http://127.0.0.1:1", "-Xk3y")]
+
+
+@pytest.mark.parametrize("agent", ["langgraph", "openai"])
+def test_a_task_of_a_kind_the_agent_does_not_handle_is_refused_and_left_to_expire(shop, agent):
+    other = {**task(shop, i=0), "kind": "sql-rewrite"}  # a kind neither example agent handles
+    fake = FakeGateway(str(shop), [other, task(shop, i=1)], waits=0)
+    with Served(fake.app) as gw:
+        report = client_loop(0, gw.url, KEY, agent, {"max_turns": 3})
+    assert (report.claimed, report.refused, report.completed, report.failed) == (2, 1, 1, 0)
+    assert "refused" in report.errors[0] and "'sql-rewrite' task" in report.errors[0]
+    refused = next(r for r in fake.rollouts.values() if r.task["task_id"] == "t0")
+    assert refused.status == "running"  # never completed: the gateway expires it at its deadline
+    assert {c["rollout_id"] for c in fake.calls} == {r.rollout_id for r in fake.rollouts.values()} - {refused.rollout_id}

@@ -12,13 +12,17 @@ import pytest
 
 from sqlrl.db import ErrorKind, Limits
 from sqlrl.db.dialects import get_dialect, register_dialect
+from sqlrl.db.dialects import base
 from sqlrl.db.dialects.contract import (CAPABILITIES, AdapterContractError, AgentLogin, BulkLoad,
-                                        Cancellable, DialectAdapter, ExactLexer,
-                                        ReadOnlyAttestation, ServerAdmin, check_adapter,
-                                        check_admin, contract_of, methods_of)
+                                        Cancellable, CloneSource, DialectAdapter, ExactLexer,
+                                        ReadOnlyAttestation, ServerAdmin, admin_class,
+                                        check_adapter, check_admin, contract_of, methods_of)
 from sqlrl.db.dialects.descriptor import (Dialect, FileCopy, ServerClone, ServerTransaction,
                                           dialects, registered)
 from sqlrl.db.dialects.engines import POSTGRESQL, SQLITE
+from sqlrl.db.provisioning import admin as provisioning_admin
+from sqlrl.db.provisioning.scratch import SCRATCH
+from sqlrl.db.url import parse_url
 from sqlrl.db.sessions.executor import run_call
 from sqlrl.db.types import SessionError
 
@@ -159,7 +163,13 @@ def test_an_admin_missing_a_method_is_refused_before_the_first_session() -> None
                      admin=f"{__name__}:_NoSeal")
     with registered(engine):
         with pytest.raises(AdapterContractError, match=r"_NoSeal lacks seal \(ServerAdmin"):
-            engine.admin_ops()
+            admin_class(engine)
+        with pytest.raises(AdapterContractError, match=r"_NoSeal lacks seal \(ServerAdmin"):
+            provisioning_admin.admin_ops("contract_badadmin")  # provisioning's one way to it
+    with pytest.raises(ValueError, match="'sqlite' has no admin class"):
+        admin_class(SQLITE)
+    with pytest.raises(ValueError, match="names no class"):
+        admin_class(replace(POSTGRESQL, admin=f"{__name__}:methods_of"))
 
 
 class _NoSeal:
@@ -184,7 +194,7 @@ def test_every_registered_engine_conforms(engine: Dialect) -> None:
     assert isinstance(engine.storage, (FileCopy, ServerClone, ServerTransaction))
     if isinstance(engine.storage, ServerClone):
         assert contract.has(AgentLogin)
-        admin = engine.admin_class()
+        admin = admin_class(engine)
         check_admin(admin, load=engine.load is not None)
     else:
         assert not contract.has(AgentLogin)
@@ -216,3 +226,71 @@ def test_an_engine_whose_module_registers_no_adapter_is_a_clear_error() -> None:
     with registered(replace(SQLITE, name="contract_noclass", aliases=(), adapter="json")):
         with pytest.raises(SessionError, match="registers no adapter named 'contract_noclass'"):
             get_dialect("contract_noclass")
+
+
+# --- a server-clone adapter's clones: provisioning registers itself, the adapter never imports it ---
+
+class _Clones:
+    """A clone source that records what it is asked for (no server)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+
+    def take(self, url: Any, limits: Any, adapter: Any) -> Any:
+        self.calls.append(("take", url.database, limits, adapter))
+        return "agent-connection"
+
+    def give_back(self, conn: Any) -> bool:
+        self.calls.append(("give_back", conn))
+        return True
+
+
+@pytest.fixture
+def clones(monkeypatch: pytest.MonkeyPatch) -> _Clones:
+    """A recording clone source for one test; the scratch manager's registration comes back."""
+    monkeypatch.setattr(base, "_CLONES", [])
+    source = _Clones()
+    base.use_clone_source(source)
+    return source
+
+
+def test_provisioning_registers_the_scratch_manager_as_the_clone_source() -> None:
+    assert base.clone_source() is SCRATCH
+    assert all(callable(getattr(SCRATCH, m)) for m in methods_of(CloneSource))
+
+
+@pytest.mark.parametrize("engine", [d for d in dialects() if isinstance(d.storage, ServerClone)],
+                         ids=lambda d: d.name)
+def test_a_server_clone_adapter_takes_and_gives_back_through_the_registered_source(
+        engine: Dialect, clones: _Clones) -> None:
+    adapter = get_dialect(engine.name)
+    limits = Limits(timeout_s=3.0)
+    conn = adapter.connect(parse_url(f"{engine.name}://admin:pw@127.0.0.1:1/base_db"), limits)
+    adapter.close(conn)
+    assert conn == "agent-connection"
+    assert clones.calls == [("take", "base_db", limits, adapter), ("give_back", conn)]
+
+
+def test_a_clone_source_missing_a_method_is_refused_and_none_is_a_clear_error(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    class TakeOnly:
+        def take(self, url: Any, limits: Any, adapter: Any) -> Any: ...
+
+    monkeypatch.setattr(base, "_CLONES", [])
+    with pytest.raises(AdapterContractError, match=r"TakeOnly lacks give_back \(CloneSource"):
+        base.use_clone_source(TakeOnly())  # type: ignore[arg-type]
+    with pytest.raises(SessionError, match="no clone source for server-clone sessions"):
+        get_dialect("postgresql").connect(parse_url("postgresql://a@127.0.0.1:1/b"), Limits())
+
+
+def test_an_adapter_is_made_per_descriptor() -> None:
+    """A descriptor replaced by name gets an adapter of its own; one unregistered is unknown."""
+    engine = replace(SQLITE, name="contract_cache", aliases=())
+    register_dialect("contract_cache")(type("Cached", (_Whole,), {}))
+    with registered(engine):
+        first = get_dialect("contract_cache")
+        assert get_dialect("contract_cache") is first
+    with pytest.raises(SessionError, match="unknown dialect 'contract_cache'"):
+        get_dialect("contract_cache")
+    with registered(replace(engine)):
+        assert get_dialect("contract_cache") is not first

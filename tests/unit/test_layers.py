@@ -4,6 +4,11 @@ generator, ``policy`` importing ``tasks``) fails here, wherever the import sits 
 a function, under ``TYPE_CHECKING``); and ``sqlrl`` never imports the application folders above it
 (actors, bench, curriculum, jobs, serve).
 
+Inside ``sqlrl/db`` the same file holds its modules to more: no import cycle between them (all
+imports counted, wherever they sit), every ``sqlrl`` import at module level (a function-level
+import is how a cycle hides), its subsystems in their order (``DB_TIERS``), and ``importlib`` only
+where a descriptor names a module to load (``IMPORT_BY_NAME``).
+
 A unit is a top-level package or module of ``sqlrl`` (``db``, ``tools``, ``config.py`` -> ``config``).
 ``synth`` (the generated data) sits above ``eval``: it verifies the debugging tasks it generates
 with the evaluator (``run_critic``), while ``eval`` reads only ``tasks`` (types, loaders).
@@ -127,3 +132,220 @@ def test_a_back_edge_is_found(tmp_path):
                                           ("sqlrl", None), ("sqlglot", None)])
 def test_unit_of(module, unit):
     assert unit_of(module) == unit
+
+
+# --- inside sqlrl/db: no import cycle between modules, every sqlrl import at the top --------------
+#
+# docs/architecture.md ("Layout", sqlrl/db): the shared base (types, descriptor < statements, url <
+# dialects/contract < dialects/base < the engine modules) < provisioning/ < sessions/ < leases/ <
+# source.py. An import kept inside a function (or under TYPE_CHECKING) is how a cycle hides: the
+# module graph below is acyclic only because every such import was resolved by moving the shared
+# piece down (``postgresql_connect``/``mysql_connect``: the admin and the adapter both import it)
+# or by inverting the dependency through a declared Protocol (``contract.CloneSource``: scratch
+# registers itself with ``dialects.base.use_clone_source``; the adapters never import it).
+#
+# No import statement in sqlrl/db sits inside a function any more (third-party ones are not
+# counted here, but none is left either). The lazy loads that stay are by name: the modules a
+# descriptor names (adapter, admin class, lexer) are loaded with ``importlib`` on first use, so
+# that an engine's driver (psycopg2, pymysql, pyodbc, oracledb; pglast) is imported only by its
+# users; those calls are allowed in the places ``IMPORT_BY_NAME`` lists, nowhere else.
+
+DB = SQLRL / "db"
+
+# (file relative to sqlrl/, imported module) -> why it may be imported inside a function. Empty:
+# every sqlrl import in sqlrl/db is at module level. Add an entry only with a reason that is not
+# "it would be a cycle" (that is what this test exists to refuse).
+ALLOWED_LOCAL_IMPORTS: dict[tuple[str, str], str] = {}
+
+# file relative to sqlrl/ -> why it calls importlib.import_module (data-driven, lazy loads)
+IMPORT_BY_NAME: dict[str, str] = {
+    "db/dialects/base.py": "get_dialect: the adapter module a descriptor names (its driver is "
+                           "optional: pyodbc, oracledb)",
+    "db/dialects/contract.py": "admin_class: the admin class a descriptor names (imports the "
+                               "engine's driver)",
+    "db/statements.py": "_lexer: the lexer module a descriptor names (pglast only for PostgreSQL)",
+}
+
+
+# the subsystems of sqlrl/db, lowest first: a module imports modules of its own tier or lower
+DB_TIERS: tuple[frozenset[str], ...] = (
+    frozenset({"types", "url", "statements", "dialects"}),  # the shared base (acyclic inside)
+    frozenset({"provisioning"}),  # server bases and per-session clones (scratch)
+    frozenset({"sessions"}),  # the session engine: a server session's clone comes from scratch
+    frozenset({"leases"}),  # the pool's lease protocol over sessions
+    frozenset({"source", "__init__"}),  # SessionSource; the package's public names
+)
+DB_RANK = {unit: i for i, tier in enumerate(DB_TIERS) for unit in tier}
+
+
+def db_unit_of(module: str) -> str:
+    """``sqlrl.db.sessions.pool`` -> ``sessions``; ``sqlrl.db`` (its ``__init__``) -> ``__init__``."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 else "__init__"
+
+
+def _db_modules(root: Path) -> dict[str, Path]:
+    return {module_name(p, root): p for p in sorted((root / "db").rglob("*.py"))}
+
+
+def _nested_imports(tree: ast.Module) -> set[int]:
+    """ids of import nodes that are not plain module-level statements (inside a function or a
+    class, or under ``if TYPE_CHECKING:``)."""
+    nested: set[int] = set()
+    for top in tree.body:
+        if isinstance(top, (ast.Import, ast.ImportFrom)):
+            continue
+        for node in ast.walk(top):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                nested.add(id(node))
+    return nested
+
+
+def db_imports(root: Path = SQLRL) -> list[tuple[str, int, str, bool]]:
+    """(module, line, imported sqlrl module, nested) for every sqlrl import in sqlrl/db; a
+    ``from package import name`` of a submodule is an import of that submodule."""
+    modules = _db_modules(root)
+    out = []
+    for here, path in modules.items():
+        package = here if path.name == "__init__.py" else here.rpartition(".")[0]
+        tree = ast.parse(path.read_text(), str(path))
+        nested = _nested_imports(tree)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                    target = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    target = node.module or ""
+                targets = [f"{target}.{a.name}" if f"{target}.{a.name}" in modules else target
+                           for a in node.names]
+            else:
+                continue
+            for target in dict.fromkeys(targets):
+                if target.split(".")[0] == "sqlrl":
+                    out.append((here, node.lineno, target, id(node) in nested))
+    return out
+
+
+def db_cycles(root: Path = SQLRL) -> list[list[str]]:
+    """Every import cycle between modules of sqlrl/db (strongly connected components of the
+    module graph, all imports counted wherever they sit), each as its sorted modules."""
+    modules = _db_modules(root)
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for here, _, target, _ in db_imports(root):
+        while target and target not in modules:  # ``import sqlrl.db.x.y`` names a package
+            target = target.rpartition(".")[0]
+        if target:
+            graph[here].add(target)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1 or v in graph[v]:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def db_local_imports(root: Path = SQLRL) -> list[str]:
+    found = []
+    for here, line, target, nested in db_imports(root):
+        path = str(_db_modules(root)[here].relative_to(root))
+        if nested and (path, target) not in ALLOWED_LOCAL_IMPORTS:
+            found.append(f"sqlrl/{path}:{line}: imports {target} inside a function (or under "
+                         "TYPE_CHECKING): move it to the top; if that is a cycle, move the shared "
+                         "piece to the lower module")
+    return found
+
+
+def db_import_by_name(root: Path = SQLRL) -> list[str]:
+    found = []
+    for path in sorted((root / "db").rglob("*.py")):
+        rel = str(path.relative_to(root))
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if (isinstance(node, ast.Attribute) and node.attr == "import_module"
+                    and rel not in IMPORT_BY_NAME):
+                found.append(f"sqlrl/{rel}:{node.lineno}: importlib.import_module outside "
+                             f"IMPORT_BY_NAME")
+    return found
+
+
+def db_order_breaks(root: Path = SQLRL) -> list[str]:
+    found = []
+    for here, line, target, _ in db_imports(root):
+        if not target.startswith("sqlrl.db"):
+            continue
+        src, dst = db_unit_of(here), db_unit_of(target)
+        if src not in DB_RANK or dst not in DB_RANK:
+            found.append(f"{here}:{line}: {src} -> {dst}: place it in DB_TIERS")
+        elif DB_RANK[dst] > DB_RANK[src]:
+            found.append(f"{here}:{line}: {src} (db tier {DB_RANK[src]}) imports {target} "
+                         f"(db tier {DB_RANK[dst]})")
+    return found
+
+
+def test_sqlrl_db_has_no_import_cycle():
+    assert db_cycles() == []
+
+
+def test_sqlrl_db_subsystems_keep_their_order():
+    assert db_order_breaks() == []
+
+
+def test_every_sqlrl_import_in_sqlrl_db_is_at_module_level():
+    assert db_local_imports() == []
+
+
+def test_sqlrl_db_imports_by_name_only_what_descriptors_name():
+    assert db_import_by_name() == []
+
+
+def test_a_cycle_and_a_hidden_import_are_found(tmp_path):
+    """The checkers themselves: a cycle through a function-level import is a cycle, a hidden
+    import and (a dialect module reaching up into provisioning) a break of the subsystem order;
+    ``from package import submodule`` is an edge to the submodule; an ``importlib`` call outside
+    the listed places is reported."""
+    db = tmp_path / "sqlrl" / "db"
+    (db / "dialects").mkdir(parents=True)
+    for init in (tmp_path / "sqlrl", db, db / "dialects"):
+        (init / "__init__.py").write_text("")
+    (db / "types.py").write_text("import enum\n")
+    (db / "dialects" / "pg.py").write_text("from ..types import X\ndef f():\n"
+                                           "    from ..provisioning import scratch\n")
+    (db / "provisioning").mkdir()
+    (db / "provisioning" / "__init__.py").write_text("")
+    (db / "provisioning" / "scratch.py").write_text(
+        "from sqlrl.db.dialects import pg\nimport importlib\nimportlib.import_module('x')\n")
+    root = tmp_path / "sqlrl"
+    assert db_cycles(root) == [["sqlrl.db.dialects.pg", "sqlrl.db.provisioning.scratch"]]
+    local = db_local_imports(root)
+    assert len(local) == 1 and local[0].startswith("sqlrl/db/dialects/pg.py:3: imports "
+                                                   "sqlrl.db.provisioning.scratch inside a function")
+    assert db_import_by_name(root) == ["sqlrl/db/provisioning/scratch.py:3: importlib.import_module "
+                                       "outside IMPORT_BY_NAME"]
+    assert db_order_breaks(root) == ["sqlrl.db.dialects.pg:3: dialects (db tier 0) imports "
+                                     "sqlrl.db.provisioning.scratch (db tier 1)"]
+    (db / "dialects" / "pg.py").write_text("from ..types import X\n")  # the cycle broken
+    assert db_cycles(root) == db_local_imports(root) == db_order_breaks(root) == []

@@ -276,7 +276,7 @@ def test_a_vllm_replica_builds_no_hf_model_beside_its_engine(tiny, monkeypatch):
     assert out[0] == "ok" and "Let me check." in out[2]["choices"][0]["message"]["content"]
 
     ModelServer("h", {"models": {"h": {"policy": {"model": "tiny", "backend": "scripted"}}}})
-    assert loaded == [False, False, True]  # the other kinds still load the model (the scripted one reads its window)
+    assert loaded == [False, True]  # the other kinds load the model, once (the scripted one reads its window)
 
 
 def test_a_served_model_is_built_by_its_policy_spec_with_the_batch_bound_as_the_engines_option():
@@ -300,3 +300,57 @@ def test_a_served_model_is_built_by_its_policy_spec_with_the_batch_bound_as_the_
         assert served.kind is KINDS["hf" if vllm_unavailable(served.policy) else "vllm"]
     finally:
         asyncio.run(served.engine.close())
+
+
+@pytest.mark.parametrize("backend", ["hf", "scripted", "auto"])
+def test_a_served_model_loads_its_tokenizer_once(backend, monkeypatch):
+    """Every backend, a resolution (``auto``) included, reads the checkpoint's tokenizer once: the
+    weight-less policy ``auto`` resolves on is the one the model is added to."""
+    from serve.engines import build_served
+    from sqlrl.policy import load
+
+    real, calls = load.load_tokenizer, []
+    monkeypatch.setattr(load, "load_tokenizer", lambda *a, **kw: calls.append(a) or real(*a, **kw))
+    spec = load_serve_config({"models": {"m": {"policy": {"model": "tiny", "backend": backend}}}}).models["m"]
+    served = build_served(spec)
+    try:
+        assert len(calls) == 1
+        if served.kind.loads_weights:
+            assert served.policy.model is not None and not served.policy.model.training
+    finally:
+        asyncio.run(served.engine.close())
+
+
+def test_auto_is_a_registered_resolution_and_every_served_name_an_engine():
+    """Serving's names are its resolutions and its kinds, each one a registered engine (so the
+    config check, the error text and ``PolicySpec`` agree); the message lists them all."""
+    from serve.engines import KINDS, RESOLUTIONS, check_served, served_names
+    from sqlrl.policy.backends import ENGINES
+
+    assert "auto" in RESOLUTIONS and set(served_names()) <= set(ENGINES)
+    assert served_names() == ("auto", *KINDS) and check_served("auto") == "auto"
+    with pytest.raises(ValueError, match=r"'hf-batched' cannot serve; serving runs: auto, hf, vllm, scripted$"):
+        check_served("hf-batched")
+
+
+def test_a_resolution_that_picks_an_engine_serving_has_no_kind_for_is_refused(monkeypatch):
+    from serve import engines
+    from sqlrl.policy import backends
+    from sqlrl.policy.spec import PolicySpec
+
+    monkeypatch.setitem(backends.ENGINES, "pick", backends.ENGINES["hf-batched"])
+    monkeypatch.setitem(engines.RESOLUTIONS, "pick", "hf-batched, always")
+    monkeypatch.setattr(PolicySpec, "resolved", lambda self, policy: PolicySpec(model=self.model, backend="hf-batched"))
+    spec = load_serve_config({"models": {"m": {"policy": {"model": "tiny", "backend": "pick"}}}}).models["m"]
+    with pytest.raises(ValueError, match="backend 'pick' resolved to 'hf-batched', which cannot serve; serving runs: hf,"):
+        engines.build_served(spec)
+
+
+def test_a_light_policy_of_another_model_or_precision_is_refused():
+    from sqlrl.policy.spec import PolicySpec
+
+    light = PolicySpec(model="tiny").load(weights=False)
+    with pytest.raises(ValueError, match="light policy 'tiny' \\(float32\\) is not this spec's 'tiny' \\(bfloat16\\)"):
+        PolicySpec(model="tiny", dtype="bf16").load(light=light)
+    assert PolicySpec(model="tiny").load(weights=False, light=light).model is None  # weights=False: a fresh light load
+

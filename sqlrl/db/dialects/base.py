@@ -13,6 +13,10 @@ the contract (``contract.check_adapter``: a missing method is an error naming it
 its adapter and admin (``contract.check_engine``) before the first session, and imports an
 adapter's module (named by the engine's descriptor, ``descriptor.py`` / ``engines.py``) only when
 first asked for, so optional drivers (pyodbc, oracledb) are needed only by users of those engines.
+
+Server-clone adapters take each session's connection from a ``contract.CloneSource`` that the
+provisioning layer registers here (``use_clone_source``): dependency inversion, so nothing in
+``sqlrl.db.dialects`` imports ``sqlrl.db.provisioning``.
 """
 
 from __future__ import annotations
@@ -25,16 +29,19 @@ from sqlalchemy.engine import URL
 
 from ..statements import Statement, as_statement
 from ..types import SessionError
-from .contract import DialectAdapter, check_engine, contract_of
-from .descriptor import dialect_of, find, names
+from .contract import CloneSource, DialectAdapter, check_clone_source, check_engine, contract_of
+from .descriptor import Dialect, dialect_of, find, names
 
-__all__ = ["DialectAdapter", "available_dialects", "close_quietly", "common_denial",
-           "error_message", "forget_adapter", "get_dialect", "register_dialect", "url_flag",
-           "url_option"]
+__all__ = ["DialectAdapter", "available_dialects", "clone_source", "close_quietly",
+           "common_denial", "error_message", "get_dialect", "register_dialect", "url_flag",
+           "url_option", "use_clone_source"]
 
 
 _REGISTRY: dict[str, type] = {}
-_INSTANCES: dict[str, DialectAdapter] = {}
+# One adapter per descriptor (``Dialect`` compares by identity): a descriptor unregistered or
+# replaced (``descriptor.registered`` in tests) is a new key, so a stale adapter is never reused.
+_INSTANCES: dict[Dialect, DialectAdapter] = {}
+_CLONES: list[CloneSource] = []  # the clone source of server-clone engines (at most one)
 
 
 class _FromDescriptor:
@@ -57,6 +64,8 @@ def register_dialect(name: str) -> Callable[[type], type]:
         cls.name = name  # type: ignore[attr-defined]
         cls.sqlglot_dialect = _FromDescriptor("sqlglot")  # type: ignore[attr-defined]
         _REGISTRY[name] = cls
+        for engine in [e for e in _INSTANCES if e.name == name]:  # a class registered anew
+            del _INSTANCES[engine]
         return cls
     return deco
 
@@ -68,11 +77,12 @@ def available_dialects() -> tuple[str, ...]:
 def get_dialect(name: str) -> DialectAdapter:
     """The (shared, stateless) adapter of the dialect named (or aliased) ``name``: its
     descriptor's ``adapter`` module is imported on first use and registers the class."""
-    if name in _INSTANCES:
-        return _INSTANCES[name]
     descriptor = find(name)
     if descriptor is None:
         raise SessionError(f"unknown dialect {name!r}; known: {', '.join(names())}")
+    adapter = _INSTANCES.get(descriptor)
+    if adapter is not None:
+        return adapter
     try:
         importlib.import_module(descriptor.adapter)
     except ImportError as exc:
@@ -88,15 +98,25 @@ def get_dialect(name: str) -> DialectAdapter:
         raise SessionError(f"the {descriptor.name} admin needs a driver that is not installed: "
                            f"{exc}") from exc
     adapter = cls()
-    _INSTANCES[name] = adapter
+    _INSTANCES[descriptor] = adapter
     return adapter
 
 
-def forget_adapter(name: str) -> None:
-    """Drop the cached adapter instance of ``name`` (``descriptor.unregister`` calls it; the
-    class stays registered, as its module stays imported)."""
-    for key in [k for k, a in _INSTANCES.items() if k == name or a.name == name]:
-        del _INSTANCES[key]
+def use_clone_source(source: CloneSource) -> None:
+    """Make ``source`` where server-clone adapters take their sessions' connections from
+    (``sqlrl.db.provisioning.scratch`` registers ``SCRATCH`` when imported; ``sqlrl.db``'s
+    sessions import it). Checked against ``contract.CloneSource``; replaces an earlier one."""
+    check_clone_source(source)
+    _CLONES[:] = [source]
+
+
+def clone_source() -> CloneSource:
+    """The registered clone source; ``SessionError`` when none is (provisioning not imported)."""
+    if not _CLONES:
+        raise SessionError("no clone source for server-clone sessions: import "
+                           "sqlrl.db.provisioning.scratch (sqlrl.db's sessions do), which "
+                           "registers its scratch manager")
+    return _CLONES[0]
 
 
 # --- sandbox rules shared by every engine ------------------------------------------------------

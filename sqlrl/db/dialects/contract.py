@@ -17,6 +17,8 @@ Guarantees:
 - ``check_engine`` holds an engine's storage layout (``descriptor.Storage``) to what its adapter
   and admin implement: a server-clone engine's adapter logs agents in (``AgentLogin``) and its
   admin class implements ``ServerAdmin`` (and ``BulkLoad`` when the loader targets it).
+- ``admin_class(engine)`` is the one way to an engine's admin class: imported by the name its
+  descriptor gives and checked before it is returned.
 - Methods are read off the class statically (``inspect.getattr_static``): no instance is made,
   no descriptor runs, no ``__getattr__`` answers for a method the class does not define.
 
@@ -25,22 +27,21 @@ The contract of each hook (when it is called, what it must return) is in docs/di
 
 from __future__ import annotations
 
+import importlib
 import inspect
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Protocol, runtime_checkable
+from typing import Any, Callable, Protocol, runtime_checkable
 
 from sqlalchemy.engine import URL
 
 from ..statements import Statement
 from ..types import ErrorKind, Limits
-
-if TYPE_CHECKING:
-    from .descriptor import Dialect
+from .descriptor import Dialect
 
 __all__ = ["Abandoning", "AdapterContractError", "AgentLogin", "BulkLoad", "CAPABILITIES",
-           "Cancellable", "Contract", "DialectAdapter", "ExactLexer", "ReadOnlyAttestation",
-           "ServerAdmin", "check_adapter", "check_admin", "check_engine", "contract_of",
-           "methods_of"]
+           "Cancellable", "CloneSource", "Contract", "DialectAdapter", "ExactLexer",
+           "ReadOnlyAttestation", "ServerAdmin", "admin_class", "check_adapter", "check_admin",
+           "check_clone_source", "check_engine", "contract_of", "methods_of"]
 
 
 class AdapterContractError(TypeError):
@@ -133,6 +134,20 @@ class AgentLogin(Protocol):
 
     def close_agent(self, conn: Any) -> None:
         """Close an agent login for good (its clone is dropped next)."""
+
+
+class CloneSource(Protocol):
+    """Where a server-clone engine's adapter takes a session's connection from: its own clone of
+    the base and its own login role (``sqlrl.db.provisioning.scratch.SCRATCH``, registered with
+    ``base.use_clone_source`` when that module is imported). The adapter sits below provisioning
+    and never imports it: provisioning hands itself down through this Protocol."""
+
+    def take(self, url: URL, limits: Limits, adapter: Any) -> Any:
+        """An agent connection, logged in by ``adapter`` (``AgentLogin.open_agent``), on a fresh
+        clone of the base ``url`` names (an admin URL). Raises ``SessionError``."""
+
+    def give_back(self, conn: Any) -> bool:
+        """Close ``conn`` and drop its clone and role; False when ``conn`` was not taken here."""
 
 
 # --- the server admin (``Dialect.admin``) ------------------------------------------------------
@@ -267,7 +282,29 @@ def check_admin(cls: type, *, load: bool) -> None:
                                        f"({protocol.__name__}, docs/dialects.md)")
 
 
-def check_engine(engine: "Dialect", adapter_cls: type) -> Contract:
+def check_clone_source(source: Any) -> None:
+    """``source`` implements ``CloneSource`` (``base.use_clone_source`` refuses it otherwise)."""
+    missing = _missing(type(source), CloneSource)
+    if missing:
+        raise AdapterContractError(f"clone source {_label(type(source))} lacks "
+                                   f"{', '.join(missing)} (CloneSource, docs/dialects.md)")
+
+
+def admin_class(engine: Dialect) -> type:
+    """The admin class ``engine.admin`` names (``"module:Class"``; imports the module, so the
+    engine's driver), checked against ``ServerAdmin`` (and ``BulkLoad`` when the engine is a
+    loader target). ``ValueError`` for an engine without one or a name that is no class."""
+    if engine.admin is None:
+        raise ValueError(f"dialect {engine.name!r} has no admin class")
+    module, name = engine.admin.split(":")
+    cls = vars(importlib.import_module(module)).get(name)
+    if not isinstance(cls, type):
+        raise ValueError(f"dialect {engine.name!r}: admin {engine.admin!r} names no class")
+    check_admin(cls, load=engine.load is not None)
+    return cls
+
+
+def check_engine(engine: Dialect, adapter_cls: type) -> Contract:
     """The adapter (and admin) of ``engine`` implement what its storage layout needs."""
     contract = contract_of(adapter_cls)
     if engine.storage.needs_admin:
@@ -276,5 +313,5 @@ def check_engine(engine: "Dialect", adapter_cls: type) -> Contract:
                 f"{engine.name}: storage {engine.storage.kind} needs its adapter "
                 f"{_label(adapter_cls)} to implement AgentLogin "
                 f"({', '.join(methods_of(AgentLogin))})")
-        check_admin(engine.admin_class(), load=engine.load is not None)
+        admin_class(engine)
     return contract

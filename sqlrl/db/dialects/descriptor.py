@@ -5,7 +5,8 @@ and the registry every module reads it from.
     d = dialect_of("postgres")          # a name or an alias -> Dialect(name="postgresql", ...)
     d.display_name, d.sqlglot, d.identifier("order")   # 'PostgreSQL', 'postgres', '"order"'
 
-The built-in engines are declared in ``engines.py`` (loaded on first use); a test or a plug-in adds
+The built-in engines are declared in ``engines.py``, registered when the package
+``sqlrl.db.dialects`` is imported (its ``__init__`` imports ``engines``); a test or a plug-in adds
 one with ``register(Dialect(...))`` and nothing else: sessions (the adapter module is imported by
 ``base.get_dialect``), URLs, task records, schema rendering and introspection, prompts, result
 comparison, the BIRD and BIRD-CRITIC evaluators, the lexer choice, provisioning and the loader all
@@ -13,7 +14,9 @@ look the engine up here. tests/unit/test_dialect_registry.py fails when a module
 ``sqlrl/db/dialects/`` keeps a per-dialect map or branch of its own.
 
 Guarantees:
-- Importing this module imports no database driver and nothing else of sqlrl.
+- Importing this module imports no database driver and nothing else of sqlrl (it is the bottom
+  of ``sqlrl.db.dialects``: ``contract``, ``base``, ``statements`` and ``url`` read it, it reads
+  none of them; tests/unit/test_layers.py fails on an import cycle in ``sqlrl/db``).
 - Lookups accept a name or an alias in any case (``"MariaDB"`` -> mysql); names and aliases are
   unique across the registry (``register`` refuses a clash). ``names()`` keeps registration order
   (the built-ins first).
@@ -22,18 +25,20 @@ Guarantees:
   ``ServerTransaction``) and is refused at construction when the layout lacks its parts (a
   server clone without an admin class); ``file_based`` means ``storage`` is a ``FileCopy`` and
   nothing else. What the adapter and the admin must implement for the layout is checked by
-  ``contract.check_engine`` before the engine's first session (``base.get_dialect``).
+  ``contract.check_engine`` before the engine's first session (``base.get_dialect``); the admin
+  class ``admin`` names is imported and checked by ``contract.admin_class``.
 """
 
 from __future__ import annotations
 
-import importlib
 import re
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Iterable, Iterator, Mapping
+
+from sqlglot.dialects import Dialect as SqlglotDialect
 
 __all__ = ["COMMON_RESERVED", "Dialect", "FileCopy", "LoadTypes", "ServerClone", "ServerTransaction",
            "Storage", "by_sqlglot", "dialect_of", "dialects", "find", "names", "register",
@@ -184,8 +189,6 @@ class Dialect:
         """Upper-case words that must be quoted when used as names."""
         words = set(COMMON_RESERVED) | set(self.reserved_words)
         if self.sqlglot_reserved:
-            from sqlglot.dialects import Dialect as SqlglotDialect
-
             generator = SqlglotDialect.get_or_raise(self.sqlglot).generator_class
             words |= {k.upper() for k in generator.RESERVED_KEYWORDS}
         return frozenset(words)
@@ -201,37 +204,9 @@ class Dialect:
             return name
         return self.quote(name)
 
-    def admin_class(self) -> type:
-        """The admin class ``admin`` names (imports its module, so the engine's driver), checked
-        against ``contract.ServerAdmin`` (and ``BulkLoad`` with ``load``)."""
-        if self.admin is None:
-            raise ValueError(f"dialect {self.name!r} has no admin class")
-        from .contract import check_admin
 
-        module, name = self.admin.split(":")
-        cls = vars(importlib.import_module(module)).get(name)
-        if not isinstance(cls, type):
-            raise ValueError(f"dialect {self.name!r}: admin {self.admin!r} names no class")
-        check_admin(cls, load=self.load is not None)
-        return cls
-
-    def admin_ops(self) -> Any:
-        """A new admin operations object (imports the engine's driver); None without one."""
-        return None if self.admin is None else self.admin_class()()
-
-
-_REGISTRY: dict[str, Dialect] = {}
+_REGISTRY: dict[str, Dialect] = {}  # the built-ins are added by engines.py (package import)
 _SPELLED: dict[str, Dialect] = {}  # every name and alias, lower-cased -> its dialect
-_BUILTIN = "sqlrl.db.dialects.engines"
-_loaded = False
-
-
-def _registry() -> dict[str, Dialect]:
-    global _loaded
-    if not _loaded:
-        _loaded = True
-        importlib.import_module(_BUILTIN)  # registers the built-in engines
-    return _REGISTRY
 
 
 def _spellings(d: Dialect) -> set[str]:
@@ -245,7 +220,7 @@ def _respell() -> None:
 
 def register(dialect: Dialect) -> Dialect:
     """Add ``dialect`` (replacing one of the same name); refuses a name or alias already taken."""
-    registry = _registry()
+    registry = _REGISTRY
     for other in registry.values():
         if other.name != dialect.name and _spellings(other) & _spellings(dialect):
             raise ValueError(f"dialect {dialect.name!r} clashes with {other.name!r} on "
@@ -256,19 +231,17 @@ def register(dialect: Dialect) -> Dialect:
 
 
 def unregister(name: str) -> None:
-    """Remove the dialect ``name`` and its cached session adapter (tests)."""
-    _registry().pop(name, None)
+    """Remove the dialect ``name`` (tests). ``base.get_dialect`` caches adapters by descriptor, so
+    an adapter made for the removed descriptor is never handed out again."""
+    _REGISTRY.pop(name, None)
     _respell()
-    from .base import forget_adapter
-
-    forget_adapter(name)
 
 
 @contextmanager
 def registered(dialect: Dialect) -> Iterator[Dialect]:
     """``with registered(Dialect(...)):`` the engine exists inside the block only (one it
     replaced by name is put back after it)."""
-    previous = _registry().get(dialect.name)
+    previous = _REGISTRY.get(dialect.name)
     register(dialect)
     try:
         yield dialect
@@ -279,17 +252,15 @@ def registered(dialect: Dialect) -> Iterator[Dialect]:
 
 
 def names() -> tuple[str, ...]:
-    return tuple(_registry())
+    return tuple(_REGISTRY)
 
 
 def dialects() -> tuple[Dialect, ...]:
-    return tuple(_registry().values())
+    return tuple(_REGISTRY.values())
 
 
 def find(name: str) -> Dialect | None:
     """The dialect named or aliased ``name`` (any case, surrounding space ignored), or None."""
-    if not _loaded:
-        _registry()
     found = _SPELLED.get(name) if isinstance(name, str) else None
     return found if found is not None else _SPELLED.get(str(name).strip().lower())
 
@@ -304,7 +275,7 @@ def dialect_of(name: str) -> Dialect:
 
 def by_sqlglot(sqlglot: str) -> Dialect | None:
     """The first registered dialect whose sqlglot name is ``sqlglot``, or None."""
-    return next((d for d in _registry().values() if d.sqlglot == sqlglot), None)
+    return next((d for d in _REGISTRY.values() if d.sqlglot == sqlglot), None)
 
 
 def sqlglot_name(name: str) -> str:

@@ -60,13 +60,14 @@ from sqlalchemy.engine import URL
 
 from ..statements import Statement
 from ..types import ErrorKind, Limits, SessionError
-from .base import error_message, register_dialect
+from .base import clone_source, error_message, register_dialect
 from .mysql_admin import grant_target
+from .mysql_connect import connect_kwargs
 from .mysql_fetch import Result as _Result, abandon_unbuffered, kill_query, register_admin_url
 from .mysql_fetch import stopped_by_timeout as _stopped_by_timeout
 from .mysql_lex import DEFAULT, Flavor, denial, lex, server_flavor, split
 
-__all__ = ["MySQLDialect", "denial", "privilege_problem", "connect_kwargs"]
+__all__ = ["MySQLDialect", "denial", "privilege_problem"]
 READ_TIMEOUT_MARGIN_S = 5.0
 # MariaDB: a write gets this share of the time left to its call as its own max_statement_time;
 # InnoDB's undo of a stopped UPDATE/DELETE took 1-2.5x the time the statement had run (measured
@@ -74,11 +75,8 @@ READ_TIMEOUT_MARGIN_S = 5.0
 # undo the rest of the call in most cases (a call that still ends late says so: executor).
 WRITE_SHARE = 1 / 4
 WRITE_KINDS = frozenset({"INSERT", "REPLACE", "UPDATE", "DELETE", "EXECUTE"})
-CONNECT_TIMEOUT_S = 10
 SQL_MODE = ("ONLY_FULL_GROUP_BY,STRICT_TRANS_TABLES,NO_ZERO_IN_DATE,NO_ZERO_DATE,"
             "ERROR_FOR_DIVISION_BY_ZERO,NO_ENGINE_SUBSTITUTION")
-_LOOPBACK = {"127.0.0.1", "::1", "localhost"}
-_PASSTHROUGH_QUERY = {"unix_socket", "ssl_ca", "ssl_cert", "ssl_key", "charset"}
 
 _SYNTAX_CODES = {1064, 1065, 1149}
 _PERMISSION_CODES = {1044, 1045, 1095, 1142, 1143, 1148, 1211, 1227, 1290, 1370, 1410, 1698}
@@ -117,22 +115,6 @@ class StatementError(Exception):
     def __str__(self) -> str:
         code, message = self.args
         return f"ERROR {code}: {message}" if code else message
-
-
-def connect_kwargs(url: URL, database: str | None) -> dict[str, Any]:
-    """pymysql.connect keywords for ``url`` (shared with sqlrl.db.provisioning.provision)."""
-    kw: dict[str, Any] = {
-        "host": url.host or "127.0.0.1", "port": url.port or 3306, "user": url.username,
-        "password": url.password or "", "database": database, "charset": "utf8mb4",
-        "autocommit": True, "connect_timeout": CONNECT_TIMEOUT_S, "local_infile": False,
-        "program_name": "sqlrl",
-    }
-    query = {k: (v[-1] if isinstance(v, tuple) else v) for k, v in url.query.items()}
-    ssl = str(query.get("ssl", "")).lower()
-    if ssl in ("0", "false", "no", "off") or (url.host in _LOOPBACK and ssl not in ("1", "true")):
-        kw["ssl_disabled"] = True  # loopback: no TLS handshake (~25 ms -> ~0.4 ms per connect)
-    kw.update({k: v for k, v in query.items() if k in _PASSTHROUGH_QUERY})
-    return kw
 
 
 # --- privileges ----------------------------------------------------------------------------------
@@ -177,9 +159,8 @@ class MySQLDialect:
         if "allow_superuser" in url.query:
             raise SessionError("?allow_superuser is not supported: the agent's SQL always runs as "
                                "an account made for its session; give the admin URL of the base")
-        from ..provisioning.scratch import SCRATCH
         register_admin_url(url)  # the watchdog's KILL QUERY runs as the admin
-        return SCRATCH.take(url, limits, self)
+        return clone_source().take(url, limits, self)
 
     def open_agent(self, url: URL, limits: Limits) -> Any:
         """Log in as a session's own account (``scratch`` calls this when preparing a clone)."""
@@ -233,8 +214,7 @@ class MySQLDialect:
 
     def close(self, conn: Any) -> None:
         """Give the connection back: ``scratch`` closes it and drops its database and account."""
-        from ..provisioning.scratch import SCRATCH
-        SCRATCH.give_back(conn)
+        clone_source().give_back(conn)
 
     def close_agent(self, conn: Any) -> None:
         _close(conn)

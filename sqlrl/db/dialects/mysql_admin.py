@@ -39,6 +39,7 @@ import pymysql
 from sqlalchemy.engine import URL
 
 from ..types import SessionError
+from .mysql_connect import connect_kwargs
 
 SCRATCH_PRIVILEGES = ("SELECT, INSERT, UPDATE, DELETE, CREATE, DROP, ALTER, INDEX, "
                       "CREATE TEMPORARY TABLES, CREATE VIEW, SHOW VIEW, REFERENCES")
@@ -112,7 +113,6 @@ class MySQLAdmin:
     dialect = "mysql"
 
     def connect(self, url: URL, database: str | None = None) -> Any:
-        from .mysql import connect_kwargs
         try:
             return pymysql.connect(**connect_kwargs(url, database=database))
         except pymysql.Error as exc:
@@ -187,7 +187,6 @@ class MySQLAdmin:
 
     def load_connection(self, url: URL, database: str) -> Any:
         """A connection to ``database`` in one transaction, for ``sqlrl.db.provisioning.loader``."""
-        from .mysql import connect_kwargs
         kw = connect_kwargs(url, database)
         kw["autocommit"] = False
         return pymysql.connect(**kw)

@@ -16,6 +16,8 @@ from typing import Any
 
 import pymysql
 
+from ..url import parse_url
+
 TIMEOUT_CHECK_MARGIN_S = 0.005  # statements ending this close to their deadline are checked
 
 
@@ -71,7 +73,6 @@ _ADMIN_URLS: dict[tuple[str, int], Any] = {}
 
 def register_admin_url(url: Any) -> None:
     """Use ``url`` (an admin account of a MariaDB/MySQL server) to kill statements on that server."""
-    from ..url import parse_url
     parsed = parse_url(str(url)) if isinstance(url, str) else url
     _ADMIN_URLS[(parsed.host or "127.0.0.1", int(parsed.port or 3306))] = parsed
 

@@ -57,21 +57,19 @@ from sqlalchemy.engine import URL
 
 from ..statements import Statement
 from ..types import ErrorKind, Limits, SessionError
-from .base import error_message, register_dialect
+from .base import clone_source, error_message, register_dialect
 from .postgresql_admin import OWNER_ROLE
+from .postgresql_connect import connect_kwargs
 from .postgresql_lex import denial, split, streamable
 
-__all__ = ["PostgreSQLDialect", "StatementError", "connect_kwargs", "denial"]
+__all__ = ["PostgreSQLDialect", "StatementError", "denial"]
 
 IDLE_IN_TRANSACTION_TIMEOUT_S = 600  # an abandoned session dies server-side after this
 FIRST_BATCH_ROWS = 16  # rows fetched with DECLARE (later FETCHes are sized by the executor)
-CONNECT_TIMEOUT_S = 10
 _FULL_BUDGET_MARGIN_MS = 50  # a statement starting this close to the call's start gets no SET
 _CURSOR = "sqlrl_c"
 _NO_XID_SQL = "SELECT pg_current_xact_id_if_assigned() IS NULL"  # PostgreSQL 13+
 _NO_TXID_SQL = "SELECT txid_current_if_assigned() IS NULL"  # 10-12
-_LOOPBACK = {"127.0.0.1", "::1", "localhost"}
-_OWN_QUERY_KEYS = {"allow_superuser"}  # refused by connect, never passed to libpq
 _RESET_LIMITS = ("RESET statement_timeout; RESET lock_timeout; "
                  "RESET idle_in_transaction_session_timeout; RESET standard_conforming_strings; ")
 _ESCALATING_ROLES = ("pg_read_server_files", "pg_write_server_files", "pg_execute_server_program",
@@ -103,23 +101,6 @@ class StatementError(Exception):
         super().__init__(message)
         self.pgcode = pgcode
         self.kind = kind
-
-
-# --- URL -> libpq keywords (shared with sqlrl.db.provisioning.provision) ----------------------------------------
-
-def connect_kwargs(url: URL, database: str | None = None) -> dict[str, Any]:
-    """psycopg2.connect keywords for ``url`` (its query string passes through to libpq)."""
-    kw: dict[str, Any] = {
-        "host": url.host, "port": url.port, "user": url.username, "password": url.password,
-        "dbname": database or url.database or "postgres",
-        "connect_timeout": CONNECT_TIMEOUT_S, "application_name": "sqlrl",
-    }
-    if url.host in _LOOPBACK:
-        kw["sslmode"] = "disable"  # no SSLRequest round trip on loopback
-    for key, value in url.query.items():
-        if key not in _OWN_QUERY_KEYS:
-            kw[key] = value[-1] if isinstance(value, tuple) else value
-    return {k: v for k, v in kw.items() if v is not None}
 
 
 # --- results ---------------------------------------------------------------------------------------
@@ -195,8 +176,7 @@ class PostgreSQLDialect:
         if "allow_superuser" in url.query:
             raise SessionError("?allow_superuser is not supported: the agent's SQL always runs as "
                                "a role made for its session; give the admin URL of the base")
-        from ..provisioning.scratch import SCRATCH
-        return SCRATCH.take(url, limits, self)
+        return clone_source().take(url, limits, self)
 
     def open_agent(self, url: URL, limits: Limits) -> Any:
         """Log in as a session's own role (``scratch`` calls this when preparing a clone)."""
@@ -257,8 +237,7 @@ class PostgreSQLDialect:
 
     def close(self, conn: Any) -> None:
         """Give the connection back: ``scratch`` closes it and drops its database and role."""
-        from ..provisioning.scratch import SCRATCH
-        SCRATCH.give_back(conn)
+        clone_source().give_back(conn)
 
     def close_agent(self, conn: Any) -> None:
         conn.close()

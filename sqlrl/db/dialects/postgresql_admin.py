@@ -43,10 +43,12 @@ from typing import Any
 
 import psycopg2
 from psycopg2 import errors, sql
+from psycopg2.extras import execute_values
 from sqlalchemy.engine import URL
 
 from ..types import SessionError
 from .contract import SCRATCH_PREFIX
+from .postgresql_connect import connect_kwargs
 
 OWNER_ROLE = "sqlrl_owner"
 CONNECTION_LIMIT = 2
@@ -112,7 +114,6 @@ class PostgresAdmin:
     dialect = "postgresql"
 
     def connect(self, url: URL, database: str | None = None) -> Any:
-        from .postgresql import connect_kwargs
         try:
             conn = psycopg2.connect(**connect_kwargs(url, database))
         except psycopg2.Error as exc:
@@ -229,7 +230,6 @@ class PostgresAdmin:
 
     def load_connection(self, url: URL, database: str) -> Any:
         """A connection to ``database`` in one transaction, for ``sqlrl.db.provisioning.loader``."""
-        from .postgresql import connect_kwargs
         conn = psycopg2.connect(**connect_kwargs(url, database))
         conn.autocommit = False
         return conn
@@ -237,7 +237,6 @@ class PostgresAdmin:
     def insert_rows(self, conn: Any, table: str, columns: list[str],
                     rows: list[tuple[Any, ...]]) -> None:
         """INSERT ``rows`` into ``table`` (quoted names) in one round trip."""
-        from psycopg2.extras import execute_values
         with conn.cursor() as cur:
             execute_values(cur, f"INSERT INTO {table} ({', '.join(columns)}) VALUES %s", rows,
                            page_size=max(len(rows), 1))

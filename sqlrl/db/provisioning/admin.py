@@ -24,6 +24,7 @@ from typing import Any
 from sqlalchemy.engine import URL
 
 from ..dialects.base import close_quietly
+from ..dialects.contract import admin_class
 from ..dialects.descriptor import dialects, find
 from ..types import SessionError
 from ..url import dialect_name
@@ -41,7 +42,7 @@ def admin_ops(dialect: str) -> Any:
             raise SessionError(f"no provisioning for dialect {dialect!r}; known: "
                                f"{', '.join(d.name for d in dialects() if d.admin)}")
         try:
-            _ADMINS[dialect] = engine.admin_ops()
+            _ADMINS[dialect] = admin_class(engine)()  # checked against ServerAdmin
         except ImportError as exc:
             raise SessionError(f"the {dialect} driver is not installed: {exc}") from exc
     return _ADMINS[dialect]

@@ -6,7 +6,8 @@ A session URL of a server engine names a base and carries admin credentials
 logged in as a role/user created for this session alone, on a database cloned from the base
 (``admin.admin_ops(dialect).create_scratch``), with the session's limits applied by the
 adapter (``adapter.open_agent``). ``SCRATCH.give_back(conn)`` closes it and drops the database
-and the role. The admin connections never run agent SQL.
+and the role. The admin connections never run agent SQL. ``SCRATCH`` registers itself as the
+adapters' ``contract.CloneSource`` when imported (``dialects.base.use_clone_source``).
 
 Guarantees:
 - A connection handed out by ``take`` is used by one session only and never handed out again;
@@ -38,7 +39,7 @@ from typing import Any
 
 from sqlalchemy.engine import URL
 
-from ..dialects.base import close_quietly
+from ..dialects.base import close_quietly, use_clone_source
 from ..dialects.contract import SCRATCH_PREFIX, AgentLogin
 from ..types import Limits, SessionError
 from ..url import dialect_name, parse_url, redact
@@ -404,3 +405,4 @@ SCRATCH = ScratchManager(prefill=int(os.environ.get("SQLRL_SCRATCH_PREFILL", "2"
                          max_ready=int(os.environ.get("SQLRL_SCRATCH_MAX_READY", "16")),
                          threads=int(os.environ.get("SQLRL_SCRATCH_THREADS", "2")))
 atexit.register(SCRATCH.shutdown)
+use_clone_source(SCRATCH)  # server-clone adapters take their connections from it (base.clone_source)

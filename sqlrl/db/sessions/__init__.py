@@ -7,5 +7,6 @@
 
 Builds on ``sqlrl.db.dialects`` (the engine adapters), ``sqlrl.db.statements``, ``sqlrl.db.types``
 and ``sqlrl.db.url``; server engines take their per-session databases from
-``sqlrl.db.provisioning.scratch``.
+``sqlrl.db.provisioning.scratch`` (``session`` imports it, so its ``SCRATCH`` is registered as
+the server-clone adapters' clone source before any session opens).
 """

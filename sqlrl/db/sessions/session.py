@@ -22,6 +22,7 @@ import os
 from typing import Any, Callable, Iterable
 
 from ..dialects.base import DialectAdapter, error_message, get_dialect
+from ..provisioning import scratch  # noqa: F401  (registers the clone source of server sessions)
 from .executor import run_call
 from ..types import ErrorKind, Limits, QueryResult, SessionError
 from ..url import dialect_name, parse_url, redact
