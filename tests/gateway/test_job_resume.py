@@ -25,6 +25,7 @@ from sqlrl.learn.config import GRPOConfig  # noqa: E402
 from sqlrl.learn.optim import OptimConfig  # noqa: E402
 from sqlrl.learn.resume import CheckpointSettings, ResumeRefused  # noqa: E402
 
+from .conftest import shop_task  # noqa: E402
 from .test_seq_train import traced  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -205,7 +206,7 @@ def test_a_stages_gateway_trainer_checkpoints_with_the_stage(monkeypatch, tmp_pa
     monkeypatch.setattr(jobs.train_agent, "gateway_steps", gateway_steps)
     rt = NS(cfg=cfg, data=NS(catalog={}), ray=False, asks=None, session_source=lambda: None,
             learner=lambda model, optim, reference=False: NS())
-    jobs.train_agent.train_stage(rt, "tiny", TASKS, NS(log=lambda step, row: None))
+    jobs.train_agent.train_stage(rt, "tiny", [shop_task("t0")], NS(log=lambda step, row: None))
     checkpoints = got["checkpoints"]
     assert isinstance(checkpoints, StageCheckpoints) and checkpoints.root == cfg.stage_dir / "checkpoints"
     assert checkpoints.cfg is cfg and got["agent_cfg"].checkpoint.every_steps == 0  # the stage's, not the job's
