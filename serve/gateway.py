@@ -44,6 +44,8 @@ import threading
 import weakref
 from typing import Any, Awaitable, Callable, Iterator
 
+Endpoint = Callable[[Any], Awaitable[Any]]
+
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
@@ -106,6 +108,8 @@ def claim_view(claim: Claim, base: str) -> dict[str, Any]:
 
 async def _weights_restored(rollouts: Rollouts) -> None:
     """Until the engine has the job's weights (``Rollouts.when_weights``: at once but after a restart)."""
+    if not rollouts.awaiting_weights:  # the usual case: no future, no waiter (re-checked under the lock below)
+        return
     loop = asyncio.get_running_loop()
     ready = loop.create_future()
     if not rollouts.when_weights(lambda: loop.call_soon_threadsafe(lambda: ready.done() or ready.set_result(None))):
@@ -137,6 +141,15 @@ def build_gateway_app(rollouts: Rollouts, model: ModelEngine, *, keys: frozenset
         data = await read_json(request, lim.max_body_bytes)
         return key, _parse(body, data), data
 
+    def route(path: str, methods: list[str]) -> Callable[[Endpoint], Endpoint]:
+        """A plain Starlette route: the endpoint takes the ``Request`` and returns a ``Response``
+        (path parameters from ``request.path_params``) -- no FastAPI dependency solving, parameter
+        parsing or response serialisation on every call (the gateway does its own validation)."""
+        def add(endpoint: Endpoint) -> Endpoint:
+            app.router.add_route(path, endpoint, methods=methods, include_in_schema=False)
+            return endpoint
+        return add
+
     async def answer(work: Callable[[], Awaitable[Any]]) -> Any:
         try:
             return await work()
@@ -149,11 +162,11 @@ def build_gateway_app(rollouts: Rollouts, model: ModelEngine, *, keys: frozenset
         except Exception as exc:  # a bug, a scorer failure: still OpenAI's shape
             return JSONResponse(error_body(500, f"{type(exc).__name__}: {exc}"), status_code=500)
 
-    @app.get("/healthz")
-    async def healthz() -> dict[str, str]:
-        return {"status": "ok"}
+    @route("/healthz", ["GET"])
+    async def healthz(request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
 
-    @app.post("/v1/rollouts")
+    @route("/v1/rollouts", ["POST"])
     async def claim(request: Request) -> Any:
         async def work() -> Any:
             key, _, _ = await admitted(request, ClaimBody)
@@ -162,16 +175,20 @@ def build_gateway_app(rollouts: Rollouts, model: ModelEngine, *, keys: frozenset
             return JSONResponse(claim_view(got, base))
         return await answer(work)
 
-    @app.get("/rollouts/{rollout_id}/v1/models")
-    async def models(rollout_id: str, request: Request) -> Any:
+    @route("/rollouts/{rollout_id}/v1/models", ["GET"])
+    async def models(request: Request) -> Any:
+        rollout_id = request.path_params["rollout_id"]
+
         async def work() -> Any:
             rollouts.check(await key_of(request), rollout_id)
             return JSONResponse({"object": "list", "data": [
                 {"id": model.name, "object": "model", "created": 0, "owned_by": "sqlrl"}]})
         return await answer(work)
 
-    @app.post("/rollouts/{rollout_id}/v1/chat/completions")
-    async def chat(rollout_id: str, request: Request) -> Any:
+    @route("/rollouts/{rollout_id}/v1/chat/completions", ["POST"])
+    async def chat(request: Request) -> Any:
+        rollout_id = request.path_params["rollout_id"]
+
         async def work() -> Any:
             key, req, data = await admitted(request, ChatRequest)
             if req.n != 1:
@@ -209,18 +226,31 @@ def build_gateway_app(rollouts: Rollouts, model: ModelEngine, *, keys: frozenset
 
     async def _unless_gone(request: Request, work: Awaitable[Any]) -> tuple[bool, Any]:
         """``work`` while watching the client's connection: ``(True, result)`` when it finished first,
-        ``(False, None)`` when the client disconnected first (``work`` is cancelled and awaited: the
-        engine request aborts). A cancel of the caller cancels ``work`` too."""
-        job, gone = asyncio.ensure_future(work), asyncio.ensure_future(_disconnected(request))
+        ``(False, None)`` when the client disconnected first (``work`` is cancelled: the engine
+        request aborts). A cancel of the caller cancels ``work`` too. ``work`` runs in the caller's
+        own task (its engine request is submitted at once and its answer wakes the caller
+        directly); one watcher task cancels the caller when the client goes away, and that cancel
+        is taken back (``uncancel``) once handled here."""
+        me = asyncio.current_task()
+        assert me is not None
+        gone = False
+
+        async def watch() -> None:
+            nonlocal gone
+            await _disconnected(request)
+            gone = True
+            me.cancel()
+
+        watcher = asyncio.ensure_future(watch())
         try:
-            await asyncio.wait((job, gone), return_when=asyncio.FIRST_COMPLETED)
+            return True, await work
+        except asyncio.CancelledError:
+            if not gone:
+                raise  # the server's cancel (an expired rollout, a shutdown), not the client's
+            me.uncancel()
+            return False, None
         finally:
-            gone.cancel()
-            if not job.done():
-                job.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await job
-        return (False, None) if job.cancelled() else (True, job.result())
+            watcher.cancel()
 
     async def _stream(plan: Any, req: ChatRequest, ticket: Any, tag: str | None,
                       runner: dict[str, Any]) -> StreamingResponse:
@@ -261,16 +291,20 @@ def build_gateway_app(rollouts: Rollouts, model: ModelEngine, *, keys: frozenset
         weakref.finalize(stream, ticket.abandon)  # a client gone before the body started
         return StreamingResponse(stream, media_type="text/event-stream")
 
-    @app.post("/v1/rollouts/{rollout_id}/sql")
-    async def sql(rollout_id: str, request: Request) -> Any:
+    @route("/v1/rollouts/{rollout_id}/sql", ["POST"])
+    async def sql(request: Request) -> Any:
+        rollout_id = request.path_params["rollout_id"]
+
         async def work() -> Any:
             key, body, _ = await admitted(request, SQLBody)
             observation, is_error = await asyncio.to_thread(rollouts.execute_sql, key, rollout_id, body.sql)
             return JSONResponse({"observation": observation, "is_error": is_error})
         return await answer(work)
 
-    @app.post("/v1/rollouts/{rollout_id}/complete")
-    async def complete(rollout_id: str, request: Request) -> Any:
+    @route("/v1/rollouts/{rollout_id}/complete", ["POST"])
+    async def complete(request: Request) -> Any:
+        rollout_id = request.path_params["rollout_id"]
+
         async def work() -> Any:
             key, body, _ = await admitted(request, CompleteBody)
             trace = await asyncio.to_thread(rollouts.complete, key, rollout_id, sql=body.sql,

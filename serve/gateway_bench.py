@@ -11,6 +11,15 @@ process (as an agent does), timing its own call, so its work does not share the 
 it the client runs in the server's process. Prints p50/p90 of each and of the per-pair difference
 (what the gateway adds: HTTP, JSON, validation, capture) and the load average, and writes them as
 JSON with ``--json``.
+
+Where the added time goes (CPU time, which load inflates far less than wall time): per pair the
+bench also reads the CPU the client spent on its call (the child's process time; in-process, the
+calling thread's), the CPU of the gateway's event-loop thread during the call (uvicorn, FastAPI,
+the handler, rendering, capture, JSON) and the CPU the direct call spent on its own thread
+(rendering, submitting, reading the result: the work both paths share). ``server added`` is the
+paired difference of the last two (what the gateway's side adds), ``client`` the client's own
+work, and ``rest`` what is left of the added wall time: waiting (loopback, thread wake-ups, the
+GIL, a loaded machine's run queue).
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ import multiprocessing as mp
 import os
 import statistics
 import tempfile
+import threading
 import time
 
 
@@ -31,10 +41,10 @@ def _client_loop(conn, base_url: str, body: dict) -> None:
 
     client = OpenAI(base_url=base_url, api_key="k", max_retries=0)
     while conn.recv() is not None:
-        t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
         r = client.chat.completions.create(**body)
-        ms = (time.perf_counter() - t0) * 1000
-        conn.send(ms if r.usage.completion_tokens >= 1 else -1.0)
+        ms, cpu_ms = (time.perf_counter() - t0) * 1000, (time.process_time() - c0) * 1000
+        conn.send((ms if r.usage.completion_tokens >= 1 else -1.0, cpu_ms))
 
 
 def main() -> None:
@@ -74,8 +84,12 @@ def main() -> None:
             "max_tokens": args.tokens, "temperature": 0.0}
     loop = asyncio.new_event_loop()
     direct_ms, gateway_ms = [], []
+    cpu: dict[str, list[float]] = {"direct": [], "client": [], "server": []}  # ms per call (module docstring)
     with serving(app) as url:
         import httpx
+
+        (gateway_thread,) = [t for t in threading.enumerate() if t.name == "sqlrl-gateway"]
+        server_clock = time.pthread_getcpuclockid(gateway_thread.ident)
 
         claim = httpx.post(f"{url}/v1/rollouts", json={}, headers={"Authorization": "Bearer k"}).json()
         client = OpenAI(base_url=claim["base_url"], api_key="k", max_retries=0)
@@ -86,23 +100,31 @@ def main() -> None:
             child.start()
 
         def direct() -> float:
-            t0 = time.perf_counter()
+            c0, t0 = time.thread_time(), time.perf_counter()
             out = loop.run_until_complete(model.chat(model.chat_plan(ChatRequest.model_validate(body))))
+            ms = (time.perf_counter() - t0) * 1000
+            cpu["direct"].append((time.thread_time() - c0) * 1000)
             assert out["usage"]["completion_tokens"] >= 1
-            return (time.perf_counter() - t0) * 1000
+            return ms
 
         def through() -> float:
+            s0 = time.clock_gettime(server_clock)
             if child is not None:
                 conn.send(1)
-                ms = conn.recv()
+                ms, client_cpu = conn.recv()
                 assert ms >= 0, "the client process got no tokens"
-                return ms
-            t0 = time.perf_counter()
-            r = client.chat.completions.create(**body)
-            assert r.usage.completion_tokens >= 1
-            return (time.perf_counter() - t0) * 1000
+            else:
+                c0, t0 = time.thread_time(), time.perf_counter()
+                r = client.chat.completions.create(**body)
+                ms, client_cpu = (time.perf_counter() - t0) * 1000, (time.thread_time() - c0) * 1000
+                assert r.usage.completion_tokens >= 1
+            cpu["server"].append((time.clock_gettime(server_clock) - s0) * 1000)
+            cpu["client"].append(client_cpu)
+            return ms
 
         direct(), through()  # warm-up
+        for xs in cpu.values():
+            xs.clear()
         for i in range(args.pairs):
             if i % 2:
                 gateway_ms.append(through()), direct_ms.append(direct())
@@ -125,12 +147,20 @@ def main() -> None:
     for name, xs in (("direct", direct_ms), ("gateway", gateway_ms), ("added", diff)):
         rows[name] = {"p50_ms": statistics.median(xs), "p90_ms": q(xs, 0.9)}
         print(f"{name:8s} p50 {rows[name]['p50_ms']:7.2f} ms   p90 {rows[name]['p90_ms']:7.2f} ms")
+    # CPU per call (module docstring): medians, and the paired server-added CPU
+    cpu_rows = {name: statistics.median(xs) for name, xs in cpu.items()}
+    cpu_rows["server_added"] = statistics.median([s - d for s, d in zip(cpu["server"], cpu["direct"])])
+    cpu_rows["rest"] = rows["added"]["p50_ms"] - cpu_rows["client"] - cpu_rows["server_added"]
+    print(f"CPU p50 ms per call: direct call's thread {cpu_rows['direct']:.2f}, gateway loop thread "
+          f"{cpu_rows['server']:.2f} -> server added {cpu_rows['server_added']:.2f}; client "
+          f"{cpu_rows['client']:.2f}; rest of the added p50 (waiting) {cpu_rows['rest']:.2f}")
     print(f"calls traced by the gateway: {rollouts.stats().calls} (pairs + the warm-up)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"pairs": args.pairs, "tokens": args.tokens, "client_process": child is not None,
                        "load_1min": [load[0][0], load[1][0]], "calls_traced": rollouts.stats().calls,
-                       "ms": rows, "direct_ms": direct_ms, "gateway_ms": gateway_ms}, f, indent=1)
+                       "ms": rows, "cpu_p50_ms": cpu_rows, "direct_ms": direct_ms, "gateway_ms": gateway_ms,
+                       "cpu_ms": cpu}, f, indent=1)
 
 
 if __name__ == "__main__":

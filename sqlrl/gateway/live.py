@@ -61,8 +61,7 @@ class CallTicket:
 
     def commit(self, prompt_ids: Sequence[int], generation: Generation, tag: str | None) -> None:
         generation = self._weights.job_generation(generation)  # the engine's versions, read as the job's
-        self._settle(self._rollout, self.seq, CapturedCall(self.seq, tag, tuple(int(i) for i in prompt_ids),
-                                                           generation))
+        self._settle(self._rollout, self.seq, CapturedCall(self.seq, tag, tuple(map(int, prompt_ids)), generation))
 
     def abandon(self) -> None:
         self._settle(self._rollout, self.seq, None)

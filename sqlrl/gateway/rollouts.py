@@ -21,7 +21,9 @@ Ray actor (``actors/gateway.py``) only translate to and from it.
 - **Deadlines**: a rollout must complete within ``deadline_s`` of its claim, measured by the
   injected ``clock`` (tests advance a fake one). ``expire_due()`` ends every rollout past its
   deadline (status ``expired``, session released, calls in flight cancelled and counted in
-  ``n_incomplete``); the app calls it on every request and the actor on a ticker.
+  ``n_incomplete``); the app calls it on every request that ``due()`` says needs it (a look at
+  the earliest live deadline, kept in a heap: O(1) per request however many rollouts are live)
+  and the actor on a ticker.
 - **Calls**: ``begin_call`` returns a ``CallTicket`` (``sqlrl.gateway.live``); ``commit(prompt_ids, generation, tag)``
   records the call whole (``capture.CapturedCall``), ``abandon()`` counts it in ``n_incomplete``
   (an engine failure, a cancelled stream, a client gone). A ticket is settled once; a commit after
@@ -66,6 +68,7 @@ blocking methods -- ``claim``, ``execute_sql``, ``complete``, ``expire_due`` -- 
 
 from __future__ import annotations
 
+import heapq
 import math
 import secrets
 import threading
@@ -102,6 +105,7 @@ class Rollouts:
         self._cond = threading.Condition()
         self._waiting: deque[tuple[str, Any]] = deque()
         self._live: dict[str, LiveRollout] = {}
+        self._deadlines: list[tuple[float, str]] = []  # heap of (deadline, rollout id) of claimed rollouts (due())
         self._claiming = 0  # taken off _waiting, session being leased: neither waiting nor live yet
         self._done: dict[str, str] = {}  # ended rollout id -> its key's digest (409 for its owner)
         self._traces: list[RolloutTrace] = []
@@ -201,8 +205,9 @@ class Rollouts:
             self._claiming -= 1
             self._log("claim", rollout_id=rollout_id, group_id=group_id, task_id=task.task_id, key=key_digest(key),
                       session=self._durable.record_of(session) if self._durable is not None else None)
-            self._live[rollout_id] = LiveRollout(rollout_id, key, group_id, task,
-                                              self.clock() + self.config.deadline_s, session)
+            deadline = self.clock() + self.config.deadline_s
+            self._live[rollout_id] = LiveRollout(rollout_id, key, group_id, task, deadline, session)
+            heapq.heappush(self._deadlines, (deadline, rollout_id))
             self._counts["claimed"] += 1
             self._cond.notify_all()
         schema = self.schemas.get(task.db_id)
@@ -298,10 +303,18 @@ class Rollouts:
         return trace
 
     def due(self) -> bool:
-        """Whether some active rollout is past its deadline (cheap: no I/O)."""
+        """Whether some active rollout is past its deadline (cheap: no I/O; the earliest deadline of
+        the heap, whose entries of rollouts no longer active are dropped as they surface)."""
         now = self.clock()
         with self._cond:
-            return any(r.status == "active" and r.deadline <= now for r in self._live.values())
+            heap = self._deadlines
+            while heap:
+                deadline, rollout_id = heap[0]
+                r = self._live.get(rollout_id)
+                if r is not None and r.status == "active":
+                    return deadline <= now
+                heapq.heappop(heap)  # ended or closing: it never needs expiring again
+            return False
 
     def expire_due(self) -> int:
         """End every active rollout past its deadline (blocking: sessions are released)."""

@@ -160,6 +160,8 @@ def test_bad_requests_are_refused_and_nothing_is_recorded(gw):
     assert gw.post(f"/v1/rollouts/{rid}/complete", {}).status_code == 400
     assert gw.post(f"/v1/rollouts/{rid}/complete", {"sql": GOLD, "reward": 1}).status_code == 400
     assert gw.post("/v1/nowhere").json()["error"]["message"].startswith("Invalid URL")
+    wrong = httpx.get(gw.url + chat, headers={"Authorization": f"Bearer {KEY}"}, timeout=60)
+    assert wrong.status_code == 405 and wrong.json()["error"]["message"].startswith("Method not allowed")
     assert gw.rollouts.stats().calls == 0 and gw.rollouts.stats().incomplete == 0
     assert gw.recorder.finished == []
 

@@ -92,6 +92,26 @@ def test_a_call_that_finishes_after_its_rollout_ended_is_refused(parts):
     assert r.drain() == [] and pool.stats().in_use == 0
 
 
+def test_due_looks_at_the_earliest_deadline_of_a_rollout_still_active(parts):
+    """``due()`` keeps the claimed rollouts' deadlines in a heap: a rollout that completed is never
+    due (its entry is dropped), a later rollout still live is found behind it, and every rollout
+    past its deadline is expired by ``expire_due``."""
+    r, pool, clock, _ = parts
+    r.offer("g", shop_task(), 3)
+    first = r.claim("k")
+    clock.advance(4)
+    second, third = r.claim("k"), r.claim("k")  # deadlines 10 s and 14 s after the start
+    assert not r.due()
+    r.complete("k", first.rollout_id, sql=GOLD)
+    clock.advance(7)  # past the first's deadline, which completed: nothing is due
+    assert not r.due() and r.expire_due() == 0
+    clock.advance(3)  # past the second's and third's
+    assert r.due() and r.expire_due() == 2 and not r.due()
+    statuses = {t.rollout_id: t.status for t in r.drain()}
+    assert statuses == {first.rollout_id: "completed", second.rollout_id: "expired", third.rollout_id: "expired"}
+    assert pool.stats().in_use == 0
+
+
 def test_a_session_that_cannot_open_leaves_the_task_waiting(parts, shop_catalog):
     r, pool, _, _ = parts
     from sqlrl.tasks.types import Text2SQLTask
