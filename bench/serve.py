@@ -1,7 +1,8 @@
 """Benchmark serving: direct in-process generation vs sqlrl's Ray Serve app, closed-loop load.
 
     python bench/serve.py [--clients 1,8,16,32] [--rounds 3] [--max-tokens 64] [--out FILE]
-    python bench/serve.py peer [...]   # against vLLM's own OpenAI server (bench/serve_peer.py, --help)
+    python bench/serve.py peer [...]   # against vLLM's own OpenAI server and Ray Serve LLM
+                                      # (bench/serve_peer.py, --help)
 
 Three variants of the same chat completion (the tiny model, greedy, ``max_tokens`` tokens, the
 prompt rendered with the tool chat template) are interleaved in every round:

@@ -2,6 +2,7 @@
 
     python bench/serve.py peer [--model smollm2-135m | --model runs/main/stage4/final]
                                [--variants vllm-server,sqlrl-vllm,sqlrl-hf] [--rounds 4] [--quick]
+    python bench/serve.py peer --variants vllm-server,ray-serve-llm   # Ray Serve LLM (issue 43)
 
 Variants (all started before any timing; every one serves the same HF-format checkpoint folder --
 ``sqlrl.policy.load.resolve_path``: SmolLM2 is converted into one on first use -- greedy, the same
@@ -11,9 +12,20 @@ chat template from the folder's tokenizer):
   off, ``--max-num-seqs 16``, ``--max-model-len 2048``, 1 GiB KV cache);
 - ``sqlrl-vllm``: the sqlrl Serve app (``serve.app.build_app``, one model, ``backend: vllm``,
   ``max_batch_size`` 16) on a private local Ray;
-- ``sqlrl-hf``: the same app with ``backend: hf`` (torch 1 thread).
-Two vLLM engines are alive at once with both vLLM variants: on a small machine pass ``--variants``
-with one of them (this session ran one at a time).
+- ``sqlrl-hf``: the same app with ``backend: hf`` (torch 1 thread);
+- ``ray-serve-llm``: Ray's own LLM serving (``ray.serve.llm.build_openai_app`` with one
+  ``LLMConfig``: vLLM's ``AsyncLLM`` inside an ``LLMServer`` replica behind Ray Serve LLM's OpenAI
+  ingress) on the same local Ray, with the same engine settings, CPU placement (one ``{"CPU": 1}``
+  bundle); its health floor is ``GET /v1/models`` (answered by its ingress from memory: it has no
+  ``/health`` route).
+Every vLLM engine gets the same environment (``engine_env``): ``VLLM_CPU_KVCACHE_SPACE`` = 1 GiB
+and, on a machine of at most 4 cores, ``VLLM_CPU_NUM_OF_RESERVED_CPU=0`` -- what sqlrl's own engine
+sets (``reserve_no_core_on_small_machines``; before, ``vllm-server`` reserved a core for its
+scheduler and decoded on the other one while ``sqlrl-vllm`` decoded on both).
+The private Ray starts its workers at this process's niceness (``RAY_worker_niceness``; Ray's
+default is 15), so the engines inside Ray workers run at the vLLM server's priority.
+Each vLLM variant is one more vLLM engine alive at once: on a small machine pass ``--variants``
+with fewer of them (``parse_variants`` refuses unknown, repeated or no variants).
 
 Measured per round, the variants interleaved (order reversed on odd rounds), each over loopback
 HTTP with ``httpx``, ``max_tokens`` 64, a prompt that makes the model write past 64 tokens:
@@ -22,8 +34,10 @@ HTTP with ``httpx``, ``max_tokens`` 64, a prompt that makes the model write past
 - **time to first streamed token** at 1 client (``stream: true``: the first chunk with content),
   and whether it came before the completion ended (every request);
 - ``GET`` health latency p50 (``/healthz`` for sqlrl, ``/health`` for vLLM): the serving floor.
-**Paired per-round ratios** against ``vllm-server`` (the same round): tokens/s at 16 clients
-(target from issue 43: sqlrl >= 0.9x), p50 at 1 client (target <= 1.2x). Table + JSON
+**Paired per-round ratios** against the baseline (``--baseline``, default ``vllm-server``; the same
+round): tokens/s at 16 clients (target from issue 43: sqlrl >= 0.9x), p50 at 1 client (target
+<= 1.2x). ``--baseline sqlrl-vllm --variants sqlrl-vllm,ray-serve-llm`` pairs the two Ray-hosted
+vLLM variants directly (their engines both run in Ray workers, at Ray's worker niceness). Table + JSON
 (``bench/results/serve-peer-<timestamp>.json`` or ``--out``), machine load (``os.getloadavg``)
 at start and end, and the estimated duration of the default full run from this run's timings.
 
@@ -50,6 +64,59 @@ sys.path.insert(0, str(ROOT))
 
 PROMPT = "Write a long, detailed story about a lighthouse keeper and a storm. Do not stop early."
 MAX_MODEL_LEN, MAX_SEQS, KV_GB = 2048, 16, 1
+VARIANTS = ("vllm-server", "sqlrl-vllm", "sqlrl-hf", "ray-serve-llm")
+RAY_VARIANTS = ("sqlrl-vllm", "sqlrl-hf", "ray-serve-llm")  # served by the private local Ray + Serve
+
+
+def parse_variants(text: str) -> list[str]:
+    """``--variants``: comma-separated names from ``VARIANTS``, in the given order (the rounds'
+    order); ValueError for an unknown name, a repeated one, or none."""
+    names = [v.strip() for v in text.split(",") if v.strip()]
+    if not names:
+        raise ValueError("no variant given")
+    unknown = [v for v in names if v not in VARIANTS]
+    if unknown:
+        raise ValueError(f"unknown variant(s) {unknown}; known: {', '.join(VARIANTS)}")
+    if len(set(names)) != len(names):
+        raise ValueError(f"a variant is repeated in {names}")
+    return names
+
+
+def check_baseline(baseline: str | None, variants: list[str]) -> str | None:
+    """The variant the ratios are taken against: ``baseline`` if given (ValueError unless it is one
+    of ``variants``), else ``vllm-server`` when it runs, else None (no ratios)."""
+    if baseline is None:
+        return "vllm-server" if "vllm-server" in variants else None
+    if baseline not in variants:
+        raise ValueError(f"--baseline {baseline} is not one of the variants {variants}")
+    return baseline
+
+
+def engine_env(cores: int | None = None) -> dict[str, str]:
+    """The vLLM environment every vLLM variant's engine gets: the KV cache size, and no core reserved
+    for the scheduler on a machine of at most ``SMALL_MACHINE_CORES`` cores (sqlrl's engine rule).
+    A value already set in this process's environment wins."""
+    from sqlrl.policy.vllm_engine import SMALL_MACHINE_CORES
+
+    cores = len(os.sched_getaffinity(0)) if cores is None else cores
+    env = {"VLLM_CPU_KVCACHE_SPACE": str(KV_GB)}
+    if cores <= SMALL_MACHINE_CORES:
+        env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
+    return {k: os.environ.get(k, v) for k, v in env.items()}
+
+
+def ray_serve_llm_config(path: str, env: dict[str, str]) -> dict:
+    """The ``LLMServingArgs`` for ``ray.serve.llm.build_openai_app``: one model ``m`` from the
+    checkpoint folder, on CPU, with the engine settings of the other vLLM variants."""
+    return {"llm_configs": [{
+        "model_loading_config": {"model_id": "m", "model_source": path},
+        "accelerator_config": {"kind": "cpu"},
+        "engine_kwargs": {"dtype": "float32", "enforce_eager": True, "enable_prefix_caching": True,
+                          "enable_chunked_prefill": False, "max_num_seqs": MAX_SEQS,
+                          "max_model_len": MAX_MODEL_LEN},
+        "runtime_env": {"env_vars": env},
+        "deployment_config": {"num_replicas": 1, "max_ongoing_requests": 64},
+    }]}
 
 
 def free_port() -> int:
@@ -75,7 +142,7 @@ def wait_http(url: str, proc: subprocess.Popen | None, timeout: float = 900) -> 
 
 
 def start_vllm_server(path: str, port: int, log: Path) -> subprocess.Popen:
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(KV_GB)}
+    env = {**os.environ, **engine_env()}
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", path, "--port", str(port),
            "--host", "127.0.0.1", "--served-model-name", "m", "--dtype", "float32", "--enforce-eager",
            "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", str(MAX_SEQS), "--enable-prefix-caching",
@@ -85,16 +152,25 @@ def start_vllm_server(path: str, port: int, log: Path) -> subprocess.Popen:
     return proc
 
 
-def start_sqlrl(path: str, port: int, backends: list[str]) -> dict[str, str]:
-    """The sqlrl app, one per backend, on one local Ray + Serve: {variant: base URL}."""
+def start_ray(port: int) -> None:
+    """A private local Ray with Serve's HTTP proxy on ``port`` (loopback)."""
     import ray
+    from ray import serve
+
+    # Ray starts its workers at niceness 15; the vLLM server runs at this process's. Same priority
+    # for every variant's engine on a machine shared with other work (RAY_worker_niceness overrides).
+    os.environ.setdefault("RAY_worker_niceness", str(os.nice(0)))
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
+             _temp_dir=f"/tmp/sqlrl-bench-peer-{os.getpid()}")
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+
+
+def start_sqlrl(path: str, port: int, backends: list[str]) -> dict[str, str]:
+    """The sqlrl app, one per backend, on the local Ray + Serve: {variant: base URL}."""
     from ray import serve
 
     from serve.app import build_app
 
-    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
-             _temp_dir=f"/tmp/sqlrl-bench-peer-{os.getpid()}")
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
     urls = {}
     for backend in backends:
         options = {"kv_cache_gb": KV_GB, "max_model_len": MAX_MODEL_LEN} if backend == "vllm" else {}
@@ -106,6 +182,18 @@ def start_sqlrl(path: str, port: int, backends: list[str]) -> dict[str, str]:
         serve.run(build_app(config), name=f"sqlrl-{backend}", route_prefix=f"/{backend}")
         urls[f"sqlrl-{backend}"] = f"http://127.0.0.1:{port}/{backend}"
     return urls
+
+
+def start_ray_serve_llm(path: str, port: int) -> str:
+    """Ray Serve LLM's OpenAI app on the local Ray + Serve; its base URL once it answers."""
+    from ray import serve
+    from ray.serve.llm import build_openai_app
+
+    serve.run(build_openai_app(ray_serve_llm_config(path, engine_env())), name="ray-serve-llm",
+              route_prefix="/rsllm")
+    base = f"http://127.0.0.1:{port}/rsllm"
+    wait_http(f"{base}/v1/models", None)
+    return base
 
 
 def body(stream: bool = False) -> dict:
@@ -176,7 +264,10 @@ def health(url: str, n: int = 50) -> float:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2-135m", help="a named model or an HF-format checkpoint folder")
-    ap.add_argument("--variants", default="vllm-server,sqlrl-vllm,sqlrl-hf")
+    ap.add_argument("--variants", default="vllm-server,sqlrl-vllm,sqlrl-hf",
+                    help=f"comma-separated, from {', '.join(VARIANTS)}")
+    ap.add_argument("--baseline", default=None,
+                    help="the variant the paired ratios are taken against (default: vllm-server when it runs)")
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--requests", type=int, default=24, help="requests at 1 client")
     ap.add_argument("--per-client", type=int, default=4, help="requests per client at 16 clients")
@@ -187,10 +278,15 @@ def main(argv: list[str] | None = None) -> int:
     if a.quick:
         a.rounds, a.requests, a.per_client, a.streams = 1, 6, 2, 3
     full = {"rounds": 4, "requests": 24, "per_client": 4, "streams": 10}
-    variants = [v for v in a.variants.split(",") if v]
-    if not set(variants) <= {"vllm-server", "sqlrl-vllm", "sqlrl-hf"}:
-        ap.error(f"unknown variant in {variants}")
+    try:
+        variants = parse_variants(a.variants)
+        baseline = check_baseline(a.baseline, variants)
+    except ValueError as e:
+        ap.error(str(e))
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    import logging
+
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # Ray's log setup would print every request
     from sqlrl.policy.load import resolve_path
 
     path = str(resolve_path(a.model))
@@ -204,11 +300,15 @@ def main(argv: list[str] | None = None) -> int:
             port = free_port()
             proc = start_vllm_server(path, port, out.with_suffix(".vllm-server.log"))
             bases["vllm-server"] = f"http://127.0.0.1:{port}"
-        sqlrl = [v.removeprefix("sqlrl-") for v in variants if v.startswith("sqlrl-")]
-        if sqlrl:
-            bases.update(start_sqlrl(path, free_port(), sqlrl))
-        health_urls = {v: (f"{b}/health" if v == "vllm-server" else f"{b}/healthz")
-                       for v, b in bases.items()}
+        if any(v in RAY_VARIANTS for v in variants):
+            start_ray(ray_port := free_port())
+            sqlrl = [v.removeprefix("sqlrl-") for v in variants if v.startswith("sqlrl-")]
+            if sqlrl:
+                bases.update(start_sqlrl(path, ray_port, sqlrl))
+            if "ray-serve-llm" in variants:
+                bases["ray-serve-llm"] = start_ray_serve_llm(path, ray_port)
+        health_path = {"vllm-server": "/health", "ray-serve-llm": "/v1/models"}
+        health_urls = {v: b + health_path.get(v, "/healthz") for v, b in bases.items()}
         for base in bases.values():  # warm-up: first requests compile and fill caches
             closed_loop(base, 2, 1)
         startup = time.perf_counter() - started
@@ -229,33 +329,36 @@ def main(argv: list[str] | None = None) -> int:
         if proc is not None:
             os.killpg(proc.pid, 15)
             proc.wait(timeout=120)
-        if any(v.startswith("sqlrl-") for v in variants):
+        if any(v in RAY_VARIANTS for v in variants):
             from ray import serve
 
             serve.shutdown()
     keys = ("p50_ms_1", "p95_ms_1", "tokens_per_s_16", "ttft_p50_ms", "stream_total_p50_ms", "health_p50_ms")
     table = {v: {k: statistics.median(x[k] for x in runs if x["variant"] == v) for k in keys} for v in variants}
     paired: dict[str, Any] = {}
-    if "vllm-server" in variants:
-        peer = {x["round"]: x for x in runs if x["variant"] == "vllm-server"}
+    if baseline is not None:
+        peer = {x["round"]: x for x in runs if x["variant"] == baseline}
         for v in variants:
-            if v == "vllm-server":
+            if v == baseline:
                 continue
             mine = [x for x in runs if x["variant"] == v]
             tps = [x["tokens_per_s_16"] / peer[x["round"]]["tokens_per_s_16"] for x in mine]
             p50 = [x["p50_ms_1"] / peer[x["round"]]["p50_ms_1"] for x in mine]
+            ttft = [x["ttft_p50_ms"] / peer[x["round"]]["ttft_p50_ms"] for x in mine]
             paired[v] = {"tokens_per_s_16_ratio": {"median": statistics.median(tps), "rounds": tps, "target": ">= 0.9"},
-                         "p50_1_client_ratio": {"median": statistics.median(p50), "rounds": p50, "target": "<= 1.2"}}
+                         "p50_1_client_ratio": {"median": statistics.median(p50), "rounds": p50, "target": "<= 1.2"},
+                         "ttft_ratio": {"median": statistics.median(ttft), "rounds": ttft}}
     print("\n| variant | p50 ms (1 client) | p95 ms (1 client) | tok/s (16 clients) | first token ms | "
           "stream end ms | health p50 ms |\n|---|---:|---:|---:|---:|---:|---:|")
     for v, t in table.items():
         print(f"| {v} | {t['p50_ms_1']:.0f} | {t['p95_ms_1']:.0f} | {t['tokens_per_s_16']:.1f} | "
               f"{t['ttft_p50_ms']:.0f} | {t['stream_total_p50_ms']:.0f} | {t['health_p50_ms']:.1f} |")
     for v, p in paired.items():
-        print(f"\n{v} / vllm-server, paired per round: tokens/s at 16 clients "
+        print(f"\n{v} / {baseline}, paired per round: tokens/s at 16 clients "
               f"{p['tokens_per_s_16_ratio']['median']:.2f}x {[round(x, 2) for x in p['tokens_per_s_16_ratio']['rounds']]}"
               f" (target >= 0.9); p50 at 1 client {p['p50_1_client_ratio']['median']:.2f}x "
-              f"{[round(x, 2) for x in p['p50_1_client_ratio']['rounds']]} (target <= 1.2)")
+              f"{[round(x, 2) for x in p['p50_1_client_ratio']['rounds']]} (target <= 1.2); first token "
+              f"{p['ttft_ratio']['median']:.2f}x {[round(x, 2) for x in p['ttft_ratio']['rounds']]}")
     elapsed = time.perf_counter() - started
     timed = elapsed - startup
     scale = (full["rounds"] * (full["requests"] + full["per_client"] * 2 + full["streams"])) / (
@@ -263,7 +366,8 @@ def main(argv: list[str] | None = None) -> int:
     estimate = startup + timed * scale
     print(f"\nmachine load (1/5/15 min): start {load_start}, end {os.getloadavg()}; start-up {startup:.0f} s, "
           f"timed part {timed:.0f} s; estimated full run (defaults {full}): ~{estimate / 60:.0f} min")
-    out.write_text(json.dumps({"args": vars(a), "model": path, "runs": runs, "table": table, "paired": paired,
+    out.write_text(json.dumps({"args": vars(a), "model": path, "baseline": baseline, "runs": runs, "table": table,
+                               "paired": paired,
                                "load_start": load_start, "load_end": os.getloadavg(), "startup_s": startup,
                                "estimated_full_run_s": estimate, "quick": a.quick, "cpus": os.cpu_count()}, indent=2))
     print(f"wrote {out}")
