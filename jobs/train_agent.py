@@ -63,7 +63,8 @@ from sqlrl.gateway.trace import RolloutTrace
 
 def load_tasks(d: DataSpec) -> tuple[list[Any], dict, dict]:
     """The embedded tasks of ``d.kinds`` (``<kind>_<split>.jsonl``, generated into ``d.synth_dir`` on
-    first use, or again when a kind's file is missing), their catalog and schemas."""
+    first use -- every kind the generator makes -- or again when a kind's file is missing), their
+    catalog and schemas."""
     from sqlrl.synth.dataset import build_default_dataset
     from sqlrl.tasks.loaders import load
 
@@ -71,8 +72,9 @@ def load_tasks(d: DataSpec) -> tuple[list[Any], dict, dict]:
     files = [root / f"{kind}_{d.split}.jsonl" for kind in d.kinds]
     if not (root / "manifest.json").is_file() or not all(f.is_file() for f in files):
         print(f"data: generating the embedded tasks into {root}", flush=True)
-        build_default_dataset(root, seed=d.seed, n_per_domain=d.n_per_domain, domains=list(d.domains),
-                              critic="critic" in d.kinds)  # the generator's own switch for its debugging tasks
+        # every kind the generator makes (text-to-SQL and debugging), whichever d.kinds names, so a
+        # later job with other kinds finds its file
+        build_default_dataset(root, seed=d.seed, n_per_domain=d.n_per_domain, domains=list(d.domains))
     tasks, catalog, schemas = [], {}, {}
     for f in files:
         if not f.is_file():
