@@ -235,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     from jobs.runtime import connect_ray, loop_config, rollout_group, session_pool
     from sqlrl.db import open_session
     from sqlrl.eval.vote import vote
+    from sqlrl.tasks.kinds import kind_of
 
     try:
         taskset = cfg.tasks.load()
@@ -276,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         url = taskset.catalog[task.db_id][task.dialect]
 
-        def execute(sql: str, url: str = url, pre: tuple = tuple(getattr(task, "preprocess_sql", ()))):
+        def execute(sql: str, url: str = url, pre: tuple = kind_of(task).scene_sql(task)):
             with open_session(url, preprocess_sql=list(pre)) as s:
                 return s.execute(sql)
         answers.append(vote(candidates, execute, logprobs=[mean_logprob(t) for t in group_t]).sql)

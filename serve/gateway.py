@@ -44,8 +44,6 @@ import threading
 import weakref
 from typing import Any, Awaitable, Callable, Iterator
 
-Endpoint = Callable[[Any], Awaitable[Any]]
-
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
@@ -58,6 +56,8 @@ from .engine import ModelEngine
 from .http import check_length, error_response, install_error_handlers, read_json, validation_message
 from .limits import RateLimiter, check_api_key
 from .openai_chat import APIError, ChatRequest, error_body
+
+Endpoint = Callable[[Any], Awaitable[Any]]  # a plain Starlette endpoint: Request -> Response
 
 
 class ClaimBody(BaseModel):

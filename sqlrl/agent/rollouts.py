@@ -37,6 +37,7 @@ from __future__ import annotations
 from typing import Any, Hashable, Mapping, Sequence
 
 from sqlrl.db.source import SessionRequest, SessionSource
+from sqlrl.tasks.kinds import kind_of
 
 from .loop import AgentLoop, LoopConfig
 from .trajectory import Trajectory
@@ -60,7 +61,7 @@ class _SourceLeases:
 
     def open_many(self, indexes: Sequence[int]) -> list[Any]:
         return list(self.source.open_many([SessionRequest(
-            self.tasks[i].db_id, self.tasks[i].dialect, tuple(getattr(self.tasks[i], "preprocess_sql", ())),
+            self.tasks[i].db_id, self.tasks[i].dialect, kind_of(self.tasks[i]).scene_sql(self.tasks[i]),
             key=self.keys[i]) for i in indexes]))
 
     def close(self, index: int, session: Any) -> None:

@@ -193,7 +193,7 @@ class Rollouts:
         rollout_id = secrets.token_urlsafe(18)
         try:
             (session,) = self.sessions.open_many([SessionRequest(  # the kind's scene set, as the built-in loop's
-                task.db_id, task.dialect, tuple(getattr(task, "preprocess_sql", ())), limits=self.limits, key=rollout_id)])
+                task.db_id, task.dialect, kind_of(task).scene_sql(task), limits=self.limits, key=rollout_id)])
         except Exception as exc:
             with self._cond:
                 self._claiming -= 1

@@ -7,7 +7,7 @@ and the registry every layer reads it from.
 
 The built-in kinds (``text2sql``, ``critic``) are declared at the end of this module. **Adding a
 kind** = its task class (a frozen dataclass with ``kind``, ``task_id``, ``db_id``, ``dialect``,
-``source``, ``to_dict``/``from_dict``; optionally ``preprocess_sql``), its unlabelled request
+``source``, ``to_dict``/``from_dict``), its unlabelled request
 class (``from_task``; the agent loop and serve take it) and one ``register(TaskKind(...))``.
 Task records (``task_from_dict``, so every loader and JSONL file), prompts (``agent.prompts``),
 unlabelled requests (``agent.request``), rewards (``rewards.registry``: what judges it, which
@@ -109,6 +109,8 @@ class TaskKind:
     scored_as: str = ""  # the ``RewardSpec.task_kind`` of the rewards that score it (default: name)
     given_sql: Callable[[Any], tuple[str, ...]] = field(default=_nothing)  # SQL the user hands
     #                                    over to be fixed (none: the answer is written from scratch)
+    scene_sql: Callable[[Any], tuple[str, ...]] = field(default=_nothing)  # SQL run in a trajectory's
+    #                                    own session before its first turn (a debugging task's scene)
     payload: tuple[PayloadField, ...] = ()  # what a client fetching its own work is shown (module docstring)
 
     def __post_init__(self) -> None:
@@ -257,7 +259,7 @@ CRITIC = register(TaskKind(
     ground_truth=lambda t: json.dumps(list(t.sol_sql), ensure_ascii=False),
     judge=lambda judge, task, sql: judge.critic(task, sql), check_reference=_critic_check,
     rewards={"single": "critic_single", "agentic": "critic_agentic"},
-    given_sql=lambda t: t.issue_sql,
+    given_sql=lambda t: t.issue_sql, scene_sql=lambda t: tuple(t.preprocess_sql),
     payload=(PayloadField("problem", str, "the user's problem statement: what the SQL must do",
                           lambda r: r.query),
              PayloadField("issue_sql", list, "the user's SQL that does not do it, one statement an item "

@@ -89,7 +89,7 @@ def verl_row(task: Task, index: int, *, prompt: list[dict[str, str]], ability: s
                         "{'role': str, 'content': str} messages")
     ground_truth = kind_of(task).ground_truth(task)
     create = {"task_id": task.task_id, "db_id": task.db_id, "dialect": task.dialect,
-              "preprocess_sql": list(getattr(task, "preprocess_sql", ()))}
+              "preprocess_sql": list(kind_of(task).scene_sql(task))}
     return {
         "data_source": data_source or task.source or f"sqlrl-{task.kind}",
         "prompt": prompt,
