@@ -34,7 +34,12 @@ Guarantees (the ``sqlrl.policy.types`` contract):
   same and no group had a gradient.)
 - a failed ``generate`` aborts every request left in the engine and raises ``RuntimeError`` naming
   the cause (logged with its traceback), so the next call starts clean instead of waiting forever
-  on the failed call's requests; if the abort fails too, the backend is closed (later calls raise);
+  on the failed call's requests, and forgets every cached prefix: vLLM registers a block in its
+  prefix cache when it schedules the block, before the model step that writes its KV, so a step
+  that fails leaves cache entries over blocks never written, and a later request with the same
+  prompt prefix would attend to stale KV and write garbage (seen in CI: a greedy call after the
+  failure disagreed with HF from its first token). If the abort or the reset fails, the backend is
+  closed (later calls raise instead of hanging or generating from stale KV);
 - prefix caching is on; ``enforce_eager`` is on by default (``torch.compile`` warm-up costs more
   than it saves at this scale; pass ``enforce_eager=False`` on GPUs for CUDA graphs);
 - on CPU a model whose attention head size vLLM's CPU kernels lack (e.g. the 16-wide heads of the
@@ -231,18 +236,30 @@ class VLLMBackend:
         return [to_generation(c, i, j) for i, out in enumerate(outputs) for j, c in enumerate(out.outputs)]
 
     def _abort_unfinished(self) -> int:
-        """Abort every request still in the engine (after a failed ``generate``); returns how many.
-        If even that fails the backend is closed, so later calls raise instead of hanging."""
+        """Abort every request still in the engine (after a failed ``generate``) and forget the
+        cached prefixes (the failed step's blocks are in the cache unwritten: module doc); returns
+        how many requests were aborted. If either fails the backend is closed, so later calls raise
+        instead of hanging or reading stale KV."""
         try:
             engine = self.llm.llm_engine
             ids = list(engine.output_processor.request_states)
             if ids:
                 engine.abort_request(ids, internal=True)
-            return len(ids)
         except Exception:
             logger.exception("could not abort the vLLM engine's requests; closing the backend")
             self.close()
             return 0
+        if not self._reset_prefix_cache():
+            logger.error("could not reset vLLM's prefix cache after a failed step; closing the backend")
+            self.close()
+        return len(ids)
+
+    def _reset_prefix_cache(self) -> bool:
+        try:
+            return bool(self.llm.reset_prefix_cache())
+        except Exception:
+            logger.exception("vLLM's prefix-cache reset raised")
+            return False
 
     def load_weights(self, state_dict: Mapping[str, Any]) -> int:
         """Load a full HF-named state dict into the running engine; returns the tensors loaded."""
@@ -256,8 +273,11 @@ class VLLMBackend:
         return int(loaded[0]) if loaded else 0
 
     def clear_cache(self) -> None:
-        """Forget cached prefixes (their KV belongs to the weights they were computed with)."""
-        self.llm.reset_prefix_cache()
+        """Forget cached prefixes (their KV belongs to the weights they were computed with);
+        ``RuntimeError`` if vLLM refuses (it does while requests hold blocks), never a silent keep."""
+        if not self._reset_prefix_cache():
+            raise RuntimeError("vLLM did not reset its prefix cache (requests still hold blocks?): "
+                               "cached KV of the old weights would be reused")
 
     def close(self) -> None:
         """Stop the engine (its processes, or in-process its worker) and free its memory (the

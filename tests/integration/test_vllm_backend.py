@@ -113,14 +113,22 @@ def test_a_failed_generate_aborts_its_requests_so_the_next_call_does_not_hang(se
         return real(*args, **kwargs)
 
     monkeypatch.setattr(core.model_executor, "execute_model", fail_once)
+    # a prompt no earlier call computed (its own first tokens): every full block of it is new, so
+    # the failed step registers those blocks in vLLM's prefix cache before writing their KV
+    fresh = setup["policy"].tokenizer("A prompt of its own, 7391.\n")["input_ids"] + list(setup["prompts"][0])
+    prompts = [fresh, *setup["prompts"][1:]]
     params = SamplingParams(temperature=0.7, max_new_tokens=8, seed=1)
     with pytest.raises(RuntimeError, match=r"vLLM generation failed \(RuntimeError: injected model failure\); "
                                            r"3 unfinished request\(s\) aborted"):
-        vllm.generate(setup["prompts"], params)
+        vllm.generate(prompts, params)
     assert "injected model failure" in caplog.text  # logged with its traceback
     assert not vllm.llm.llm_engine.has_unfinished_requests()
-    again = vllm.generate(setup["prompts"], params)  # returns (before the fix: never)
+    again = vllm.generate(prompts, params)  # returns (before the fix: never)
     assert len(again) == 3 and all(g.token_ids for g in again)
+    # and reads no KV the failed step never wrote (before the prefix-cache reset: garbage from the
+    # first token, and every later call with this prefix too)
+    greedy = SamplingParams(temperature=0, max_new_tokens=16)
+    assert vllm.generate([fresh], greedy)[0].token_ids == setup["hf"].generate([fresh], greedy)[0].token_ids
 
 
 def test_equal_prompts_in_one_seeded_call_draw_different_samples(setup):
