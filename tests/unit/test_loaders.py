@@ -308,7 +308,7 @@ def test_critic_loader_db_root_and_error_paths(tmp_path: Path, demo_db_path: str
 # -- JSONL and the registry --------------------------------------------------------------------------
 
 def test_registry_and_jsonl_loader(tmp_path: Path, demo_db_path: str) -> None:
-    assert {"spider", "bird", "critic", "verl", "jsonl"} <= set(LOADERS)  # the built-ins (a new one: tests/conformance/test_loaders.py)
+    assert {"spider", "bird", "critic", "verl", "jsonl"} <= set(LOADERS)  # the built-ins
     tasks = [Text2SQLTask("a", "shop", "q?", "SELECT 1"), Text2SQLTask("b", "ghost", "q?", "SELECT 1"),
              Text2SQLTask("c", "ghost", "q?", "SELECT 1", dialect="postgresql")]
     write_tasks(tmp_path / "t.jsonl", tasks)
