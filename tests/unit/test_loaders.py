@@ -317,8 +317,8 @@ def test_registry_and_jsonl_loader(tmp_path: Path, demo_db_path: str) -> None:
     shutil.copy(demo_db_path, tmp_path / "dbs" / "shop" / "shop.sqlite")
     ts = load_jsonl(tmp_path / "t.jsonl", db_root=tmp_path / "dbs")
     assert [t.task_id for t in ts.tasks] == ["a", "c"] and ts.skipped == {"ghost": 1}
-    with pytest.raises(ValueError, match="unknown task source 'csv'"):
-        load("csv", tmp_path / "t.jsonl")
+    with pytest.raises(ValueError, match="unknown task source 'no-such-source'"):
+        load("no-such-source", tmp_path / "t.jsonl")
 
 
 # -- verl ---------------------------------------------------------------------------------------------
