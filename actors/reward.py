@@ -39,6 +39,7 @@ from sqlrl.db import Limits
 from sqlrl.db.source import PoolSessions
 from sqlrl.suites.test_suite import TestSuites
 from sqlrl.rewards import Judge, RewardBreakdown, RewardConfig, compute, get_reward
+from sqlrl.rewards.registry import excluded
 
 
 @dataclass(frozen=True)
@@ -106,8 +107,8 @@ class RewardScorer:
 
 
 def failed(reward: str, reason: str) -> RewardBreakdown:
-    keys = get_reward(reward).keys
-    return RewardBreakdown(0.0, {k: 0.0 for k in keys}, True, reason)
+    """``sqlrl.rewards.registry.excluded``: a row the scorers could not score."""
+    return excluded(reward, reason)
 
 
 class RewardGroup:

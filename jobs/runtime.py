@@ -10,7 +10,8 @@ Guarantees:
   (``cluster.placement``, a profile of ``deploy/placement.yaml``: the file the cluster
   definitions are checked against).
 - The pool has a partition per rollout worker and one for the reward scorers; ``Runtime.score``
-  never scores a rollout that failed (it gets an excluded breakdown: neither reward nor penalty).
+  never scores a rollout that failed (``sqlrl.rl.outcome.score_rollouts``: an excluded breakdown,
+  neither reward nor penalty).
   The scorers score with the stage's ``reward`` section (``RewardConfig``: ``reward.test_suite``
   switches test-suite match on, for the RL steps and the held-out evaluation alike);
   ``prebuild_suites`` distils every task's suite before the first step (the stage calls it), and
@@ -191,19 +192,12 @@ class Runtime:
             self._groups.remove(group)
 
     def score(self, trajectories: Sequence[Any], tasks: Sequence[Any], reward: str) -> list[Any]:
-        from actors.reward import RewardRequest, failed
+        """``sqlrl.rl.outcome.score_rollouts`` on the job's reward scorers."""
+        from actors.reward import RewardRequest
+        from sqlrl.rl.outcome import score_rollouts
 
-        out: list[Any] = [None] * len(tasks)
-        requests, where = [], []
-        for i, (traj, task) in enumerate(zip(trajectories, tasks)):
-            if traj.stop_reason == "error":  # the infrastructure failed: neither reward nor penalty
-                out[i] = failed(reward, f"rollout-error: {traj.error}")
-            else:
-                requests.append(RewardRequest(reward, task, traj.response()))
-                where.append(i)
-        for i, b in zip(where, self.rewards.score(requests) if requests else []):
-            out[i] = b
-        return out
+        return score_rollouts(trajectories, tasks, reward,
+                              lambda asked: self.rewards.score([RewardRequest(reward, t, r) for t, r in asked]))
 
     def close(self) -> None:
         workers, self._workers = self._workers, None

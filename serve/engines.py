@@ -131,8 +131,16 @@ def build_served(spec: Any, seed: int | None = None) -> Served:
     return Served(kind, policy, policy_spec.engine(policy, seed, **kind.batch_bound(spec.max_batch_size)))
 
 
+def _engines() -> tuple[str, ...]:
+    from sqlrl.policy.backends import ENGINES  # the engine registry (imports neither torch nor vLLM)
+
+    return tuple(ENGINES)
+
+
 def check_served(backend: str) -> str:
     """``backend`` when serving can run it (a ``RESOLUTIONS`` or ``KINDS`` name); else ``ValueError``."""
     if backend not in served_names():
-        raise ValueError(f"backend {backend!r} cannot serve; serving runs: {', '.join(served_names())}")
+        raise ValueError(f"backend {backend!r} cannot serve; serving runs: {', '.join(served_names())}"
+                         + (" (an engine of sqlrl.policy.backends.ENGINES serves once serve/engines.py::KINDS has its EngineKind)"
+                            if backend in _engines() else ""))
     return backend

@@ -254,6 +254,12 @@ def get_reward(name: str) -> RewardSpec:
     return REWARDS[name]
 
 
+def excluded(name: str, reason: str) -> RewardBreakdown:
+    """The breakdown of a row reward ``name`` does not score (``reason``: a failed rollout, a scorer
+    that raised or timed out): excluded -- neither reward nor penalty --, every part of the reward 0."""
+    return RewardBreakdown(0.0, {k: 0.0 for k in get_reward(name).keys}, True, reason)
+
+
 def extract(spec: RewardSpec, response: Any, config: RewardConfig) -> Extracted:
     if spec.response == "agentic":
         if isinstance(response, (str, bytes)) or not isinstance(response, Iterable):

@@ -5,6 +5,9 @@ Guarantees:
   ``result`` part is full marks (``>= 1``). The held-out evaluation (``jobs.held_out``), the probe
   and the GRPO step's pass rate all read it; ``outcome(breakdown)`` is 1 / 0, or None for an
   excluded row (a broken reference or a failed rollout: neither success nor failure).
+- ``score_rollouts`` never scores a rollout that stopped on an infrastructure error (stop reason
+  ``error``): its row is excluded (``sqlrl.rewards.registry.excluded``), neither reward nor penalty;
+  the other rollouts are scored in one call, in order.
 - ``rollout_metrics`` is over every scored row a step drew (excluded rows count nowhere), so the
   reward curve is the policy's whatever group filtering kept; ``trained_reward_mean`` is over the
   kept rows. Key order is fixed (it is a metrics.jsonl line).
@@ -17,9 +20,10 @@ Pure Python; inputs are not changed.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
-__all__ = ["StageSignal", "grpo_signal", "mean", "outcome", "rollout_metrics", "sft_signal", "solved"]
+__all__ = ["StageSignal", "grpo_signal", "mean", "outcome", "rollout_metrics", "score_rollouts", "sft_signal",
+           "solved"]
 
 
 def mean(xs: Iterable[float]) -> float:
@@ -36,6 +40,28 @@ def solved(breakdown: Any) -> bool:
 def outcome(breakdown: Any) -> int | None:
     """1 (solved), 0 (not), or None for an excluded row (not scored)."""
     return None if breakdown.excluded else int(solved(breakdown))
+
+
+def score_rollouts(trajectories: Sequence[Any], tasks: Sequence[Any], reward: str,
+                   score: Callable[[list[tuple[Any, Any]]], Sequence[Any]]) -> list[Any]:
+    """A breakdown of reward ``reward`` per rollout, in order: ``score([(task, response), ...])``
+    (one call) for the rollouts that ended, ``excluded`` for those that stopped on an error."""
+    from ..rewards.registry import excluded
+
+    out: list[Any] = [None] * len(tasks)
+    asked, where = [], []
+    for i, (traj, task) in enumerate(zip(trajectories, tasks, strict=True)):
+        if traj.stop_reason == "error":  # the infrastructure failed, not the policy
+            out[i] = excluded(reward, f"rollout-error: {traj.error}")
+        else:
+            asked.append((task, traj.response()))
+            where.append(i)
+    got = list(score(asked)) if asked else []
+    if len(got) != len(asked):
+        raise ValueError(f"score returned {len(got)} breakdowns for {len(asked)} rollouts")
+    for i, b in zip(where, got):
+        out[i] = b
+    return out
 
 
 def rollout_metrics(trajs: Sequence[Any], breakdowns: Sequence[Any], keep: Sequence[int]) -> dict[str, Any]:

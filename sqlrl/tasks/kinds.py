@@ -29,6 +29,8 @@ Guarantees:
   reach judges and requests only through their arguments (duck typing) or by module name.
 - Names are unique (``register`` replaces a kind of the same name); ``kinds()`` keeps
   registration order (the built-ins first).
+- ``register`` refuses (``TaskKindError``, naming each gap) a kind whose task class lacks what the
+  layers read of it (``check_kind``): never an ``AttributeError`` in a loader or a rollout.
 - ``kind_of`` raises ``TypeError`` for anything that is not a task or request of a registered
   kind; ``kind_of_record`` raises ``TaskError`` naming what each kind's records must hold.
 """
@@ -43,7 +45,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from .types import CriticTask, TaskError, Text2SQLTask
 
-__all__ = ["PAYLOAD_COMMON", "PayloadField", "TaskKind", "kind_of", "kind_of_record", "kinds", "get_kind", "register",
+__all__ = ["PAYLOAD_COMMON", "PayloadField", "TaskKind", "TaskKindError", "check_kind", "kind_of", "kind_of_record", "kinds", "get_kind", "register",
            "registered", "unregister", "task_from_dict", "joined_sql"]
 
 
@@ -131,10 +133,56 @@ class TaskKind:
 
 _REGISTRY: dict[str, TaskKind] = {}
 
+# What every layer reads off a kind's task class (module docstring: "Adding a kind").
+TASK_MEMBERS = ("task_id", "db_id", "dialect", "source")
+TASK_METHODS = ("to_dict", "from_dict")
+RESPONSE_SHAPES = ("single", "agentic")  # the keys of ``TaskKind.rewards``
+
+
+class TaskKindError(TypeError):
+    """A task kind that lacks what every layer reads of it (raised at registration, naming it)."""
+
+
+def _has_member(cls: type, name: str) -> bool:
+    """``cls`` has ``name`` as a dataclass field, a class attribute or a property."""
+    fields = getattr(cls, "__dataclass_fields__", {})
+    return name in fields or hasattr(cls, name)
+
+
+def check_kind(kind: TaskKind) -> TaskKind:
+    """``kind`` when its task class and settings hold the contract; else ``TaskKindError`` naming
+    every gap: the task class's ``kind`` (a class attribute equal to the kind's name), its
+    ``task_id``/``db_id``/``dialect``/``source``, its ``to_dict``/``from_dict``; marks to
+    recognise its records; ``request`` as ``"module:Class"``; ``rewards`` for both response shapes.
+    The request class is not imported here (it lives in a higher layer): the conformance suite
+    (tests/conformance/test_task_kinds.py) holds it and the rewards' names to the registries."""
+    cls, problems = kind.task_type, []
+    if not isinstance(cls, type):
+        raise TaskKindError(f"task kind {kind.name!r}: task_type must be a class, got {cls!r}")
+    if getattr(cls, "kind", None) != kind.name:
+        problems.append(f"{cls.__name__}.kind must be the class attribute {kind.name!r} "
+                        f"(got {getattr(cls, 'kind', None)!r})")
+    missing = [m for m in TASK_MEMBERS if not _has_member(cls, m)]
+    if missing:
+        problems.append(f"{cls.__name__} lacks {', '.join(missing)}")
+    missing = [m for m in TASK_METHODS if not callable(getattr(cls, m, None))]
+    if missing:
+        problems.append(f"{cls.__name__} lacks {', '.join(m + '()' for m in missing)}")
+    if not kind.marks or not all(isinstance(m, str) and m for m in kind.marks):
+        problems.append("marks must name the record keys that make a record of the kind")
+    if kind.request.count(":") != 1 or not all(kind.request.split(":")):
+        problems.append(f"request must be 'module:Class' (the unlabelled request class), got {kind.request!r}")
+    if set(kind.rewards) != set(RESPONSE_SHAPES) or not all(isinstance(v, str) and v for v in kind.rewards.values()):
+        problems.append(f"rewards must name a reward for each response shape {list(RESPONSE_SHAPES)}, "
+                        f"got {dict(kind.rewards)!r}")
+    if problems:
+        raise TaskKindError(f"task kind {kind.name!r} cannot register: " + "; ".join(problems))
+    return kind
+
 
 def register(kind: TaskKind) -> TaskKind:
-    """Add ``kind`` (replacing one of the same name)."""
-    _REGISTRY[kind.name] = kind
+    """Add ``kind`` (replacing one of the same name) once ``check_kind`` passes it."""
+    _REGISTRY[check_kind(kind).name] = kind
     return kind
 
 

@@ -1,6 +1,7 @@
 """Conformance over every registered task kind (``sqlrl.tasks.kinds.kinds()``, read at collection):
-each kind's tasks load (records and JSONL files), prompt (both modes, and its unlabelled request
-the same), are judged (its gold answer solved, a wrong one not: ``sqlrl.rl.outcome.solved``, the
+each kind's tasks load (records and JSONL files), its request class and the rewards it routes to fit
+it (``from_task``; each reward exists, scores that response shape and the kind's ``scored_as``),
+its tasks prompt (both modes, and its unlabelled request the same), are judged (its gold answer solved, a wrong one not: ``sqlrl.rl.outcome.solved``, the
 one definition of success, through the hybrid rewards the jobs use), and have their answers
 written by ``jobs.infer``. A kind registered without a sample here fails
 ``test_every_registered_kind_has_a_sample``, naming it; tests/unit/test_fake_task_kind.py runs a
@@ -62,6 +63,65 @@ def judge(db_root: Path):
     from sqlrl.rewards import Judge
 
     return Judge({"shop": {"sqlite": f"sqlite:///{db_root / 'shop' / 'shop.sqlite'}"}})
+
+
+def request_problems(kind: Any) -> list[str]:
+    """What the kind's unlabelled request class lacks (the agent loop, serving and the gateway
+    build it with ``from_task`` and read ``kind``/``task_id``/``db_id``/``dialect`` off it)."""
+    try:
+        cls = kind.request_type()
+    except (ImportError, AttributeError, ValueError) as exc:
+        return [f"its request {kind.request!r} does not import: {exc}"]
+    problems = []
+    if getattr(cls, "kind", None) != kind.name:
+        problems.append(f"{cls.__name__}.kind must be {kind.name!r} (got {getattr(cls, 'kind', None)!r})")
+    if not callable(getattr(cls, "from_task", None)):
+        problems.append(f"{cls.__name__} lacks from_task(task) (the unlabelled request of a task)")
+    return problems
+
+
+def reward_problems(kind: Any) -> list[str]:
+    """The rewards the kind routes to (``TaskKind.rewards``) exist, score its response shape and
+    score its kind of task (``RewardSpec.task_kind`` == ``TaskKind.scored_as``): a reward named
+    directly in a stage config would otherwise refuse the kind's tasks, or score them as another
+    kind's."""
+    from sqlrl.rewards.registry import REWARDS
+
+    problems = []
+    for shape, name in kind.rewards.items():
+        spec = REWARDS.get(name)
+        if spec is None:
+            problems.append(f"rewards[{shape!r}] = {name!r} is not in sqlrl.rewards.registry.REWARDS")
+        elif spec.response != shape:
+            problems.append(f"rewards[{shape!r}] = {name!r} scores {spec.response} responses, not {shape}")
+        elif spec.task_kind != kind.scored_as:
+            problems.append(f"rewards[{shape!r}] = {name!r} scores {spec.task_kind!r} tasks, but the kind is "
+                            f"scored as {kind.scored_as!r} (set TaskKind.scored_as, or name a reward for it)")
+    return problems
+
+
+@pytest.mark.parametrize("name", KINDS)
+def test_the_kinds_request_class_and_rewards_fit_it(name):
+    problems = request_problems(get_kind(name)) + reward_problems(get_kind(name))
+    assert not problems, f"task kind {name!r}: " + "; ".join(problems)
+
+
+def test_the_suite_names_a_bad_request_class_and_a_reward_of_another_kind():
+    import dataclasses
+
+    from sqlrl.tasks.kinds import TEXT2SQL
+
+    bad = dataclasses.replace(TEXT2SQL, name="planted", request="sqlrl.tasks.types:Text2SQLTask",
+                              rewards={"single": "critic_single", "agentic": "bird_ex_single"})
+    assert request_problems(bad) == [
+        "Text2SQLTask.kind must be 'planted' (got 'text2sql')",
+        "Text2SQLTask lacks from_task(task) (the unlabelled request of a task)"]
+    assert reward_problems(bad) == [
+        "rewards['single'] = 'critic_single' scores 'critic' tasks, but the kind is scored as 'text2sql' "
+        "(set TaskKind.scored_as, or name a reward for it)",
+        "rewards['agentic'] = 'bird_ex_single' scores single responses, not agentic"]
+    assert request_problems(dataclasses.replace(bad, request="sqlrl.nowhere:X"))[0].startswith(
+        "its request 'sqlrl.nowhere:X' does not import")
 
 
 @pytest.mark.parametrize("name", KINDS)

@@ -158,6 +158,45 @@ def test_a_server_clone_engine_needs_agent_login_and_a_whole_admin() -> None:
         check_admin(HalfAdmin, load=False)
 
 
+class _Lexing(_Whole):
+    """Every required method and an exact lexer."""
+
+    def lex(self, conn: Any, sql: str) -> list[Any]:
+        return []
+
+
+class _LoggingIn(_Whole):
+    """Every required method and AgentLogin, which a file engine never uses."""
+
+    def open_agent(self, *args: Any) -> Any: ...
+
+    def close_agent(self, *args: Any) -> Any: ...
+
+
+register_dialect("contract_lexnone")(_Lexing)
+register_dialect("contract_nolex")(type("_NoLex", (_Whole,), {}))  # a subclass: registering sets its name
+register_dialect("contract_filelogin")(_LoggingIn)
+
+
+@pytest.mark.parametrize("name, adapter_lexes, named", [
+    ("contract_lexnone", True, "implements ExactLexer \\(lex\\) but its descriptor names no lexer"),
+    ("contract_nolex", False, "does not implement ExactLexer \\(lex\\) but its descriptor names the lexer "
+                              "'sqlrl.db.dialects.sqlite_lex'"),
+])
+def test_an_exact_lexer_and_the_descriptors_lexer_come_together(name: str, adapter_lexes: bool, named: str) -> None:
+    engine = replace(SQLITE, name=name, aliases=(), adapter=__name__,
+                     lexer=None if adapter_lexes else SQLITE.lexer)
+    with registered(engine):
+        with pytest.raises(AdapterContractError, match=f"{name}: its adapter .* {named}"):
+            get_dialect(name)
+
+
+def test_a_file_engine_adapter_that_logs_agents_in_is_refused() -> None:
+    with registered(replace(SQLITE, name="contract_filelogin", aliases=(), adapter=__name__, lexer=None)):
+        with pytest.raises(AdapterContractError, match="implements AgentLogin, which only a server-clone engine"):
+            get_dialect("contract_filelogin")
+
+
 def test_an_admin_missing_a_method_is_refused_before_the_first_session() -> None:
     engine = replace(POSTGRESQL, name="contract_badadmin", aliases=(),
                      admin=f"{__name__}:_NoSeal")
@@ -209,15 +248,19 @@ def test_every_registered_engine_conforms(engine: Dialect) -> None:
     assert contract.has(ExactLexer) == (engine.lexer is not None)
 
 
+BUILTINS = ("sqlite", "postgresql", "mysql", "mssql", "oracle")  # engines.py's; an engine added there is not one
+
+
 def test_the_builtins_declare_what_they_implement() -> None:
+    builtins = [d for d in dialects() if d.name in BUILTINS]
     caps = {d.name: {c.__name__ for c in contract_of(get_dialect(d.name)).capabilities}
-            for d in dialects()}
+            for d in builtins}
     assert caps == {
         "sqlite": {"ExactLexer", "ReadOnlyAttestation"},
         "postgresql": {"ExactLexer", "Cancellable", "ReadOnlyAttestation", "AgentLogin"},
         "mysql": {"ExactLexer", "Cancellable", "Abandoning", "AgentLogin"},
         "mssql": {"ExactLexer"}, "oracle": {"ExactLexer"}}
-    assert [d.storage.kind for d in dialects()] == [
+    assert [d.storage.kind for d in builtins] == [
         "file-copy", "server-clone", "server-clone", "server-transaction", "server-transaction"]
     assert SQLITE.storage.sqlite_file and Cancellable in CAPABILITIES
 
@@ -285,7 +328,7 @@ def test_a_clone_source_missing_a_method_is_refused_and_none_is_a_clear_error(
 
 def test_an_adapter_is_made_per_descriptor() -> None:
     """A descriptor replaced by name gets an adapter of its own; one unregistered is unknown."""
-    engine = replace(SQLITE, name="contract_cache", aliases=())
+    engine = replace(SQLITE, name="contract_cache", aliases=(), lexer=None)  # _Whole has no lex
     register_dialect("contract_cache")(type("Cached", (_Whole,), {}))
     with registered(engine):
         first = get_dialect("contract_cache")

@@ -13,7 +13,7 @@ from types import SimpleNamespace as NS
 import pytest
 
 from sqlrl.rl.grpo import GRPOFns, GRPOPlan, LoopState, StepResult, grpo_steps, probe
-from sqlrl.rl.outcome import grpo_signal, outcome, solved
+from sqlrl.rl.outcome import grpo_signal, outcome, score_rollouts, solved
 
 
 class Fake:
@@ -167,3 +167,23 @@ def test_success_is_defined_once():
     assert solved(NS(parts={"result": 1.0})) and not solved(NS(parts={"result": 0.99})) and not solved(NS(parts={}))
     assert outcome(NS(parts={"result": 1.0}, excluded=False)) == 1
     assert outcome(NS(parts={"result": 1.0}, excluded=True)) is None
+
+
+def test_a_failed_rollout_is_excluded_not_scored_and_the_rest_are_scored_in_one_call():
+    calls = []
+
+    def score(asked):
+        calls.append(asked)
+        return [NS(excluded=False, score=1.0, parts={"result": 1.0}) for _ in asked]
+
+    trajs = [NS(stop_reason="submitted", response=lambda: "r0"), NS(stop_reason="error", error="shard lost"),
+             NS(stop_reason="max_turns", response=lambda: "r2")]
+    tasks = [NS(task_id=k) for k in "abc"]
+    out = score_rollouts(trajs, tasks, "hybrid_agentic", score)
+    assert calls == [[(tasks[0], "r0"), (tasks[2], "r2")]]  # one call, the failed rollout left out
+    assert [outcome(b) for b in out] == [1, None, 1]
+    assert out[1].reason == "rollout-error: shard lost" and out[1].score == 0.0
+    assert set(out[1].parts) >= {"format", "result", "is_critic"}  # the reward's own parts, all 0
+    assert score_rollouts([trajs[1]], tasks[:1], "hybrid_single", score) and len(calls) == 1  # nothing to score
+    with pytest.raises(ValueError, match="2 breakdowns for 1 rollouts"):
+        score_rollouts(trajs[:1], tasks[:1], "hybrid_single", lambda asked: [None, None])

@@ -329,8 +329,19 @@ def test_auto_is_a_registered_resolution_and_every_served_name_an_engine():
 
     assert "auto" in RESOLUTIONS and set(served_names()) <= set(ENGINES)
     assert served_names() == ("auto", *KINDS) and check_served("auto") == "auto"
-    with pytest.raises(ValueError, match=r"'hf-batched' cannot serve; serving runs: auto, hf, vllm, scripted$"):
+    with pytest.raises(ValueError, match=r"'hf-batched' cannot serve; serving runs: auto, hf, vllm, scripted \(an engine"):
         check_served("hf-batched")
+    with pytest.raises(ValueError, match=r"'nothing' cannot serve; serving runs: auto, hf, vllm, scripted$"):
+        check_served("nothing")
+
+
+def test_a_registered_engine_serving_has_no_kind_for_names_where_its_kind_goes(monkeypatch):
+    from serve.engines import check_served
+    from sqlrl.policy import backends
+
+    monkeypatch.setitem(backends.ENGINES, "echo", backends.ENGINES["scripted"])
+    with pytest.raises(ValueError, match=r"'echo' cannot serve; .* serves once serve/engines.py::KINDS has its EngineKind"):
+        check_served("echo")
 
 
 def test_a_resolution_that_picks_an_engine_serving_has_no_kind_for_is_refused(monkeypatch):

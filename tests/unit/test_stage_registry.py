@@ -152,22 +152,53 @@ def test_an_unknown_stage_is_named_with_the_known_ones(tmp_path):
         StageSpec("x", "x", "multi", _build_polish, "sft")
 
 
+def shipped_problems(spec: StageSpec, monkeypatch) -> list[str]:
+    """What of a stage's optional shipped parts disagrees with its entry: its YAML (``config``) names
+    its own stage; its entry module (``job``) runs this stage and has its row in docs/curriculum.md's
+    jobs table. A stage with neither (both are optional) has nothing to disagree."""
+    problems = []
+    if spec.config is not None:
+        path = spec.config_path()
+        if not path.is_file():
+            problems.append(f"its config {spec.config!r} is not a file in jobs/configs/")
+        elif load_stage_config(path).stage != spec.name:
+            problems.append(f"jobs/configs/{spec.config} names stage {load_stage_config(path).stage!r}")
+    if spec.job is not None:
+        try:
+            module = importlib.import_module(spec.job)
+        except ImportError as exc:
+            return problems + [f"its entry module {spec.job!r} does not import: {exc}"]
+        called = []
+        monkeypatch.setattr(module, "stage_main", lambda stage, argv: called.append((stage, argv)) or {})
+        module.main(["x=1"])
+        if called != [(spec.name, ["x=1"])]:  # the entry point runs this stage and nothing else
+            problems.append(f"{spec.job}.main runs {called}, not stage_main({spec.name!r}, argv)")
+        docs = (ROOT / "docs" / "curriculum.md").read_text()
+        row = f"| {spec.name[-1]} {spec.title} | `{spec.job.replace('.', '/')}.py` |"
+        if row not in docs:
+            problems.append(f"docs/curriculum.md's jobs table lacks {row}")
+    return problems
+
+
 @pytest.mark.parametrize("name", list(STAGES))
 def test_the_shipped_files_follow_the_registry(name, monkeypatch):
     spec = STAGES[name]
-    assert spec.trainer in TRAINERS
-    assert load_stage_config(spec.config_path()).stage == name  # the YAML names its own stage
-    module = importlib.import_module(spec.job)
-    called = []
-    monkeypatch.setattr(module, "stage_main", lambda stage, argv: called.append((stage, argv)) or {})
-    module.main(["x=1"])
-    assert called == [(name, ["x=1"])]  # the entry point runs this stage and nothing else
-    docs = (ROOT / "docs" / "curriculum.md").read_text()
-    row = f"| {name[-1]} {spec.title} | `{spec.job.replace('.', '/')}.py` |"
-    assert row in docs, f"docs/curriculum.md's jobs table lacks {row}"
+    assert spec.trainer in TRAINERS, f"stage {name}: trainer {spec.trainer!r} is not in jobs.train.TRAINERS"
+    problems = shipped_problems(spec, monkeypatch)
+    assert not problems, f"stage {name}: " + "; ".join(problems)
+
+
+def test_a_stage_without_shipped_files_needs_none_and_wrong_ones_are_named(monkeypatch):
+    assert shipped_problems(FAKE, monkeypatch) == []  # no YAML, no entry module: both optional
+    wrong = StageSpec("stage5", "answer polish SFT", "single", _build_polish, "sft", "stage1.yaml", "jobs.stage5_nowhere")
+    assert shipped_problems(wrong, monkeypatch) == [
+        "jobs/configs/stage1.yaml names stage 'stage1'",
+        "its entry module 'jobs.stage5_nowhere' does not import: No module named 'jobs.stage5_nowhere'"]
 
 
 def test_the_ray_stages_script_submits_the_registry_in_order():
     script = (ROOT / "scripts" / "ray_stages.sh").read_text()
     listed = re.search(r"for job in ([\w ]+); do", script).group(1).split()
-    assert [f"jobs.{m}" for m in listed] == [s.job for s in STAGES.values() if s.job]
+    want = [s.job for s in STAGES.values() if s.job]
+    assert [f"jobs.{m}" for m in listed] == want, \
+        f"scripts/ray_stages.sh's `for job in ...; do` list must be the registry's entry modules in order: {want}"

@@ -134,3 +134,66 @@ def test_the_guard_reads_every_production_module() -> None:
     files = {str(p.relative_to(ROOT)) for p in production_files()}
     assert {EXEMPT, "sqlrl/agent/prompts.py", "curriculum/teachers.py", "jobs/evaluate.py"} <= files
     assert Path(ROOT, EXEMPT).is_file()
+
+
+# -- registration checks the kind's contract (a gap is named there, not met in a loader or rollout) --
+
+def _broken(**change):
+    """A copy of TEXT2SQL whose task class (a subclass of Text2SQLTask) has ``change`` applied."""
+    import dataclasses
+
+    attrs = {"kind": "broken", **change}
+    task_type = type("BrokenTask", (Text2SQLTask,), {k: v for k, v in attrs.items() if v is not ...})
+    for name in [k for k, v in attrs.items() if v is ...]:  # ... = take the member away
+        setattr(task_type, name, None)
+    return dataclasses.replace(TEXT2SQL, name="broken", task_type=task_type)
+
+
+@pytest.mark.parametrize("change, named", [
+    ({"from_dict": ...}, "BrokenTask lacks from_dict()"),
+    ({"to_dict": ...}, "BrokenTask lacks to_dict()"),
+    ({"kind": "text2sql"}, "BrokenTask.kind must be the class attribute 'broken'"),
+])
+def test_a_kind_whose_task_class_lacks_a_member_does_not_register(change, named) -> None:
+    from sqlrl.tasks.kinds import TaskKindError, register
+
+    before = [k.name for k in kinds()]
+    with pytest.raises(TaskKindError, match=r"task kind 'broken' cannot register: .*" + named.replace("(", r"\(")
+                       .replace(")", r"\)")):
+        register(_broken(**change))
+    assert [k.name for k in kinds()] == before
+
+
+def test_a_kind_without_a_field_or_a_reward_per_shape_does_not_register() -> None:
+    import dataclasses
+
+    from sqlrl.tasks.kinds import TaskKindError, register
+
+    @dataclasses.dataclass(frozen=True)
+    class Bare:  # no db_id, dialect or source
+        kind = "bare"
+        task_id: str
+
+        def to_dict(self):
+            return {"task_id": self.task_id}
+
+        @classmethod
+        def from_dict(cls, d):
+            return cls(d["task_id"])
+
+    bare = dataclasses.replace(TEXT2SQL, name="bare", task_type=Bare, rewards={"single": "bird_ex_single"},
+                               request="sqlrl.agent.request.GenerateRequest")
+    with pytest.raises(TaskKindError) as exc:
+        register(bare)
+    text = str(exc.value)
+    assert "Bare lacks db_id, dialect, source" in text
+    assert "rewards must name a reward for each response shape ['single', 'agentic']" in text
+    assert "request must be 'module:Class'" in text
+    assert "bare" not in [k.name for k in kinds()]
+
+
+def test_the_builtin_kinds_pass_their_registration_check() -> None:
+    from sqlrl.tasks.kinds import check_kind
+
+    for kind in kinds():
+        assert check_kind(kind) is kind

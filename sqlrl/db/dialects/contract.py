@@ -15,8 +15,10 @@ Guarantees:
   registered ones; an unregistered class, such as a test's fake, is checked on first use, with
   the same errors).
 - ``check_engine`` holds an engine's storage layout (``descriptor.Storage``) to what its adapter
-  and admin implement: a server-clone engine's adapter logs agents in (``AgentLogin``) and its
-  admin class implements ``ServerAdmin`` (and ``BulkLoad`` when the loader targets it).
+  and admin implement: a server-clone engine's adapter logs agents in (``AgentLogin``; no other
+  engine's adapter does) and its admin class implements ``ServerAdmin`` (and ``BulkLoad`` when the
+  loader targets it); and its descriptor to its adapter: a ``lexer`` named exactly when the
+  adapter has ``ExactLexer``.
 - ``admin_class(engine)`` is the one way to an engine's admin class: imported by the name its
   descriptor gives and checked before it is returned.
 - Methods are read off the class statically (``inspect.getattr_static``): no instance is made,
@@ -305,7 +307,10 @@ def admin_class(engine: Dialect) -> type:
 
 
 def check_engine(engine: Dialect, adapter_cls: type) -> Contract:
-    """The adapter (and admin) of ``engine`` implement what its storage layout needs."""
+    """The adapter (and admin) of ``engine`` implement what its storage layout needs, and agree
+    with its descriptor: an adapter with ``ExactLexer`` exactly when the descriptor names a
+    ``lexer`` (the executor splits with the one, ``statements`` with the other); ``AgentLogin``
+    only for a storage whose admin makes the logins (server-clone)."""
     contract = contract_of(adapter_cls)
     if engine.storage.needs_admin:
         if not contract.has(AgentLogin):
@@ -314,4 +319,14 @@ def check_engine(engine: Dialect, adapter_cls: type) -> Contract:
                 f"{_label(adapter_cls)} to implement AgentLogin "
                 f"({', '.join(methods_of(AgentLogin))})")
         admin_class(engine)
+    if contract.has(ExactLexer) != (engine.lexer is not None):
+        raise AdapterContractError(
+            f"{engine.name}: its adapter {_label(adapter_cls)} "
+            + ("implements ExactLexer (lex) but its descriptor names no lexer (Dialect.lexer)"
+               if engine.lexer is None else
+               f"does not implement ExactLexer (lex) but its descriptor names the lexer {engine.lexer!r}"))
+    if contract.has(AgentLogin) and not engine.storage.needs_admin:
+        raise AdapterContractError(
+            f"{engine.name}: its adapter {_label(adapter_cls)} implements AgentLogin, which only a "
+            f"server-clone engine's admin logs it into; storage {engine.storage.kind} has none")
     return contract
