@@ -2,7 +2,7 @@
 (a stage config's ``trainer: gateway``; docs/gateway_training.md).
 
 ``stage_job_config(stage_cfg, model, api_key, kinds)`` is the ``AgentJobConfig`` the stage's steps
-run with (``jobs.gateway_steps``, the standalone job's loop); ``check_stage`` runs it on
+run with (``jobs.train_agent.gateway_steps``, the standalone job's loop); ``check_settings`` runs it on
 the stage's config before any work; ``train_stage`` runs the steps with the stage's learner, DB pool
 and agent client processes.
 
@@ -12,11 +12,11 @@ Guarantees:
   -- ``rollout.backend`` (``auto``, ``hf``, ``vllm``, ``scripted``), ``rollout.dtype``,
   ``rollout.device``, ``rollout.engine_options`` -- with the stage's start checkpoint as its model,
   running ``rollout.batch`` sequences at once (the engine's batch bound, ``max_batch_size``).
-- What the gateway cannot honour is refused by ``check_stage`` (the stage job's ``check_trainer``,
+- What the gateway cannot honour is refused by ``check_settings`` (the stage job's ``check_trainer``,
   before any work) with the stage's key named, never ignored: a lock-step ``rollout.backend``
   (``hf-batched``, ``vllm-batched``: serving has no engine kind for them) and a batch bound in
   ``rollout.engine_options`` (``max_batch``, ``max_num_seqs``: set ``rollout.batch``); anything
-  else the gateway's engine spec refuses (``jobs.model_spec``) is refused there too.
+  else the gateway's engine spec refuses (``jobs.train_agent.model_spec``) is refused there too.
 - ``rollout.max_turns`` and ``rollout.max_new_tokens`` are the built-in agent loop's: the stage's
   held-out evaluation uses them; through the gateway the client agents decide their turns and ask
   ``gateway.max_tokens`` per call. ``rollout.max_total_tokens`` bounds a trained sequence
@@ -41,7 +41,7 @@ def stage_job_config(c: Any, model: str, api_key: str,
     running ``rollout.batch`` sequences at once (``max_batch_size``); ``rl.*`` gives the steps,
     groups, loss and weight update, ``gateway.*`` the deadline, redraws and tags; ``kinds``: the task
     kinds it hands out. A rollout setting the gateway cannot honour is a ``ValueError`` naming the
-    stage's key (``check_stage``)."""
+    stage's key (``check_settings``)."""
     from jobs.train import rl_seed
     from serve.engines import KINDS, served_names
 
@@ -65,7 +65,7 @@ def stage_job_config(c: Any, model: str, api_key: str,
     return cfg
 
 
-def check_stage(c: Any) -> None:
+def check_settings(c: Any) -> None:
     """``trainer: gateway``'s check of a stage config before any work (``jobs.train.TRAINERS``):
     ``stage_job_config`` on the stage's start model, unloaded -- its refusals, at config time."""
     stage_job_config(c, c.model.init, api_key="check")

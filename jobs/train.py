@@ -246,10 +246,10 @@ def train_gateway(rt: Any, model: str, tasks: Sequence[Any], logger: Any) -> tup
 
 def check_gateway(cfg: StageConfig) -> None:
     """The gateway's engine is the stage's rollout policy: what it cannot honour is refused
-    (``jobs.gateway_stage.check_stage``)."""
-    from jobs.gateway_stage import check_stage
+    (``jobs.gateway_stage.check_settings``)."""
+    from jobs.gateway_stage import check_settings
 
-    check_stage(cfg)
+    check_settings(cfg)
 
 
 def plan_gateway(cfg: StageConfig) -> str:
