@@ -24,8 +24,8 @@ returns whole completions; ``VLLMEngine`` streams token by token).
 ``place_policy(policy, device, backend)`` moves a loaded policy to where its own weights generate
 (``generation_device``): ``"cpu"``, ``"cuda"`` or ``"cuda:N"`` as given; ``"auto"`` is the GPU when
 this process sees one and the backend generates with those weights (hf, or a resolution that
-picks hf for this policy), else the CPU -- vLLM keeps its own copy of the weights on the GPU and the scripted backend
-uses none, so the policy beside them stays on the CPU.
+picks hf for this policy), else the CPU -- vLLM keeps its own copy of the weights on the GPU and
+the scripted backend uses none, so the policy beside them stays on the CPU.
 
 Engines (``sqlrl.policy.engine``: one sequence per request, awaited by one coroutine per
 trajectory) by name: ``ENGINES``, filled only through ``register_engine(name, build, engine_class)``,
@@ -52,9 +52,9 @@ name that is no engine of its own but picks one of its declared ``targets`` per 
 policy's folder alone (``Resolution.pick``; ``auto``: ``vllm`` where ``vllm_unavailable`` says it
 can serve the policy, else ``hf``). Registering one checks that every target is a registered
 engine and enters the name in ``ENGINES`` (and ``BACKENDS``, where its targets are backends) as a
-build that resolves, then builds the target; ``resolve_engine`` / ``PolicySpec.resolved`` and ``generation_device`` ask
-the registry, so no code compares a backend's name with a resolution's (serving lists the same
-registry: ``serve.engines``).
+build that resolves, then builds the target; ``resolve_engine`` / ``PolicySpec.resolved`` and
+``generation_device`` ask the registry, so no code compares a backend's name with a resolution's
+(serving lists the same registry: ``serve.engines``).
 
 Guarantees: an unknown name raises ``ValueError`` naming the known ones; backends are imported
 lazily (importing this module loads neither torch nor vLLM).
