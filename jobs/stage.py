@@ -130,13 +130,15 @@ def check_stage(cfg: StageConfig, config_path: str | Path | None = None) -> None
 
 def check_trainer(cfg: StageConfig) -> None:
     """``ValueError`` when ``trainer`` names no ``TRAINERS`` entry, or one that takes other items
-    than the stage's data builder makes (SFT examples vs tasks) or another rollout mode."""
+    than the stage's data builder makes (SFT examples vs tasks) or another rollout mode, or the
+    config sets what it cannot honour (``Trainer.check``)."""
     chosen, own = TRAINERS.get(cfg.trainer_name), TRAINERS[cfg.spec.trainer]
     if chosen is None:
         raise ValueError(f"trainer {cfg.trainer_name!r} is not one of {', '.join(TRAINERS)}")
     if chosen.takes != own.takes or (chosen.modes and cfg.mode not in chosen.modes):
         raise ValueError(f"trainer {cfg.trainer_name!r} trains on {chosen.takes} in "
                          f"{'/'.join(chosen.modes) or 'any'} mode; {cfg.stage} builds {own.takes} in {cfg.mode} mode")
+    chosen.check(cfg)  # the stage's settings it cannot honour
 
 
 def check_overwrite(cfg: StageConfig) -> None:

@@ -2,7 +2,8 @@
 
 - ``sft``: ``sft.epochs`` passes over the stage's ``SFTExample``s in batches of ``sft.batch_size``.
 - ``gateway`` (a stage's ``trainer: gateway``; agentic stages): the same ``rl.*`` steps through the
-  training gateway with external agent clients (``jobs.train_agent.train_stage``, docs/gateway_training.md).
+  training gateway with external agent clients (``jobs.gateway_stage.train_stage``, docs/gateway_training.md);
+  its engine is the stage's rollout policy, and what it cannot honour is refused before any work (``Trainer.check``).
 - ``grpo``: ``rl.steps`` GRPO steps over the stage's tasks: the loop itself -- roll out
   ``tasks_per_step`` tasks x ``group_size`` samples, score them (``StageConfig.reward_name``, with the ``reward`` section's settings), keep the
   groups with a signal (dynamic sampling with ``rl.sampling_rounds > 1``), update, sync -- is
@@ -231,14 +232,24 @@ class Trainer:
     curves: Curves  # how jobs.report draws its stages' metrics
     takes: str = "tasks"  # what its items are: "tasks" | "SFT examples" (a stage's trainer may be swapped for one that takes the same)
     modes: tuple[str, ...] = ()  # the stage modes it can train (empty: any)
+    # the stage config's settings it cannot honour: ValueError naming the key (jobs.stage.check_trainer, before any work)
+    check: Callable[[StageConfig], None] = lambda cfg: None
 
 
 def train_gateway(rt: Any, model: str, tasks: Sequence[Any], logger: Any) -> tuple[Any, list[dict]]:
     """``rl.steps`` GRPO steps through the training gateway, agent client processes rolling out
-    (``jobs.train_agent.train_stage``)."""
-    from jobs.train_agent import train_stage
+    (``jobs.gateway_stage.train_stage``)."""
+    from jobs.gateway_stage import train_stage
 
     return train_stage(rt, model, tasks, logger)
+
+
+def check_gateway(cfg: StageConfig) -> None:
+    """The gateway's engine is the stage's rollout policy: what it cannot honour is refused
+    (``jobs.gateway_stage.check_settings``)."""
+    from jobs.gateway_stage import check_settings
+
+    check_settings(cfg)
 
 
 def plan_gateway(cfg: StageConfig) -> str:
@@ -254,5 +265,5 @@ TRAINERS: dict[str, Trainer] = {
     "sft": Trainer(train_sft, plan_sft, signal_sft, Curves("sft_loss.png", "SFT loss", ("loss",)), takes="SFT examples"),
     "gateway": Trainer(train_gateway, plan_gateway, signal_grpo,
                        Curves("gateway_curves.png", "RL stages through the gateway", ("reward_mean", "pass_rate")),
-                       modes=("agentic",)),
+                       modes=("agentic",), check=check_gateway),
 }

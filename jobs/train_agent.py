@@ -254,57 +254,6 @@ def stop_clients(procs: Sequence[Any], timeout_s: float) -> list[int]:
     return codes
 
 
-def train_stage(rt: Any, model: str, tasks: Sequence[Any], logger: Any) -> tuple[Any, list[dict[str, Any]]]:
-    """A curriculum stage's GRPO steps through the gateway (``jobs.train.TRAINERS["gateway"]``):
-    ``rl.*`` gives the steps, groups, dynamic sampling, loss and weight update; ``gateway.*`` the
-    clients (``gateway.clients`` processes of ``examples.run_clients --agent gateway.agent``,
-    started once the gateway serves, with a key made for this stage), their deadline, redraws and
-    the tags that train. The gateway hands out the kinds ``tasks`` hold (a stage's mixture: text-to-SQL
-    and debugging tasks alike). The gateway's engine and the stage's learner start from ``model``;
-    rollout sessions come from the stage's DB pool; the Judge scores with ``StageConfig.reward_name``.
-    The stage's ``checkpoint.every_steps`` / ``resume`` apply (``jobs.train.StageCheckpoints``:
-    the loop's state in ``<stage_dir>/checkpoints``, ``sqlrl.gateway.job``'s resume).
-    Returns the learner and the steps' metrics rows (each also ``logger.log``ged)."""
-    import secrets
-
-    from jobs.output import console
-    from jobs.train import StageCheckpoints, rl_seed
-    from sqlrl.tasks.kinds import kind_of
-
-    c, r, g = rt.cfg, rt.cfg.rl, rt.cfg.gateway
-    key = secrets.token_urlsafe(18)
-    from sqlrl.policy.spec import PolicySpec
-
-    # the gateway's engine: hf, as before PolicySpec (the stage's rollout.* settings are not applied here)
-    cfg = AgentJobConfig(run_dir=str(c.stage_dir / "gateway"), policy=PolicySpec(model, backend="hf"),
-                         mixed_precision=c.model.mixed_precision, steps=r.steps,
-                         tasks_per_step=r.tasks_per_step, group_size=r.group_size, sampling_rounds=r.sampling_rounds,
-                         updates_per_batch=r.updates_per_batch, update_policy=r.weight_update,
-                         rollout_deadline_s=g.rollout_deadline_s, redraws=g.redraws, train_tags=g.train_tags,
-                         reward=c.reward_name, api_keys=(key,), api_keys_env="", ray=rt.ray, seed=rl_seed(c),
-                         data=DataSpec(kinds=tuple(dict.fromkeys(kind_of(t).name for t in tasks))),  # the stage's mix
-                         max_length=c.rollout.max_total_tokens, loss=r.loss, optim=r.optim)
-    optim = dataclasses.replace(r.optim, total_steps=max(1, r.steps * r.updates_per_batch))
-    learner = rt.learner(model, optim, reference=r.loss.kl_coef > 0)
-    clients: list[Any] = []
-
-    def log(step: int, row: dict) -> None:
-        logger.log(step, row)
-        console.print(f"  {c.stage} step {step + 1}/{r.steps} (gateway): {row['completed']}/{row['rollouts']} "
-                      f"completed, reward {row['reward_mean']:.3f}, pass {row['pass_rate']:.2f}, groups trained "
-                      f"{row['groups_trained']}/{row['groups_drawn']}")
-
-    try:
-        history, _, _ = gateway_steps(cfg, tasks, rt.data.catalog, learner, rt.session_source(), rt.asks,
-                                      log=log, on_url=lambda url: clients.append(start_clients(
-                                          url, key, g.agent, g.clients, ["--max-tokens", str(g.max_tokens)])),
-                                      after_steps=lambda: stop_clients(clients, cfg.rollout_deadline_s),
-                                      checkpoints=StageCheckpoints(c))
-    finally:
-        stop_clients(clients, cfg.rollout_deadline_s)
-    return learner, history
-
-
 def run(cfg: AgentJobConfig, *, rewards: Callable[[list[RolloutTrace]], list[RolloutTrace]] | None = None,
         on_url: Callable[[str], None] | None = None,
         observe: Callable[[int, list[RolloutTrace]], None] | None = None,

@@ -23,9 +23,11 @@ request and joins the running batch at the engine's next step (continuous batchi
   grammar-constrained); the scripted engine does not (its turns are canned).
 
 A name that is not an engine but picks one from the checkpoint is a registered resolution
-(``RESOLUTIONS``): ``"auto"`` resolves to ``"vllm"`` where vLLM can serve the policy, else ``"hf"``
-(``PolicySpec.resolved``, ``sqlrl.policy.backends.resolve_engine``). Serving runs the names of
-``RESOLUTIONS`` and ``KINDS`` (``served_names``), and nothing else compares against ``"auto"``.
+(``RESOLUTIONS``: the engine registry's own, ``sqlrl.policy.backends.RESOLUTIONS``, each a
+``Resolution`` declaring its targets): ``"auto"`` resolves to ``"vllm"`` where vLLM can serve the
+policy, else ``"hf"`` (``PolicySpec.resolved``, ``sqlrl.policy.backends.resolve_engine``). Serving
+runs the names of ``RESOLUTIONS`` and ``KINDS`` (``served_names``), and nothing compares a name
+against ``"auto"``.
 ``build_served(model_spec)`` loads and builds a served model's engine (a serving replica's, and an
 in-process gateway's). The scripted engine's options (``script``, ``gate_file``, ...) are the engine
 registry's (``sqlrl.policy.backends``).
@@ -41,6 +43,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
+
+# name -> what it resolves to: the engine registry's resolutions (one registry, so serving,
+# PolicySpec and the rollout engines agree on what a resolution such as auto means)
+from sqlrl.policy.backends import RESOLUTIONS
 
 
 @dataclass(frozen=True)
@@ -85,14 +91,6 @@ KINDS: dict[str, EngineKind] = {
     "vllm": EngineKind(lambda engine, policy: engine.max_model_len, _running_vllm, "max_num_seqs", _vllm_too_long,
                        constrains=True, loads_weights=False),
     "scripted": EngineKind(_positions, _running_scripted),
-}
-
-
-# name -> what it resolves to: a served backend that picks its engine (a KINDS name) from the
-# checkpoint, through PolicySpec.resolved (tests/unit/test_serve_engine.py holds each to the
-# engine registry, sqlrl.policy.backends.ENGINES)
-RESOLUTIONS: dict[str, str] = {
-    "auto": "vllm where vLLM can serve the policy here, else hf",
 }
 
 

@@ -10,9 +10,9 @@ whatever its seed); the others seed each call from ``params.seed`` and ignore it
   (``prefix_cache``, ``max_cached_tokens``);
 - ``"vllm"``: ``VLLMBackend`` on the policy's folder, with the policy's dtype and end tokens
   (vLLM's CPU build here, its CUDA build on GPU machines) -- options go to it and on to ``vllm.LLM``;
-- ``"auto"``: ``"vllm"`` where it can serve the policy (installed; on CPU, a head size its
-  kernels have -- SmolLM2 yes, the tiny test model no), else ``"hf"`` (given the options it
-  accepts: vLLM-only ones such as ``kv_cache_gb`` are dropped);
+- ``"auto"``: a resolution (below): ``"vllm"`` where it can serve the policy (installed; on CPU,
+  a head size its kernels have -- SmolLM2 yes, the tiny test model no), else ``"hf"`` (given the
+  options it accepts: vLLM-only ones such as ``kv_cache_gb`` are dropped);
 - ``"scripted"``: ``ScriptedBackend`` (``sqlrl.policy.scripted``), canned turns through the real
   tokenizer, for tests, demos and benchmarks of everything around the model.
 
@@ -23,9 +23,9 @@ returns whole completions; ``VLLMEngine`` streams token by token).
 
 ``place_policy(policy, device, backend)`` moves a loaded policy to where its own weights generate
 (``generation_device``): ``"cpu"``, ``"cuda"`` or ``"cuda:N"`` as given; ``"auto"`` is the GPU when
-this process sees one and the backend generates with those weights (hf, or auto falling back to
-hf), else the CPU -- vLLM keeps its own copy of the weights on the GPU and the scripted backend
-uses none, so the policy beside them stays on the CPU.
+this process sees one and the backend generates with those weights (hf, or a resolution that
+picks hf for this policy), else the CPU -- vLLM keeps its own copy of the weights on the GPU and
+the scripted backend uses none, so the policy beside them stays on the CPU.
 
 Engines (``sqlrl.policy.engine``: one sequence per request, awaited by one coroutine per
 trajectory) by name: ``ENGINES``, filled only through ``register_engine(name, build, engine_class)``,
@@ -39,13 +39,22 @@ build). ``make_engine(name, policy, seed=None, **options) -> AsyncEngine``:
   process than the engine, e.g. a serving replica);
 - ``"hf"``: ``HFEngine`` (``sqlrl.policy.hf_engine``: continuous batching over HFBackend's decode
   steps); ``"vllm"``: ``VLLMEngine`` (``sqlrl.policy.vllm_engine``: vLLM's ``AsyncLLM``);
-  ``"auto"``: ``"vllm"`` where it can serve the policy, else ``"hf"`` (as for backends;
-  ``resolve_engine`` says which, with the options it keeps);
+  ``"auto"``: the resolution (below) building ``"vllm"`` or ``"hf"`` (``resolve_engine`` says which,
+  with the options it keeps);
 - ``"hf-batched"``, ``"vllm-batched"`` (transitional): ``BatchedEngine`` (``sqlrl.policy.batched``)
   over the backend ``make_backend`` builds -- lock-step rounds, the reference the engines are
   measured against -- with a weight loader into the policy (checked names and shapes; vLLM's copy
   reloaded, HF's prefix cache cleared). On vLLM's CPU build requests of different seeds share a
   call (its samples come from the engine's generator anyway); elsewhere each seed gets its own call.
+
+Resolutions (``RESOLUTIONS``, filled only through ``register_resolution(name, Resolution)``): a
+name that is no engine of its own but picks one of its declared ``targets`` per policy, from the
+policy's folder alone (``Resolution.pick``; ``auto``: ``vllm`` where ``vllm_unavailable`` says it
+can serve the policy, else ``hf``). Registering one checks that every target is a registered
+engine and enters the name in ``ENGINES`` (and ``BACKENDS``, where its targets are backends) as a
+build that resolves, then builds the target; ``resolve_engine`` / ``PolicySpec.resolved`` and
+``generation_device`` ask the registry, so no code compares a backend's name with a resolution's
+(serving lists the same registry: ``serve.engines``).
 
 Guarantees: an unknown name raises ``ValueError`` naming the known ones; backends are imported
 lazily (importing this module loads neither torch nor vLLM).
@@ -54,6 +63,8 @@ lazily (importing this module loads neither torch nor vLLM).
 from __future__ import annotations
 
 import importlib
+import inspect
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from .engine import AsyncEngine, check_engine_class
@@ -97,22 +108,55 @@ def vllm_unavailable(policy: Any) -> str | None:
     return None
 
 
-def _auto_choice(policy: Any, options: Mapping[str, Any], hf: type | None = None) -> tuple[str, dict[str, Any]]:
-    """``("vllm", options)`` where vLLM can serve the policy, else ``("hf", the options the HF class
-    ``hf`` accepts)`` (default ``HFBackend``; the engines pass ``HFEngine``)."""
-    if not vllm_unavailable(policy):
-        return "vllm", dict(options)
-    import inspect
-
-    from .hf_backend import HFBackend
-
-    accepted = inspect.signature((hf or HFBackend).__init__).parameters  # vLLM-only options are dropped
-    return "hf", {k: v for k, v in options.items() if k in accepted}
+def _auto_pick(policy: Any) -> str:
+    """``auto``'s rule: ``"vllm"`` where vLLM can serve the policy here, else ``"hf"``."""
+    return "vllm" if vllm_unavailable(policy) is None else "hf"
 
 
-def _auto(policy: Any, seed: int | None = None, **options: Any) -> GenerationBackend:
-    name, options = _auto_choice(policy, options)
-    return BACKENDS[name](policy, seed, **options)
+def _load_class(path: str) -> type:
+    module, _, attr = path.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """A backend name that is no engine of its own: per policy it resolves to one of ``targets``
+    (each a registered engine, checked by ``register_resolution``). ``pick(policy)``
+    chooses from the policy's folder alone (no engine started); ``describe`` is the rule in words
+    (serving lists it). ``keeps``: for a target, its backend and engine classes (``"module:Class"``)
+    whose ``__init__`` parameters are the options that target is given -- the rest are dropped, so
+    a config written for one target runs on the other; a target not in ``keeps`` gets them all."""
+
+    targets: tuple[str, ...]
+    pick: Callable[[Any], str]
+    describe: str
+    keeps: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+
+    def target(self, policy: Any) -> str:
+        """The target ``pick`` chooses for ``policy`` (one not in ``targets`` is a ``ValueError``)."""
+        name = self.pick(policy)
+        if name not in self.targets:
+            raise ValueError(f"resolution picked {name!r}, which is not one of its targets {', '.join(self.targets)}")
+        return name
+
+    def choose(self, policy: Any, options: Mapping[str, Any], *, engine: bool) -> tuple[str, dict[str, Any]]:
+        """``(target, the options it is given)`` for ``policy``; ``engine``: for ``ENGINES`` (else ``BACKENDS``)."""
+        name = self.target(policy)
+        if name not in self.keeps:
+            return name, dict(options)
+        accepted = inspect.signature(_load_class(self.keeps[name][int(engine)]).__init__).parameters
+        return name, {k: v for k, v in options.items() if k in accepted}
+
+
+AUTO = Resolution(("vllm", "hf"), _auto_pick, "vllm where vLLM can serve the policy here, else hf",
+                  keeps={"hf": ("sqlrl.policy.hf_backend:HFBackend", "sqlrl.policy.hf_engine:HFEngine")})
+RESOLUTIONS: dict[str, Resolution] = {}  # filled only through register_resolution
+
+
+def resolved_name(name: str, policy: Any) -> str:
+    """The backend ``name`` builds for ``policy``: a resolution's pick, else ``name`` itself."""
+    resolution = RESOLUTIONS.get(name)
+    return name if resolution is None else resolution.target(policy)
 
 
 def check_device(device: str) -> str:
@@ -130,7 +174,7 @@ def generation_device(device: str, backend: str, policy: Any) -> str:
 
     if not torch.cuda.is_available():
         return "cpu"
-    uses_weights = backend == "hf" or (backend == "auto" and vllm_unavailable(policy) is not None)
+    uses_weights = resolved_name(backend, policy) == "hf"  # vllm keeps its own copy; scripted uses none
     return "cuda" if uses_weights else "cpu"
 
 
@@ -142,8 +186,8 @@ def place_policy(policy: Any, device: str, backend: str) -> Any:
     return policy
 
 
-BACKENDS: dict[str, Callable[..., GenerationBackend]] = {
-    "auto": _auto, "hf": _hf, "vllm": _vllm, "scripted": _scripted}
+# lock-step batch backends by name; a resolution is entered (first) by register_resolution
+BACKENDS: dict[str, Callable[..., GenerationBackend]] = {"hf": _hf, "vllm": _vllm, "scripted": _scripted}
 
 
 def generate_streaming(backend: Any, prompts: Any, params: Any,
@@ -235,21 +279,41 @@ def _vllm_engine(policy: Any, seed: int | None = None, **options: Any) -> AsyncE
 
 
 def resolve_engine(name: str, policy: Any, options: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
-    """``(engine, options)`` that ``name`` means for ``policy``: ``auto`` -> ``_auto_choice`` (vllm
+    """``(engine, options)`` that ``name`` means for ``policy``: a resolution's choice (``auto``: vllm
     where it can serve the policy, else hf with the options ``HFEngine`` accepts); else unchanged."""
-    if name != "auto":
+    resolution = RESOLUTIONS.get(name)
+    if resolution is None:
         return name, dict(options)
-    from .hf_engine import HFEngine
-
-    name, kept = _auto_choice(policy, options, HFEngine)
+    name, kept = resolution.choose(policy, options, engine=True)
     if "seed" in options:  # every engine's factory takes the seed (make_engine's argument)
         kept["seed"] = options["seed"]
     return name, kept
 
 
-def _auto_engine(policy: Any, seed: int | None = None, **options: Any) -> AsyncEngine:
-    name, options = resolve_engine("auto", policy, options)
-    return ENGINES[name](policy, seed, **options)
+def register_resolution(name: str, resolution: Resolution) -> None:
+    """Add (or replace) the resolution ``name``: every target must be a registered engine, not a
+    resolution (else ``ValueError``). ``name`` then builds what it resolves to for the policy at
+    hand: in ``ENGINES``, and in ``BACKENDS`` too where every target is a backend (listed first)."""
+    missing = [t for t in resolution.targets if t not in ENGINES or t in RESOLUTIONS]
+    if not resolution.targets or missing:
+        raise ValueError(f"resolution {name!r}: its targets must be registered engines, not resolutions; "
+                         f"not: {', '.join(missing) or '(none given)'}")
+
+    def engine(policy: Any, seed: int | None = None, **options: Any) -> AsyncEngine:
+        target, kept = resolve_engine(name, policy, options)
+        return make_engine(target, policy, seed, **kept)
+
+    def backend(policy: Any, seed: int | None = None, **options: Any) -> GenerationBackend:
+        target, kept = RESOLUTIONS[name].choose(policy, options, engine=False)
+        return BACKENDS[target](policy, seed, **kept)
+
+    RESOLUTIONS[name] = resolution
+    _UNCHECKED.pop(name, None)  # what it builds is a registered engine, checked as that one
+    ENGINES[name] = engine
+    if all(t in BACKENDS for t in resolution.targets):
+        others = {k: v for k, v in BACKENDS.items() if k != name}
+        BACKENDS.clear()
+        BACKENDS.update({name: backend, **others})
 
 
 def _scripted_engine(policy: Any, seed: int | None = None, *, gate_file: str | None = None,
@@ -271,7 +335,7 @@ def _register_defaults() -> None:
     register_engine("scripted", _scripted_engine, ScriptedEngine)
     register_engine("hf", _hf_engine, "sqlrl.policy.hf_engine:HFEngine")
     register_engine("vllm", _vllm_engine, "sqlrl.policy.vllm_engine:VLLMEngine")
-    register_engine("auto", _auto_engine, "sqlrl.policy.engine:AsyncEngine")  # whichever _auto_choice picks
+    register_resolution("auto", AUTO)  # vllm or hf, picked per policy
     # TRANSITIONAL: the lock-step adapter over today's batch backends (one batch call per round of
     # waiting requests): the reference the async engines are benchmarked against, and what
     # AgentLoop wraps a VLLMBackend in until the jobs build engines (make_engine).

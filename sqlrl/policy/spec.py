@@ -27,8 +27,9 @@ Building: ``load(weights=True)`` loads the model in ``dtype`` and places it on `
 weights -- a vLLM serving replica); ``engine(policy, seed, **extra)`` makes ONE engine of
 ``backend`` (``make_engine``) with ``engine_options`` plus ``extra`` (a caller's own settings, such as
 serving's batch bound; a key given both ways is a ``ValueError`` naming it); ``build`` is both.
-``resolved(policy)``: the spec with ``auto`` replaced by the engine it picks for that policy (vllm
-where it can serve it, else hf, given the options hf takes), so a caller can look the engine up.
+``resolved(policy)``: the spec with a resolution (``sqlrl.policy.backends.RESOLUTIONS``: ``auto``)
+replaced by the engine it picks for that policy (``auto``: vllm where it can serve it, else hf,
+given the options hf takes), so a caller can look the engine up.
 Serving (``serve.config.ModelSpec.policy``), the gateway, rollouts and evaluation all build here.
 """
 
@@ -118,8 +119,8 @@ class PolicySpec:
         return policy, self.engine(policy, seed)
 
     def resolved(self, policy: Any) -> "PolicySpec":
-        """This spec with ``backend`` ``auto`` replaced by the engine it picks for ``policy`` (and
-        ``engine_options`` as that engine takes them); any other backend: this spec."""
+        """This spec with a resolution's ``backend`` (``auto``) replaced by the engine it picks for
+        ``policy`` (and ``engine_options`` as that engine takes them); an engine's name: this spec."""
         from .backends import resolve_engine
 
         backend, options = resolve_engine(self.backend, policy, self.engine_options)

@@ -65,7 +65,7 @@ class _Learner:
 def test_the_stage_trainer_hands_out_a_mixture_with_critic_tasks(shop_catalog, tmp_path):
     from curriculum.config import load_stage_config
     from curriculum.stages import STAGES
-    from jobs.train_agent import train_stage
+    from jobs.gateway_stage import train_stage
     from sqlrl.db import SessionPool
     from sqlrl.db.source import LocalSessions
 

@@ -1,6 +1,6 @@
 """Stage 4 as gateway-driven agent training, by configuration: ``trainer: gateway`` picks
 ``jobs.train.TRAINERS["gateway"]`` (the registry, no branch), refused for stages it cannot train;
-the default curriculum keeps its own trainers. Then ``jobs.train_agent.train_stage`` on a stand-in
+the default curriculum keeps its own trainers. Then ``jobs.gateway_stage.train_stage`` on a stand-in
 of the stage's runtime: the tiny model's gateway, one client process of the plain-openai example
 agent, two steps, every rollout ended and its metrics logged."""
 
@@ -57,6 +57,71 @@ def test_bad_gateway_settings_are_refused():
         stage_cfg("stage4", "gateway.clients=0")
 
 
+@pytest.mark.parametrize("rollout,expected", [
+    (["rollout.backend=vllm", "rollout.dtype=bf16", "rollout.device=cpu", "rollout.engine_options={kv_cache_gb: 2}"],
+     ("vllm", "bfloat16", "cpu", {"kv_cache_gb": 2})),
+    (["rollout.backend=hf", "rollout.dtype=fp16", "rollout.engine_options={prefix_cache: false}"],
+     ("hf", "float16", "auto", {"prefix_cache": False})),
+    ([], ("auto", "float32", "auto", {})),  # the defaults: the built-in rollouts' auto, not a fixed hf
+])
+def test_the_stages_rollout_policy_is_the_gateways_engine(rollout, expected, tmp_path):
+    """``stage_job_config``: the gateway's engine is ``rollout.policy(start checkpoint)`` -- the same
+    PolicySpec the built-in rollout workers get -- bounded to ``rollout.batch`` sequences, and it is
+    what the gateway's serving spec (``model_spec``) builds."""
+    from jobs.gateway_stage import stage_job_config
+    from jobs.train_agent import model_spec
+    from sqlrl.policy.spec import PolicySpec
+
+    cfg = stage_cfg("stage4", "trainer=gateway", "rollout.batch=5", *rollout, tmp_path=tmp_path)
+    check_trainer(cfg)
+    agent = stage_job_config(cfg, "runs/x/stage3/final", "key", kinds=("text2sql", "critic"))
+    backend, dtype, device, options = expected
+    assert agent.policy == PolicySpec("runs/x/stage3/final", backend=backend, dtype=dtype, device=device,
+                                      engine_options=options) == cfg.rollout.policy("runs/x/stage3/final")
+    assert agent.max_batch_size == 5 and agent.data.kinds == ("text2sql", "critic")
+    served = model_spec(agent)
+    assert served.policy == agent.policy and served.max_batch_size == 5
+
+
+def test_train_stage_hands_the_gateway_the_stages_rollout_policy(monkeypatch, tmp_path):
+    import jobs.gateway_stage
+
+    cfg = stage_cfg("stage4", "trainer=gateway", "rollout.backend=scripted", "rollout.dtype=bf16", tmp_path=tmp_path)
+    got = {}
+
+    def gateway_steps(agent_cfg, tasks, catalog, learner, sessions, asks, **kw):
+        got["agent_cfg"] = agent_cfg
+        return [], "http://x", 0
+
+    monkeypatch.setattr(jobs.gateway_stage, "gateway_steps", gateway_steps)
+    rt = SimpleNamespace(cfg=cfg, data=SimpleNamespace(catalog={}), ray=False, asks=None, session_source=lambda: None,
+                         learner=lambda model, optim, reference=False: _Learner())
+    jobs.gateway_stage.train_stage(rt, "tiny", [shop_task()], SimpleNamespace(log=lambda step, row: None))
+    assert got["agent_cfg"].policy == cfg.rollout.policy("tiny")
+    assert (got["agent_cfg"].policy.backend, got["agent_cfg"].policy.dtype) == ("scripted", "bfloat16")
+
+
+@pytest.mark.parametrize("setting,match", [
+    ("rollout.backend=hf-batched", r"rollout.backend 'hf-batched': trainer: gateway serves the stage's policy on a "
+                                   r"serving engine, and serving cannot run this one; use one of auto, hf, vllm, scripted"),
+    ("rollout.backend=vllm-batched", r"rollout.backend 'vllm-batched': .* use one of auto, hf, vllm, scripted"),
+    ("rollout.engine_options={max_batch: 4}", r"rollout.engine_options.max_batch: with trainer: gateway the engine "
+                                              r"runs rollout.batch sequences at once; set rollout.batch instead"),
+    ("rollout.engine_options={max_num_seqs: 4}", r"rollout.engine_options.max_num_seqs: .* set rollout.batch instead"),
+])
+def test_a_rollout_setting_the_gateway_cannot_honour_is_refused_before_any_work(setting, match, tmp_path):
+    """Refused by the stage job's config check (``check_stage`` -> ``check_trainer``), naming the key;
+    the built-in trainer runs the same setting."""
+    from jobs.stage import check_stage
+
+    check_trainer(stage_cfg("stage4", setting, tmp_path=tmp_path))  # grpo: its rollout workers run it
+    cfg = stage_cfg("stage4", "trainer=gateway", setting, tmp_path=tmp_path)
+    with pytest.raises(ValueError, match=match):
+        check_trainer(cfg)
+    with pytest.raises(SystemExit, match="^stage4: " + match):
+        check_stage(cfg)
+
+
 class _Learner:
     def step(self, batch, loss, cfg):
         return {"loss": 0.0}
@@ -70,7 +135,7 @@ class _Learner:
 def test_train_stage_runs_the_stage_steps_through_the_gateway(shop_catalog, tmp_path):
     from sqlrl.db import SessionPool
     from sqlrl.db.source import LocalSessions
-    from jobs.train_agent import train_stage
+    from jobs.gateway_stage import train_stage
 
     cfg = stage_cfg("stage4", "trainer=gateway", "gateway.agent=openai", "gateway.clients=1", "rl.steps=2",
                     "rl.tasks_per_step=1", "rl.group_size=2", "rl.sampling_rounds=2", "gateway.rollout_deadline_s=900", "gateway.max_tokens=16", tmp_path=tmp_path)

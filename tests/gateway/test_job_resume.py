@@ -188,10 +188,10 @@ def test_the_checkpoint_keys_load_and_are_checked():
 
 
 def test_a_stages_gateway_trainer_checkpoints_with_the_stage(monkeypatch, tmp_path):
-    """``trainer: gateway`` (``jobs.train_agent.train_stage``) hands the loop the stage's own
+    """``trainer: gateway`` (``jobs.gateway_stage.train_stage``) hands the loop the stage's own
     checkpoints (``<stage_dir>/checkpoints``, the stage's ``checkpoint.*`` / ``resume``, its config's
     refusal): a stage resumes through the gateway as its built-in trainers do."""
-    import jobs.train_agent
+    import jobs.gateway_stage
     from curriculum.config import load_stage_config
     from jobs.train import StageCheckpoints
 
@@ -203,10 +203,10 @@ def test_a_stages_gateway_trainer_checkpoints_with_the_stage(monkeypatch, tmp_pa
         got.update(kw, agent_cfg=agent_cfg)
         return [], "http://x", 0
 
-    monkeypatch.setattr(jobs.train_agent, "gateway_steps", gateway_steps)
+    monkeypatch.setattr(jobs.gateway_stage, "gateway_steps", gateway_steps)
     rt = NS(cfg=cfg, data=NS(catalog={}), ray=False, asks=None, session_source=lambda: None,
             learner=lambda model, optim, reference=False: NS())
-    jobs.train_agent.train_stage(rt, "tiny", [shop_task("t0")], NS(log=lambda step, row: None))
+    jobs.gateway_stage.train_stage(rt, "tiny", [shop_task("t0")], NS(log=lambda step, row: None))
     checkpoints = got["checkpoints"]
     assert isinstance(checkpoints, StageCheckpoints) and checkpoints.root == cfg.stage_dir / "checkpoints"
     assert checkpoints.cfg is cfg and got["agent_cfg"].checkpoint.every_steps == 0  # the stage's, not the job's

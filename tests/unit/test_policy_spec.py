@@ -5,6 +5,7 @@ stage configs' ``rollout`` and ``model.mixed_precision`` keys going through it."
 from __future__ import annotations
 
 import pickle
+import re
 
 import pytest
 
@@ -117,6 +118,74 @@ def test_auto_resolves_to_the_engine_it_builds_with_the_options_that_engine_take
         assert resolved == PolicySpec("tiny", backend="vllm", engine_options=spec.engine_options)
     hf = PolicySpec("tiny", backend="hf")
     assert hf.resolved(light) == hf
+
+
+@pytest.fixture
+def resolution(monkeypatch):
+    """``register_resolution`` for one test; the registries are as they were after it."""
+    from sqlrl.policy import backends
+
+    saved = dict(backends.BACKENDS)
+
+    def register(name, resolution):
+        for registry in (backends.RESOLUTIONS, backends.ENGINES):
+            monkeypatch.setitem(registry, name, None)  # the key is removed again after the test
+        backends.register_resolution(name, resolution)
+
+    yield register
+    backends.BACKENDS.clear()
+    backends.BACKENDS.update(saved)
+
+
+def test_a_registered_resolution_is_handled_like_auto_without_naming_it(resolution, monkeypatch):
+    """Nothing compares a backend name with "auto": a new resolution (here: the scripted engine, or
+    hf, as a switch says; the options its pick's class does not take are dropped) resolves, places
+    the policy, builds an engine and a backend, and is a served name, exactly as ``auto`` is."""
+    import asyncio
+
+    import torch
+
+    from serve.engines import served_names
+    from sqlrl.policy import backends
+    from sqlrl.policy.scripted import ScriptedBackend, ScriptedEngine
+
+    switch = {"to": "scripted"}
+    resolution("canned", backends.Resolution(("scripted", "hf"), lambda policy: switch["to"], "scripted or hf",
+                                             keeps={"scripted": ("sqlrl.policy.scripted:ScriptedBackend",
+                                                                 "sqlrl.policy.scripted:ScriptedEngine")}))
+    light = PolicySpec("tiny").load(weights=False)
+    spec = PolicySpec("tiny", backend="canned", engine_options={"kv_cache_gb": 1, "seed": 2})
+    assert spec.resolved(light) == PolicySpec("tiny", backend="scripted", engine_options={"seed": 2})
+    assert "canned" in served_names() and list(backends.BACKENDS)[0] == "canned"
+    engine = backends.make_engine("canned", light, kv_cache_gb=1)
+    try:
+        assert isinstance(engine, ScriptedEngine)
+    finally:
+        asyncio.run(engine.close())
+    assert isinstance(backends.make_backend("canned", light, kv_cache_gb=1), ScriptedBackend)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert backends.generation_device("auto", "canned", light) == "cpu"  # the scripted engine uses no weights
+    switch["to"] = "hf"
+    assert backends.generation_device("auto", "canned", light) == "cuda"  # hf generates with them
+    assert spec.resolved(light) == PolicySpec("tiny", backend="hf", engine_options=spec.engine_options)
+
+
+def test_a_resolution_to_an_unregistered_engine_or_another_resolution_is_refused(resolution):
+    from sqlrl.policy import backends
+
+    for targets, named in ((("hf", "tpu"), "tpu"), (("auto",), "auto"), ((), "(none given)")):
+        with pytest.raises(ValueError, match=re.escape(f"targets must be registered engines, not resolutions; not: {named}")):
+            backends.register_resolution("bad", backends.Resolution(targets, lambda policy: "hf", "?"))
+    assert "bad" not in backends.ENGINES and "bad" not in backends.RESOLUTIONS
+
+
+def test_a_resolution_that_picks_outside_its_targets_is_an_error(resolution):
+    from sqlrl.policy import backends
+
+    resolution("stray", backends.Resolution(("hf",), lambda policy: "vllm", "hf, it says"))
+    light = PolicySpec("tiny").load(weights=False)
+    with pytest.raises(ValueError, match="resolution picked 'vllm', which is not one of its targets hf"):
+        PolicySpec("tiny", backend="stray").resolved(light)
 
 
 def test_a_scripted_engine_option_gate_file_holds_requests_until_the_file_exists(tmp_path):

@@ -345,13 +345,16 @@ def test_a_registered_engine_serving_has_no_kind_for_names_where_its_kind_goes(m
 
 
 def test_a_resolution_that_picks_an_engine_serving_has_no_kind_for_is_refused(monkeypatch):
+    """Serving lists the engine registry's resolutions (one registry): a newly registered one is a
+    served name, and one that resolves to an engine serving has no kind for is refused naming both."""
     from serve import engines
     from sqlrl.policy import backends
-    from sqlrl.policy.spec import PolicySpec
 
-    monkeypatch.setitem(backends.ENGINES, "pick", backends.ENGINES["hf-batched"])
-    monkeypatch.setitem(engines.RESOLUTIONS, "pick", "hf-batched, always")
-    monkeypatch.setattr(PolicySpec, "resolved", lambda self, policy: PolicySpec(model=self.model, backend="hf-batched"))
+    for registry in (backends.RESOLUTIONS, backends.ENGINES):
+        monkeypatch.setitem(registry, "pick", None)  # the key is removed again after the test
+    backends.register_resolution("pick", backends.Resolution(("hf-batched",), lambda policy: "hf-batched",
+                                                             "hf-batched, always"))
+    assert engines.RESOLUTIONS is backends.RESOLUTIONS and "pick" in engines.served_names()
     spec = load_serve_config({"models": {"m": {"policy": {"model": "tiny", "backend": "pick"}}}}).models["m"]
     with pytest.raises(ValueError, match="backend 'pick' resolved to 'hf-batched', which cannot serve; serving runs: hf,"):
         engines.build_served(spec)
