@@ -40,6 +40,12 @@ class LiveRollout:
     n_incomplete: int = 0
     sql_lock: threading.Lock = field(default_factory=threading.Lock)
 
+    def open_call(self, cancel: Callable[[], None] | None) -> int:
+        """A new call's ``seq`` (0, 1, ...), open until settled; ``cancel`` stops it at the end."""
+        seq, self.seq = self.seq, self.seq + 1
+        self.open_calls[seq] = cancel
+        return seq
+
     def settle(self, seq: int, call: CapturedCall | None) -> bool:
         """Settle open call ``seq``: False when it was settled already (``abandon`` is idempotent);
         ``RolloutClosed`` for a commit after the rollout ended (it was counted incomplete then)."""

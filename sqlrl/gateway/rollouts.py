@@ -98,7 +98,6 @@ class Rollouts:
         self._deadlines = Deadlines()  # of claimed rollouts (due(), expire_due())
         self._claiming = 0  # taken off _waiting, session being leased: neither waiting nor live yet
         self._ended = Ended()  # traces until drained, owners of ended rollouts, the counters
-        self._updating = False
         self._closed = False
         self.weights = PolicyWeights()  # the engine's versions read as the job's (sqlrl.gateway.weights)
         self.journal = journal
@@ -110,8 +109,7 @@ class Rollouts:
             self._restore(replay(journal.path))
 
     def _restore(self, state: Replayed) -> None:
-        """A restarted gateway's state (``sqlrl.gateway.journal``): ended traces not yet drained
-        kept, waiting offers waiting again, rollouts live at the crash ended ``expired``."""
+        """A restarted gateway's state (``sqlrl.gateway.journal``)."""
         self.restored = state
         for g, rec in state.waiting:
             self._waiting.add(g, task_from_dict(dict(rec)))  # of its own kind
@@ -218,14 +216,8 @@ class Rollouts:
         """A call starts; ``cancel`` (thread-safe) stops it if the rollout expires meanwhile."""
         with self._cond:
             r = self._get(key, rollout_id)
-            if self.weights.awaiting:
-                raise Busy("the gateway restarted and waits for the job to restore the policy's weights; "
-                           "retry shortly", self.config.retry_after_s)
-            if self._updating and self.config.during_update == "reject":
-                raise Busy("the policy's weights are being updated; retry shortly",
-                           self.config.retry_after_s)
-            seq, r.seq = r.seq, r.seq + 1
-            r.open_calls[seq] = cancel
+            self.weights.check_call(self.config.during_update == "reject", self.config.retry_after_s)
+            seq = r.open_call(cancel)
             self._cond.notify_all()
             return CallTicket(self._settle, self.weights, r, seq)
 
@@ -347,11 +339,11 @@ class Rollouts:
 
     def begin_update(self) -> None:
         with self._cond:
-            self._updating = True
+            self.weights.updating = True
 
     def end_update(self) -> None:
         with self._cond:
-            self._updating = False
+            self.weights.updating = False
             self._cond.notify_all()
 
     def wait_until(self, predicate: Callable[[], bool], timeout: float | None = None) -> bool:
