@@ -7,10 +7,13 @@ example agents handle two, each with its own prompt:
 - ``critic`` (a debugging task, BIRD-CRITIC style): ``problem`` + ``issue_sql`` -- the user's SQL
   does not do what they need; write SQL that does.
 
-A task of any other kind is refused before the agent makes a call: ``check_kind`` raises
-``UnsupportedTask``; ``examples/run_clients.py`` then counts it ``refused`` and leaves the rollout
-to expire (a job that trains on a kind no client handles shows it in its ``expired`` count; it is
-never scored as the policy's answer). A task without ``kind`` (one written by hand for the
+Each agent module names the kinds it handles (``KINDS``), and ``examples/run_clients.py`` declares
+them when it claims (``POST /v1/rollouts {"kinds": [...]}``; ``--kinds`` narrows them, e.g. a client
+that only does text-to-SQL: ``--kinds text2sql``): the gateway then hands it tasks of those kinds
+only. A task of another kind -- a client that declares nothing (``--kinds any``), or a gateway that
+does not read the declaration -- is still refused before the agent makes a call: ``check_kind``
+raises ``UnsupportedTask``; ``run_clients`` counts it ``refused`` and leaves the rollout to expire
+(never scored as the policy's answer). A task without ``kind`` (one written by hand for the
 command line) is a text-to-SQL task. Plain Python; no sqlrl import.
 """
 

@@ -11,10 +11,12 @@ as structured ``tool_calls`` and streams are token by token exactly as ``serve/`
 (``ModelEngine.chat_plan`` / ``generate`` / ``chat_result`` / ``chat_chunks``).
 
 Routes (every one needs ``Authorization: Bearer <key>``; errors are OpenAI's body):
-- ``POST /v1/rollouts`` ``{}`` -> the next rollout (``base_url``, ``task`` -- of any task kind the job
-  trains on, ``Claim.task_payload`` --, ``session_url``,
-  ``complete_url``, ``deadline_s``); 204 + ``Retry-After`` when nothing waits; 410 when the job has
-  finished handing out work.
+- ``POST /v1/rollouts`` ``{}`` or ``{"kinds": [...]}`` (the task kinds the client handles; absent or
+  null: any) -> the next rollout of those kinds (``base_url``, ``task`` -- ``Claim.task_payload`` --,
+  ``session_url``, ``complete_url``, ``deadline_s``); 204 + ``Retry-After`` when none waits; 410 when
+  the job has finished handing out work (of those kinds); 400 ``param: kinds`` for a malformed or
+  unknown kind, 409 ``kinds_not_offered`` when the job hands out none of them. A task whose setup
+  SQL fails is never handed out: the claim answers with the next one (``Rollouts.claim``).
 - ``POST /rollouts/{id}/v1/chat/completions`` (``n`` must be 1; ``stream`` supported) and
   ``GET /rollouts/{id}/v1/models``.
 - ``POST /v1/rollouts/{id}/sql`` ``{"sql"}`` -> ``{"observation", "is_error"}``.
@@ -46,7 +48,7 @@ from typing import Any, Awaitable, Callable, Iterator
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr
 
 from sqlrl.gateway.capture import TAG_HEADER, call_tag
 from sqlrl.gateway.rollouts import Claim, GatewayError, NoWorkNow, RolloutClosed, Rollouts
@@ -62,6 +64,7 @@ Endpoint = Callable[[Any], Awaitable[Any]]  # a plain Starlette endpoint: Reques
 
 class ClaimBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
+    kinds: list[StrictStr] | None = None  # the task kinds the client handles (None: any)
 
 
 class SQLBody(BaseModel):
@@ -77,7 +80,7 @@ class CompleteBody(BaseModel):
 
 def _api_error(exc: GatewayError) -> APIError:
     headers = {"Retry-After": str(exc.retry_after_s)} if exc.retry_after_s else None
-    return APIError(exc.status, str(exc), code=exc.code, headers=headers)
+    return APIError(exc.status, str(exc), param=exc.param, code=exc.code, headers=headers)
 
 
 def _parse(model: type[BaseModel], data: dict[str, Any]) -> Any:
@@ -169,8 +172,8 @@ def build_gateway_app(rollouts: Rollouts, model: ModelEngine, *, keys: frozenset
     @route("/v1/rollouts", ["POST"])
     async def claim(request: Request) -> Any:
         async def work() -> Any:
-            key, _, _ = await admitted(request, ClaimBody)
-            got = await asyncio.to_thread(rollouts.claim, key)
+            key, body, _ = await admitted(request, ClaimBody)
+            got = await asyncio.to_thread(rollouts.claim, key, body.kinds)
             base = app.state.public_url or str(request.base_url).rstrip("/")
             return JSONResponse(claim_view(got, base))
         return await answer(work)

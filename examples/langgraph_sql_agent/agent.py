@@ -77,6 +77,7 @@ BARE_QUERY = re.compile(r"\b(SELECT|WITH)\b.*", re.DOTALL | re.IGNORECASE)
 REQUESTS: dict[str, Callable[[Mapping[str, Any]], str]] = {
     "text2sql": lambda t: f"Question: {t['question']}\n{t.get('evidence') or ''}", "critic": task_kinds.REQUESTS["critic"]}
 FIRST_PROMPTS = {"text2sql": WRITE_QUERY_PROMPT, "critic": DEBUG_QUERY_PROMPT}
+KINDS = tuple(REQUESTS)  # the task kinds it handles: what examples/run_clients declares when it claims
 
 
 class State(TypedDict, total=False):

@@ -35,6 +35,7 @@ DEBUG_PROMPT = ("You fix SQL for a {dialect} database: the user's SQL does not d
                 "{schema}\n\nCall execute_sql to try queries and read their results. When you are sure, answer "
                 "with the corrected SQL in a ```sql code block (several statements: separate them with ;).")
 SYSTEM_PROMPTS = {"text2sql": SYSTEM_PROMPT, "critic": DEBUG_PROMPT}  # by the task's kind (examples/task_kinds.py)
+KINDS = tuple(SYSTEM_PROMPTS)  # the task kinds it handles: what examples/run_clients declares when it claims
 TOOLS = [{"type": "function", "function": {
     "name": "execute_sql",
     "description": "Run one SQL query on the database and return its result (or its error).",

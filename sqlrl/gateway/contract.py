@@ -1,13 +1,14 @@
 """The gateway core's values, errors and configuration (Ray-free): what ``Rollouts``
 (``sqlrl.gateway.rollouts``) takes and gives.
 
-- ``GatewayError`` and its kinds, each with the HTTP ``status`` (and OpenAI ``code``) the app answers
-  with: ``BadInput`` 400, ``NotAllowed`` 403, ``RolloutNotFound`` 404, ``RolloutClosed`` 409,
-  ``WorkFinished`` 410, ``NoWorkNow`` 204, ``Busy`` 429, ``Unavailable`` 503 (the last three with
-  ``retry_after_s``).
+- ``GatewayError`` and its kinds, each with the HTTP ``status`` (and OpenAI ``code``; ``param`` when
+  one body field is to blame) the app answers with: ``BadInput`` 400, ``NotAllowed`` 403,
+  ``RolloutNotFound`` 404, ``RolloutClosed`` 409, ``KindsNotOffered`` 409, ``WorkFinished`` 410,
+  ``NoWorkNow`` 204, ``Busy`` 429, ``Unavailable`` 503 (the last three with ``retry_after_s``).
 - ``GatewayConfig``: deadlines, client rewards, the reward's name (checked against the registry at
   construction), ``Retry-After``, what calls do during a weight update, the sessions' SQL limits,
-  the task kinds it hands out.
+  the task kinds it hands out (``handed_out()``), and what a claim's declared ``kinds`` accept
+  (``accepted``: 400 for a malformed or unknown kind, 409 when the job hands out none of them).
 - ``Scorer`` (the Protocol ``Rollouts`` grades final SQL with) and ``JudgeScorer`` (the reward
   registry's ``compute`` with a ``Judge``: the reward routes by the task's kind); ``Claim`` (a
   claimed rollout); ``GatewayStats``.
@@ -18,11 +19,12 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from sqlrl.rewards.registry import RewardBreakdown, RewardConfig, compute, get_reward
-from sqlrl.tasks.kinds import get_kind, kind_of
+from sqlrl.tasks.kinds import get_kind, kind_of, kinds
 
 
 class GatewayError(Exception):
@@ -31,9 +33,9 @@ class GatewayError(Exception):
     status = 500
     code: str | None = None
 
-    def __init__(self, message: str, retry_after_s: int | None = None) -> None:
+    def __init__(self, message: str, retry_after_s: int | None = None, param: str | None = None) -> None:
         super().__init__(message)
-        self.retry_after_s = retry_after_s
+        self.retry_after_s, self.param = retry_after_s, param
 
 
 class BadInput(GatewayError):
@@ -50,6 +52,12 @@ class RolloutNotFound(GatewayError):
 
 class RolloutClosed(GatewayError):
     status, code = 409, "rollout_closed"
+
+
+class KindsNotOffered(GatewayError):
+    """A claim declared only task kinds this job does not hand out: no claim of it can ever succeed."""
+
+    status, code = 409, "kinds_not_offered"
 
 
 class WorkFinished(GatewayError):
@@ -109,6 +117,58 @@ class GatewayConfig:
             return (f"reward {self.reward!r} scores {spec.task_kind} tasks, not {kind.name} "
                     f"(use a hybrid reward, e.g. hybrid_agentic)")
         return None
+
+    def check_offer(self, task: Any, n: int) -> None:
+        """``offer``'s checks: ``TypeError`` for anything but a task of a registered kind,
+        ``ValueError`` for a kind it refuses (``refusal``) or ``n < 1``."""
+        why = self.refusal(kind_of(task))
+        if why:
+            raise ValueError(f"offer of {task.task_id}: {why}")
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"offer: n must be an int >= 1, got {n!r}")
+
+    def check_complete(self, sql: Any, reward: Any) -> None:
+        """``complete``'s checks: exactly one of ``sql`` (a string) or ``reward`` (a finite number,
+        only with ``client_rewards``, else ``NotAllowed``); ``BadInput`` otherwise."""
+        if (sql is None) == (reward is None):
+            raise BadInput("complete takes exactly one of 'sql' (the final SQL) or 'reward'")
+        if reward is not None:
+            if not self.client_rewards:
+                raise NotAllowed("this job does not accept client rewards: send the final 'sql'")
+            if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
+                raise BadInput(f"reward must be a finite number, got {reward!r}", param="reward")
+        elif not isinstance(sql, str):
+            raise BadInput(f"sql must be a string, got {type(sql).__name__}", param="sql")
+
+    def handed_out(self) -> tuple[str, ...]:
+        """The registered kinds ``offer`` takes (``refusal`` None), in registry order."""
+        return tuple(k.name for k in kinds() if self.refusal(k) is None)
+
+    def accepted(self, declared: Any) -> frozenset[str] | None:
+        """What a claim that declares ``kinds`` (None: any kind) may be handed: the declared kinds
+        this job hands out. ``BadInput`` (400, ``param: kinds``) for anything but a non-empty list
+        of registered kind names (naming the known ones); ``KindsNotOffered`` (409) when the job
+        hands out none of them -- declared kinds it does not hand out besides one it does are fine
+        (a client that handles several kinds works against a job that trains on fewer)."""
+        if declared is None:
+            return None
+        if isinstance(declared, (str, bytes)) or not isinstance(declared, (list, tuple)) or not all(
+                isinstance(k, str) for k in declared):
+            raise BadInput("kinds must be a list of task kind names", param="kinds")
+        if not declared:
+            raise BadInput("kinds must name at least one task kind (leave it out to accept any kind)",
+                           param="kinds")
+        known = [k.name for k in kinds()]
+        unknown = [k for k in declared if k not in known]
+        if unknown:
+            raise BadInput(f"kinds: unknown task kind(s) {', '.join(map(repr, unknown))}; known: {', '.join(known)}",
+                           param="kinds")
+        offered = self.handed_out()
+        accepted = frozenset(declared) & frozenset(offered)
+        if not accepted:
+            raise KindsNotOffered(f"this job hands out {', '.join(offered) or 'no'} tasks, none of the kinds "
+                                  f"declared ({', '.join(declared)})", param="kinds")
+        return accepted
 
 
 class Scorer(Protocol):
@@ -173,3 +233,4 @@ class GatewayStats:
     generated_tokens: int = 0
     prefix_mismatches: int = 0  # calls of ended rollouts whose prompt does not extend the previous call's
     lost: int = 0  # rollouts a gateway restart ended (live when its process died; counted in expired too)
+    setup_failed: int = 0  # rollouts failed because their task's setup SQL failed (counted in failed too)

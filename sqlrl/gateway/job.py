@@ -15,7 +15,9 @@ Per step ``s`` (``run_steps``):
    no limit) bounds a step with no client at all, and running past it is a ``StepTimeout`` naming
    what was left. Then ``drain()``; with ``redraws: N`` a group's expired / failed rollouts (a dead
    client) are offered again -- same task, same group -- at most N per group per step, and waited
-   for; the replaced traces are counted (``redrawn``), not trained.
+   for; the replaced traces are counted (``redrawn``), not trained. A rollout whose task's setup SQL
+   failed (``RolloutTrace.setup_failed``: the gateway dropped the task's waiting rollouts with it)
+   is not redrawn: the task is out of this step, counted in ``failed`` and ``setup_failed``.
 3. Dynamic sampling (``sampling_rounds > 1``, as the built-in GRPO loop's ``rl.sampling_rounds``):
    while fewer than ``tasks_per_step`` groups would train (``trained_groups``: enough members and,
    with ``drop_equal_groups``, unequal rewards -- ``sqlrl.learn.groups.informative_rows``), draw
@@ -281,7 +283,8 @@ def settle_groups(cfg: AgentJobConfig, gateway: StepGateway, offered: Mapping[st
                   step: int) -> tuple[list[RolloutTrace], list[RolloutTrace]]:
     """Wait for the groups just ``offered`` (group id -> task) to end; a group's expired or failed
     rollouts are offered again (same group id, same task), at most ``cfg.redraws`` per group, and
-    waited for in turn. Returns ``(traces, replaced)``: the traces that count, and the unfinished
+    waited for in turn -- but not those whose task's setup SQL failed (``setup_failed``: it would
+    fail again; they count, out of their group). Returns ``(traces, replaced)``: the traces that count, and the unfinished
     ones a redraw replaced (reported, not trained). With ``redraws: 0`` nothing is re-offered."""
     budget = {g: cfg.redraws for g in offered}
     traces: list[RolloutTrace] = []
@@ -290,7 +293,7 @@ def settle_groups(cfg: AgentJobConfig, gateway: StepGateway, offered: Mapping[st
         _wait(cfg, gateway, step)
         again: dict[str, int] = {}
         for t in gateway.drain():
-            if t.status != "completed" and budget.get(t.group_id, 0) > 0:
+            if t.status != "completed" and not t.setup_failed and budget.get(t.group_id, 0) > 0:
                 budget[t.group_id] -= 1
                 again[t.group_id] = again.get(t.group_id, 0) + 1
                 replaced.append(t)

@@ -11,7 +11,9 @@ host), each written and ``fsync``'d before the change is answered:
   the key; ``session``: the session's record when the source is ``DurableSessions`` -- a pool lease --
   else None)
 - ``end``    ``{trace, key}`` (the whole ``RolloutTrace``: calls, token ids, log-probs, reward); for a
-  rollout lost at a restart also ``session_released`` (True / False, None: no record)
+  rollout lost at a restart also ``session_released`` (True / False, None: no record); for a
+  rollout never claimed -- its task's setup SQL failed (``failure: setup-failed``) -- ``key`` None
+  and ``unclaimed: true``: it takes one waiting rollout of its group and task off, as a claim does
 - ``drain``  ``{ids, token}`` (traces handed to the job: not handed out again; a drain repeated with
   the last drain's ``token`` gets the same traces again, so a reply lost with a dead process is not)
 - ``weights`` ``{version}`` (the policy version the engine serves after an update: a restarted
@@ -23,11 +25,14 @@ host), each written and ``fsync``'d before the change is answered:
 ``replay(path)`` reads it back as a ``Replayed`` state. Guarantees:
 - Every rollout that ended (completed, expired, failed) before the crash and was not drained comes
   back whole, in the order it ended: its trace is the one recorded, byte for byte the same ids.
-- Rollouts offered and not claimed wait again, in offer order. Rollouts claimed and not ended
+- Rollouts offered and neither claimed nor ended unclaimed wait again, in offer order. Rollouts claimed and not ended
   (their client was mid-rollout when the gateway died) are ``lost``: the restarted gateway ends
   them ``expired`` with the cause ``RESTART_CAUSE`` and ``lost=LostReason.GATEWAY_RESTART`` (their
   calls were in the dead process's memory; their clients get 409, as for any ended rollout), and
-  releases their sessions where the claim named one (``Replayed.lost`` keeps the claim records).
+  releases their sessions where the claim named one (``Replayed.lost`` keeps the claim records;
+  ``lost_ends`` gives their traces and what was released: ``Rollouts.restored_released`` counts
+  those it ended). A lease granted and not yet journalled when the process died is left to the
+  pool's lease TTL.
 - ``Replayed.offer_tokens`` / ``last_drain`` / ``version``: the offers' idempotency keys, the last
   drain (its token and traces) and the last ``weights`` version (0: never updated).
 - ``Replayed.port`` is the last ``serve`` record's port (None before any): the address clients
@@ -50,9 +55,9 @@ from typing import Any
 
 from sqlrl.tasks.kinds import task_from_dict
 
-from .trace import RolloutTrace
+from .trace import LostReason, RolloutTrace
 
-__all__ = ["JOURNAL_FILE", "RESTART_CAUSE", "Journal", "JournalError", "Replayed", "key_digest", "replay"]
+__all__ = ["JOURNAL_FILE", "RESTART_CAUSE", "Journal", "JournalError", "Replayed", "key_digest", "lost_ends", "replay"]
 
 JOURNAL_FILE = "gateway_journal.jsonl"
 RESTART_CAUSE = "the gateway restarted while this rollout was live: its calls in flight were lost"
@@ -98,7 +103,7 @@ class Replayed:
     lost: list[dict[str, Any]] = field(default_factory=list)  # claim records never ended
     ended: list[RolloutTrace] = field(default_factory=list)  # not drained, in the order they ended
     done: dict[str, str] = field(default_factory=dict)  # every ended rollout id -> its key's digest
-    counts: dict[str, int] = field(default_factory=dict)  # claimed / completed / expired / failed
+    counts: dict[str, int] = field(default_factory=dict)  # claimed / completed / expired / failed / lost / setup_failed
     finished: bool = False
     torn: int = 0  # a torn last line, skipped
     port: int | None = None  # the port the last gateway on this journal served on
@@ -126,10 +131,19 @@ def _records(path: Path) -> tuple[list[dict[str, Any]], int]:
     return out, torn
 
 
+def _take_waiting(state: Replayed, path: Path, group_id: str, task_id: str, rollout_id: str) -> None:
+    """The first waiting rollout of ``group_id`` and ``task_id`` off ``state.waiting``."""
+    for i, (group, task) in enumerate(state.waiting):
+        if group == group_id and task_from_dict(task).task_id == task_id:  # any kind's record
+            del state.waiting[i]
+            return
+    raise JournalError(f"{path}: {rollout_id} matches no offered rollout waiting")
+
+
 def replay(path: str | os.PathLike) -> Replayed:
     """The state recorded in ``path`` (an absent file: the empty state)."""
     path = Path(path)
-    state = Replayed(counts=dict.fromkeys(("claimed", "completed", "expired", "failed", "lost"), 0))
+    state = Replayed(counts=dict.fromkeys(("claimed", "completed", "expired", "failed", "lost", "setup_failed"), 0))
     if not path.is_file():
         return state
     records, state.torn = _records(path)
@@ -142,21 +156,19 @@ def replay(path: str | os.PathLike) -> Replayed:
             if rec.get("token") is not None:
                 state.offer_tokens.add(rec["token"])
         elif kind == "claim":
-            for i, (group, task) in enumerate(state.waiting):  # the first waiting one of its group and task
-                if group == rec["group_id"] and task_from_dict(task).task_id == rec["task_id"]:  # any kind's record
-                    del state.waiting[i]
-                    break
-            else:
-                raise JournalError(f"{path}: claim of {rec['rollout_id']} matches no offered rollout")
+            _take_waiting(state, path, rec["group_id"], rec["task_id"], rec["rollout_id"])
             live[rec["rollout_id"]] = rec
             state.counts["claimed"] += 1
         elif kind == "end":
             trace = RolloutTrace.from_dict(rec["trace"])
+            if rec.get("unclaimed"):  # never claimed (its task's setup failed): off the waiting list
+                _take_waiting(state, path, trace.group_id, trace.task_id, trace.rollout_id)
             live.pop(trace.rollout_id, None)
             ended[trace.rollout_id] = trace
             state.done[trace.rollout_id] = rec["key"]
             state.counts[trace.status] += 1
             state.counts["lost"] += trace.lost is not None
+            state.counts["setup_failed"] += trace.setup_failed
         elif kind == "drain":
             state.last_drain = (rec.get("token"), [ended.pop(rid) for rid in rec["ids"] if rid in ended])
         elif kind == "weights":
@@ -169,3 +181,16 @@ def replay(path: str | os.PathLike) -> Replayed:
             raise JournalError(f"{path}: unknown record kind {kind!r}")
     state.ended, state.lost = list(ended.values()), list(live.values())
     return state
+
+
+def lost_ends(state: Replayed, durable: Any) -> list[tuple[RolloutTrace, str, bool | None]]:
+    """The rollouts live when the journal's gateway died (``state.lost``), each ended ``expired``
+    with ``RESTART_CAUSE`` and ``lost=LostReason.GATEWAY_RESTART``: ``(trace, key digest, released)``,
+    ``released`` whether this call released its session (``durable.release_records`` on the
+    sessions the claims name; None: the claim named none, or ``durable`` is None)."""
+    held = [rec for rec in state.lost if rec.get("session") is not None]
+    ended = durable.release_records([r["session"] for r in held]) if held and durable is not None else []
+    released = {r["rollout_id"]: bool(e) for r, e in zip(held, ended)}
+    return [(RolloutTrace(rollout_id=rec["rollout_id"], task_id=rec["task_id"], group_id=rec["group_id"], calls=(),
+                          status="expired", error=RESTART_CAUSE, lost=LostReason.GATEWAY_RESTART),
+             rec["key"], released.get(rec["rollout_id"])) for rec in state.lost]

@@ -3,7 +3,9 @@
 - ``LiveRollout``: a claimed rollout's state -- its task, deadline, session, status, the calls
   captured whole and those still open (each with its cancel) -- and ``trace(status, **fields)``:
   its ``RolloutTrace`` with the captured calls in the order received, and how many of them do not
-  extend the previous call's prompt + response (prefix mismatches).
+  extend the previous call's prompt + response (prefix mismatches). ``settle(seq, call)`` settles
+  one open call once (recorded whole, or counted incomplete when None); ``cut_calls()`` counts
+  every open call incomplete at the rollout's end and returns their cancels.
 - ``CallTicket``: one call in flight, settled once through the owner's ``settle``: ``commit``
   records it whole, its versions read as the job's (``PolicyWeights.job_generation``);
   ``abandon`` counts it incomplete.
@@ -18,6 +20,7 @@ from typing import Any, Callable, Sequence
 from sqlrl.policy.types import Generation
 
 from .capture import CapturedCall, extends
+from .contract import RolloutClosed
 from .trace import RolloutTrace
 from .weights import PolicyWeights
 
@@ -36,6 +39,33 @@ class LiveRollout:
     open_calls: dict[int, Callable[[], None] | None] = field(default_factory=dict)  # seq -> cancel
     n_incomplete: int = 0
     sql_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def open_call(self, cancel: Callable[[], None] | None) -> int:
+        """A new call's ``seq`` (0, 1, ...), open until settled; ``cancel`` stops it at the end."""
+        seq, self.seq = self.seq, self.seq + 1
+        self.open_calls[seq] = cancel
+        return seq
+
+    def settle(self, seq: int, call: CapturedCall | None) -> bool:
+        """Settle open call ``seq``: False when it was settled already (``abandon`` is idempotent);
+        ``RolloutClosed`` for a commit after the rollout ended (it was counted incomplete then)."""
+        if seq not in self.open_calls:
+            if self.status != "active" and call is not None:
+                raise RolloutClosed(f"rollout {self.id} ended while this call ran")
+            return False
+        del self.open_calls[seq]
+        if call is None:
+            self.n_incomplete += 1
+        else:
+            self.captured.append(call)
+        return True
+
+    def cut_calls(self) -> tuple[int, list[Callable[[], None]]]:
+        """Every open call counted incomplete (the rollout ends): ``(how many, their cancels)``."""
+        n, cancels = len(self.open_calls), [c for c in self.open_calls.values() if c is not None]
+        self.n_incomplete += n
+        self.open_calls.clear()
+        return n, cancels
 
     def trace(self, status: str, **fields: Any) -> tuple[RolloutTrace, int]:
         """``(trace, prefix mismatches)`` of this rollout ending with ``status``."""

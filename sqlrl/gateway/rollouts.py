@@ -1,66 +1,55 @@
 """The gateway's rollouts (Ray-free): claim -> calls -> complete | expire | fail.
 
 ``Rollouts`` is the whole state of one job's gateway; the HTTP app (``serve/gateway.py``) and the
-Ray actor (``actors/gateway.py``) only translate to and from it.
+Ray actor (``actors/gateway.py``) only translate to and from it. Its parts, each a module stating
+its own guarantees: the claim queue (``waiting``), the deadlines (``deadlines``), a rollout's
+session and setup SQL (``scene``), a live rollout and its calls (``live``), the values, errors and
+config (``contract``, re-exported here), the journal (``journal``), the policy version (``weights``).
 
-- **Work**: the job ``offer(group_id, task, n)``s a task of any registered kind (``sqlrl.tasks.kinds``;
-  ``GatewayConfig.refusal``: one of ``task_kinds`` when set, and one its reward scores) to ``n``
-  rollouts (a GRPO group); the claim shows it as ``contract.task_payload``; a client
-  ``claim(key)``s the next one. Nothing waiting: ``NoWorkNow`` (HTTP 204 + ``Retry-After``); after
-  ``finish()`` and with nothing waiting: ``WorkFinished`` (410).
+- **Work**: the job ``offer(group_id, task, n)``s a task of any kind it hands out
+  (``GatewayConfig.check_offer``) to ``n`` rollouts (a GRPO group; ``token``: a repeat is a
+  no-op) and ``finish()``es. A client ``claim(key, kinds)``s the earliest-offered waiting rollout
+  of the kinds it declared (``GatewayConfig.accepted``: None, any kind; a malformed or unknown kind
+  is ``BadInput``, 400; none the job hands out, ``KindsNotOffered``, 409); nothing of those kinds
+  waiting: ``NoWorkNow`` (204 + ``Retry-After``), or ``WorkFinished`` (410) after ``finish()``.
 - **Ids and keys**: a rollout id is ``secrets.token_urlsafe`` (144 random bits): unguessable. A
   rollout belongs to the API key that claimed it; any other key gets ``RolloutNotFound`` (404,
   the same answer as an id that does not exist, so ids do not leak).
-- **Sessions**: claiming leases ONE trajectory-scoped session for the rollout from a
-  ``SessionSource`` (``sqlrl.db.source``: ``LocalSessions``, or ``PoolSessions`` over the DB pool),
-  keyed by the rollout id, with the task's ``preprocess_sql`` run in it first (as the built-in
-  loop's: a debugging task's scene); ``execute_sql`` runs on it through the built-in tool
-  (``sqlrl.tools.run_raw``: the same executor, validation and observation text as the agent's
-  ``execute_sql``), one statement at a time per rollout. It is released exactly once, when the
-  rollout completes, expires or fails.
-- **Deadlines**: a rollout must complete within ``deadline_s`` of its claim, measured by the
-  injected ``clock`` (tests advance a fake one). ``expire_due()`` ends every rollout past its
-  deadline (status ``expired``, session released, calls in flight cancelled and counted in
-  ``n_incomplete``); the app calls it on every request that ``due()`` says needs it (a look at
-  the earliest live deadline, kept in a heap: O(1) per request however many rollouts are live)
-  and the actor on a ticker.
-- **Calls**: ``begin_call`` returns a ``CallTicket`` (``sqlrl.gateway.live``); ``commit(prompt_ids, generation, tag)``
-  records the call whole (``capture.CapturedCall``), ``abandon()`` counts it in ``n_incomplete``
-  (an engine failure, a cancelled stream, a client gone). A ticket is settled once; a commit after
-  its rollout ended raises ``RolloutClosed`` (the call was counted incomplete when it ended).
-- **Completion**: ``complete(key, id, sql=...)`` scores the final SQL with the server's ``Scorer``
-  (``JudgeScorer``: the reward registry's ``compute`` with the job's ``Judge``, which runs the SQL
-  and the gold on fresh sessions of its own -- never the rollout's session); ``reward=`` is taken
-  from the client only when ``GatewayConfig.client_rewards`` is on (else ``NotAllowed``, 403). A
-  scorer that raises ends the rollout ``failed``. Calls, completes and SQL after the end:
-  ``RolloutClosed`` (409).
-- **Weight updates**: between ``begin_update()`` and ``end_update()`` a new call either proceeds
-  (``during_update="wait"``: the engine's update policy makes it wait) or is refused with ``Busy``
-  (429 + ``Retry-After``, ``"reject"``).
-- ``drain()`` hands each finished ``RolloutTrace`` out once; ``wait_until(predicate, timeout)``
-  waits for a state change (every change notifies), for tests; ``wait_idle(timeout)`` waits until
-  every offered rollout has ended (the job's step wait; ``close()`` releases it).
-
-The values, errors and ``GatewayConfig`` are ``sqlrl.gateway.contract``'s (re-exported here).
-
-- **Journal** (optional, ``sqlrl.gateway.journal``): every offer, claim, end (the whole trace),
-  drain and finish is appended and ``fsync``'d before it is answered; a ``Rollouts`` built on a
-  journal that already holds records resumes from it: ended traces not yet drained are kept for the
-  job, offers not claimed wait again, rollouts live at the crash end ``expired`` with
-  ``journal.RESTART_CAUSE`` and ``lost=LostReason.GATEWAY_RESTART``. When the session source is
-  ``DurableSessions`` (``PoolSessions``: pool leases outlive the dead process), each claim's record
-  names its session and the restarted gateway releases the lost rollouts' sessions before it
-  serves (``restored_released`` counts those it ended; the journal's end record says per rollout). A
-  lease granted and not yet journalled when the process died is left to the pool's lease TTL. The
-  call and token counters count this process's calls only.
-- **Repeatable driver calls**: ``offer(..., token=)`` with a token already seen (journalled) is a
-  no-op, ``drain(token=)`` with the last drain's token returns that drain's traces again: a driver
-  whose call was in flight when the process died repeats it safely on the next incarnation.
-- **Weights after a restart** (``self.weights``: ``sqlrl.gateway.weights.PolicyWeights``):
-  ``update_weights(..., version=)`` makes the engine's versions read as the job's (recorded calls'
-  ``versions`` and the returned version) and journals it. Restored from a journal naming a version
-  > 0 (the engine has the start weights), ``awaiting_weights`` holds until an update: new calls get
-  ``Busy`` (``when_weights`` lets the app hold them instead) and ``wait_idle`` returns.
+- **Sessions**: the claim leases ONE trajectory-scoped session, keyed by the rollout id, with the
+  task's setup SQL run in it (``scene.open_scene``); ``execute_sql`` runs on it through the
+  built-in tool (``sqlrl.tools.run_raw``: the agent's executor, validation and observation text),
+  one statement at a time per rollout. It is released exactly once: when the rollout completes,
+  expires or fails. A session that cannot be opened is ``Unavailable`` (503): the task waits again.
+- **A task whose setup SQL fails** (``scene.SetupFailed``: an SQL error, the same on every
+  session) is never handed out and not retried: the rollout being claimed and every rollout of
+  that task still waiting (any group) end ``failed`` with ``failure=FailReason.SETUP`` and the
+  reason -- counted in ``failed`` and ``setup_failed``, not in ``claimed``, journalled, drained like
+  any other -- and the claim goes on to the next waiting rollout of the client's kinds: the client
+  gets the next task, or 204 / 410 as if that task had not been there.
+- **Deadlines**: a rollout must complete within ``deadline_s`` of its claim (the injected
+  ``clock``); ``expire_due()`` ends every one past it (``expired``, session released, calls in
+  flight cancelled and counted in ``n_incomplete``); the app calls it on every request ``due()``
+  says needs it (O(1)), the actor on a ticker.
+- **Calls**: ``begin_call`` returns a ``live.CallTicket``: ``commit`` records the call whole,
+  ``abandon`` counts it in ``n_incomplete``; settled once; a commit after the rollout ended raises
+  ``RolloutClosed``.
+- **Completion**: ``complete(key, id, sql=...)`` scores the final SQL with the ``Scorer``
+  (``JudgeScorer``: the job's ``Judge`` on fresh sessions of its own -- never the rollout's);
+  ``reward=`` only with ``GatewayConfig.client_rewards`` (else ``NotAllowed``, 403). A scorer that
+  raises fails the rollout (``FailReason.SCORING``); ``close()`` fails the live ones
+  (``FailReason.STOPPED``). Anything after the end: ``RolloutClosed`` (409).
+- **Weight updates**: between ``begin_update()`` and ``end_update()`` a new call proceeds
+  (``during_update="wait"``: the engine makes it wait) or gets ``Busy`` (429, ``"reject"``);
+  ``update_weights(..., version=)`` reads the engine's versions as the job's and journals it; a
+  gateway restored at a version > 0 refuses (or, through ``when_weights``, holds) calls until then.
+- ``drain()`` hands each ended ``RolloutTrace`` out once (``token``: a repeat gets the same
+  traces); ``wait_until(predicate, timeout)`` waits for a state change (every change notifies);
+  ``wait_idle(timeout)`` until every offered rollout has ended (the job's step wait; ``close()``
+  releases it).
+- **Journal** (optional): every offer, claim, end (a setup failure's marked ``unclaimed``), drain,
+  weights and finish is appended and ``fsync``'d before it is answered; a ``Rollouts`` built on a
+  journal that holds records resumes from it (``journal``'s guarantees; the lost rollouts'
+  ``DurableSessions`` released: ``restored_released``). Call and token counters are this process's.
 
 Thread-safe: one lock; SQL, session opening/closing and scoring run outside it (the app calls the
 blocking methods -- ``claim``, ``execute_sql``, ``complete``, ``expire_due`` -- in worker threads).
@@ -68,28 +57,29 @@ blocking methods -- ``claim``, ``execute_sql``, ``complete``, ``expire_due`` -- 
 
 from __future__ import annotations
 
-import heapq
-import math
 import secrets
 import threading
 import time
-from collections import deque
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
-from sqlrl.db.source import DurableSessions, SessionRequest, SessionSource
+from sqlrl.db.source import DurableSessions, SessionSource
 from sqlrl.db.types import Limits
 from sqlrl.policy.engine import AsyncEngine, UpdatePolicy
-from sqlrl.tasks.kinds import kind_of, task_from_dict
+from sqlrl.tasks.kinds import task_from_dict
 from sqlrl.tasks.schema import DatabaseSchema
 from sqlrl.tools import run_raw
 
 from .capture import CapturedCall
-from .contract import (BadInput, Busy, Claim, GatewayConfig, GatewayError, GatewayStats, JudgeScorer,
-                       NotAllowed, NoWorkNow, RolloutClosed, RolloutNotFound, Scorer, Unavailable,
-                       WorkFinished)
-from .journal import RESTART_CAUSE, Journal, Replayed, key_digest, replay
+from .contract import (BadInput, Busy, Claim, GatewayConfig, GatewayError, GatewayStats, JudgeScorer,  # noqa: F401
+                       KindsNotOffered, NotAllowed, NoWorkNow, RolloutClosed, RolloutNotFound, Scorer,
+                       Unavailable, WorkFinished)
+from .deadlines import Deadlines
+from .ended import Ended
+from .journal import Journal, Replayed, key_digest, lost_ends, replay
 from .live import CallTicket, LiveRollout
-from .trace import LostReason, RolloutTrace
+from .scene import SetupFailed, open_scene
+from .trace import FailReason, RolloutTrace
+from .waiting import Waiting
 from .weights import PolicyWeights
 
 
@@ -103,19 +93,12 @@ class Rollouts:
         self.schemas = dict(schemas or {})
         self.limits = Limits(timeout_s=config.sql_timeout_s, max_rows=config.sql_max_rows)
         self._cond = threading.Condition()
-        self._waiting: deque[tuple[str, Any]] = deque()
+        self._waiting = Waiting()  # offered, not yet claimed: by kind, in offer order
         self._live: dict[str, LiveRollout] = {}
-        self._deadlines: list[tuple[float, str]] = []  # heap of (deadline, rollout id) of claimed rollouts (due())
+        self._deadlines = Deadlines()  # of claimed rollouts (due(), expire_due())
         self._claiming = 0  # taken off _waiting, session being leased: neither waiting nor live yet
-        self._done: dict[str, str] = {}  # ended rollout id -> its key's digest (409 for its owner)
-        self._traces: list[RolloutTrace] = []
-        self._finished = False
-        self._updating = False
+        self._ended = Ended()  # traces until drained, owners of ended rollouts, the counters
         self._closed = False
-        self._counts = dict.fromkeys(("claimed", "completed", "expired", "failed", "calls", "incomplete",
-                                      "prompt_tokens", "generated_tokens", "prefix_mismatches", "lost"), 0)
-        self._offer_tokens: set[str] = set()
-        self._last_drain: tuple[str | None, list[RolloutTrace]] = (None, [])
         self.weights = PolicyWeights()  # the engine's versions read as the job's (sqlrl.gateway.weights)
         self.journal = journal
         # sessions another process can release: named in the journal (the declared protocol, checked once here)
@@ -126,26 +109,17 @@ class Rollouts:
             self._restore(replay(journal.path))
 
     def _restore(self, state: Replayed) -> None:
-        """A restarted gateway's state (``sqlrl.gateway.journal``): ended traces not yet drained
-        kept, waiting offers waiting again, rollouts live at the crash ended ``expired``."""
+        """A restarted gateway's state (``sqlrl.gateway.journal``)."""
         self.restored = state
-        self._waiting.extend((g, task_from_dict(dict(rec))) for g, rec in state.waiting)  # of its own kind
-        self._traces, self._done, self._finished = list(state.ended), dict(state.done), state.finished
-        self._counts.update(state.counts)
-        self._offer_tokens, self._last_drain = set(state.offer_tokens), state.last_drain
+        for g, rec in state.waiting:
+            self._waiting.add(g, task_from_dict(dict(rec)))  # of its own kind
+        self._waiting.finished, self._waiting.tokens = state.finished, set(state.offer_tokens)
+        self._ended.restore(state)
         self.weights = PolicyWeights(state.version)
-        held = [rec for rec in state.lost if rec.get("session") is not None]
-        ended = self._durable.release_records([r["session"] for r in held]) if held and self._durable else []
-        released = {r["rollout_id"]: bool(e) for r, e in zip(held, ended)}
-        self.restored_released = sum(released.values())
-        for rec in state.lost:
-            trace = RolloutTrace(rollout_id=rec["rollout_id"], task_id=rec["task_id"], group_id=rec["group_id"],
-                                 calls=(), status="expired", error=RESTART_CAUSE, lost=LostReason.GATEWAY_RESTART)
-            self._log("end", trace=trace.to_dict(), key=rec["key"], session_released=released.get(rec["rollout_id"]))
-            self._traces.append(trace)
-            self._done[trace.rollout_id] = rec["key"]
-            self._counts["expired"] += 1
-            self._counts["lost"] += 1
+        for trace, key, released in lost_ends(state, self._durable):  # live at the crash: expired, sessions released
+            self._log("end", trace=trace.to_dict(), key=key, session_released=released)
+            self._ended.add(trace, key)
+            self.restored_released += bool(released)
 
     def _log(self, kind: str, **fields: Any) -> None:
         if self.journal is not None:
@@ -156,63 +130,70 @@ class Rollouts:
     def offer(self, group_id: str, task: Any, n: int = 1, token: str | None = None) -> None:
         """``n`` rollouts of ``task`` (any registered kind; ``config.task_kinds`` when set) wait for
         claims; ``token``: an idempotency key (a repeat is a no-op)."""
-        kind = kind_of(task)  # TypeError for anything that is not a task of a registered kind
-        why = self.config.refusal(kind)  # a kind not handed out, or one the reward cannot score
-        if why:
-            raise ValueError(f"offer of {task.task_id}: {why}")
-        if n < 1:
-            raise ValueError(f"offer: n must be >= 1, got {n}")
+        self.config.check_offer(task, n)  # a kind not handed out, or one the reward cannot score
         with self._cond:
-            if token is not None and token in self._offer_tokens:
-                return  # offered already: the driver repeats a call whose answer it did not get
-            if self._finished:
-                raise RuntimeError("offer after finish(): the job has finished handing out work")
-            self._log("offer", group_id=group_id, task=task.to_dict(), n=n, token=token)
-            if token is not None:
-                self._offer_tokens.add(token)
-            self._waiting.extend([(group_id, task)] * n)
-            self._cond.notify_all()
+            if self._waiting.admit(token):
+                self._log("offer", group_id=group_id, task=task.to_dict(), n=n, token=token)
+                self._waiting.add(group_id, task, n)
+                self._cond.notify_all()
 
     def finish(self) -> None:
         """No more offers: once the waiting rollouts are claimed, claims get ``WorkFinished``."""
         with self._cond:
-            if not self._finished:
+            if not self._waiting.finished:
                 self._log("finish")
-            self._finished = True
+            self._waiting.finished = True
             self._cond.notify_all()
 
-    def claim(self, key: str) -> Claim:
-        """The next waiting rollout for ``key``, with its session leased (blocking)."""
-        with self._cond:
-            if not self._waiting:
-                if self._finished:
-                    raise WorkFinished("the job has finished handing out rollouts")
-                raise NoWorkNow("no task is waiting now", self.config.retry_after_s)
-            group_id, task = self._waiting.popleft()
-            self._claiming += 1  # not idle while its session is leased (outside the lock)
-        rollout_id = secrets.token_urlsafe(18)
-        try:
-            (session,) = self.sessions.open_many([SessionRequest(  # the kind's scene set, as the built-in loop's
-                task.db_id, task.dialect, kind_of(task).scene_sql(task), limits=self.limits, key=rollout_id)])
-        except Exception as exc:
+    def claim(self, key: str, kinds: Sequence[str] | None = None) -> Claim:
+        """The next waiting rollout of ``kinds`` (None: any; ``GatewayConfig.accepted``) for
+        ``key``, its session leased and its setup SQL run (blocking). A task whose setup fails is
+        dropped (module docstring) and the next one is tried."""
+        accept = self.config.accepted(kinds)
+        while True:
             with self._cond:
-                self._claiming -= 1
-                self._waiting.appendleft((group_id, task))  # not handed out: it waits for the next claim
-                self._cond.notify_all()
-            raise Unavailable(f"could not open a session on {task.db_id!r}: {exc}",
-                              self.config.retry_after_s) from None
+                group_id, task = self._waiting.next(accept, self.config.retry_after_s)
+                self._claiming += 1  # not idle while its session is leased (outside the lock)
+            rollout_id = secrets.token_urlsafe(18)
+            try:
+                session = open_scene(self.sessions, task, self.limits, rollout_id, self.config.retry_after_s)
+            except SetupFailed as exc:
+                self._setup_failed(rollout_id, group_id, task, exc)
+                continue  # the task is nobody's: the client gets the next one
+            except BaseException:
+                with self._cond:
+                    self._claiming -= 1
+                    self._waiting.put_back(group_id, task)  # not handed out: it waits for the next claim
+                    self._cond.notify_all()
+                raise
+            return self._go_live(key, rollout_id, group_id, task, session)
+
+    def _go_live(self, key: str, rollout_id: str, group_id: str, task: Any, session: Any) -> Claim:
         with self._cond:
             self._claiming -= 1
             self._log("claim", rollout_id=rollout_id, group_id=group_id, task_id=task.task_id, key=key_digest(key),
                       session=self._durable.record_of(session) if self._durable is not None else None)
             deadline = self.clock() + self.config.deadline_s
             self._live[rollout_id] = LiveRollout(rollout_id, key, group_id, task, deadline, session)
-            heapq.heappush(self._deadlines, (deadline, rollout_id))
-            self._counts["claimed"] += 1
+            self._deadlines.add(deadline, rollout_id)
+            self._ended.counts["claimed"] += 1
             self._cond.notify_all()
         schema = self.schemas.get(task.db_id)
         return Claim(rollout_id, group_id, task, self.config.deadline_s,
                      schema.to_create_sql(task.dialect) if schema is not None else None)
+
+    def _setup_failed(self, rollout_id: str, group_id: str, task: Any, exc: SetupFailed) -> None:
+        """``task``'s setup SQL failed on the rollout being claimed: it and every rollout of the
+        task still waiting end ``failed`` (``FailReason.SETUP``), journalled as unclaimed."""
+        with self._cond:
+            self._claiming -= 1
+            dropped = [(rollout_id, group_id)] + [(secrets.token_urlsafe(18), g) for g in self._waiting.drop(task)]
+            for rid, group in dropped:
+                trace = RolloutTrace(rollout_id=rid, task_id=task.task_id, group_id=group, calls=(), status="failed",
+                                     error=exc.reason, failure=FailReason.SETUP)
+                self._log("end", trace=trace.to_dict(), key=None, unclaimed=True)  # before anyone is told
+                self._ended.add(trace, None)
+            self._cond.notify_all()
 
     # -- calls and SQL ----------------------------------------------------------------------------
 
@@ -220,7 +201,7 @@ class Rollouts:
         """The caller's active rollout (lock held): 404 unknown or foreign, 409 ended."""
         r = self._live.get(rollout_id)
         if r is None or r.key != key:
-            if self._done.get(rollout_id) == key_digest(key):
+            if self._ended.owned(rollout_id, key_digest(key)):
                 raise RolloutClosed(f"rollout {rollout_id} has ended")
             raise RolloutNotFound(f"no rollout {rollout_id!r} for this API key")
         if r.status != "active":
@@ -235,33 +216,16 @@ class Rollouts:
         """A call starts; ``cancel`` (thread-safe) stops it if the rollout expires meanwhile."""
         with self._cond:
             r = self._get(key, rollout_id)
-            if self.weights.awaiting:
-                raise Busy("the gateway restarted and waits for the job to restore the policy's weights; "
-                           "retry shortly", self.config.retry_after_s)
-            if self._updating and self.config.during_update == "reject":
-                raise Busy("the policy's weights are being updated; retry shortly",
-                           self.config.retry_after_s)
-            seq, r.seq = r.seq, r.seq + 1
-            r.open_calls[seq] = cancel
+            self.weights.check_call(self.config.during_update == "reject", self.config.retry_after_s)
+            seq = r.open_call(cancel)
             self._cond.notify_all()
             return CallTicket(self._settle, self.weights, r, seq)
 
     def _settle(self, r: LiveRollout, seq: int, call: CapturedCall | None) -> None:
         with self._cond:
-            if seq not in r.open_calls:
-                if r.status != "active" and call is not None:
-                    raise RolloutClosed(f"rollout {r.id} ended while this call ran")
-                return  # settled already (abandon is idempotent)
-            del r.open_calls[seq]
-            if call is None:
-                r.n_incomplete += 1
-                self._counts["incomplete"] += 1
-            else:
-                r.captured.append(call)
-                self._counts["calls"] += 1
-                self._counts["prompt_tokens"] += len(call.prompt_ids)
-                self._counts["generated_tokens"] += len(call.generation.token_ids)
-            self._cond.notify_all()
+            if r.settle(seq, call):
+                self._ended.call(call)
+                self._cond.notify_all()
 
     def execute_sql(self, key: str, rollout_id: str, sql: Any) -> tuple[str, bool]:
         """``(observation, is_error)`` of the built-in ``execute_sql`` tool on the rollout's own
@@ -278,15 +242,7 @@ class Rollouts:
 
     def complete(self, key: str, rollout_id: str, *, sql: str | None = None,
                  reward: float | None = None) -> RolloutTrace:
-        if (sql is None) == (reward is None):
-            raise BadInput("complete takes exactly one of 'sql' (the final SQL) or 'reward'")
-        if reward is not None:
-            if not self.config.client_rewards:
-                raise NotAllowed("this job does not accept client rewards: send the final 'sql'")
-            if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
-                raise BadInput(f"reward must be a finite number, got {reward!r}")
-        elif not isinstance(sql, str):
-            raise BadInput(f"sql must be a string, got {type(sql).__name__}")
+        self.config.check_complete(sql, reward)  # BadInput / NotAllowed
         with self._cond:
             r = self._get(key, rollout_id)
             r.status = "closing"
@@ -296,43 +252,38 @@ class Rollouts:
             try:
                 b = self.scorer.score(r.task, sql)
             except Exception as exc:  # the server's fault, not the client's: the rollout fails
-                self._end(r, "failed", final_sql=sql, error=f"scoring failed: {type(exc).__name__}: {exc}")
+                self._end(r, "failed", final_sql=sql, error=f"scoring failed: {type(exc).__name__}: {exc}",
+                          failure=FailReason.SCORING)
                 raise
             trace = self._end(r, "completed", reward=float(b.score), reward_source="judge",
                               reward_parts=dict(b.parts), final_sql=sql)
         return trace
 
     def due(self) -> bool:
-        """Whether some active rollout is past its deadline (cheap: no I/O; the earliest deadline of
-        the heap, whose entries of rollouts no longer active are dropped as they surface)."""
+        """Whether some active rollout is past its deadline (cheap: no I/O; ``Deadlines.due``)."""
         now = self.clock()
         with self._cond:
-            heap = self._deadlines
-            while heap:
-                deadline, rollout_id = heap[0]
-                r = self._live.get(rollout_id)
-                if r is not None and r.status == "active":
-                    return deadline <= now
-                heapq.heappop(heap)  # ended or closing: it never needs expiring again
-            return False
+            return self._deadlines.due(now, self._active)
 
     def expire_due(self) -> int:
         """End every active rollout past its deadline (blocking: sessions are released)."""
         now = self.clock()
         with self._cond:
-            due = [r for r in self._live.values() if r.status == "active" and r.deadline <= now]
+            due = [self._live[i] for i in self._deadlines.pop_due(now, self._active)]
             for r in due:
                 r.status = "closing"
         for r in due:
             self._end(r, "expired", error=f"no completion within {self.config.deadline_s:g} s")
         return len(due)
 
+    def _active(self, rollout_id: str) -> bool:
+        r = self._live.get(rollout_id)
+        return r is not None and r.status == "active"
+
     def _end(self, r: LiveRollout, status: str, **fields: Any) -> RolloutTrace:
         with self._cond:
-            cancels = [c for c in r.open_calls.values() if c is not None]
-            r.n_incomplete += len(r.open_calls)
-            self._counts["incomplete"] += len(r.open_calls)
-            r.open_calls.clear()
+            n, cancels = r.cut_calls()
+            self._ended.incomplete(n)
         for cancel in cancels:
             try:
                 cancel()
@@ -345,10 +296,7 @@ class Rollouts:
             self._log("end", trace=trace.to_dict(), key=key_digest(r.key))  # before anyone is told
             r.status = status
             del self._live[r.id]
-            self._done[r.id] = key_digest(r.key)
-            self._traces.append(trace)
-            self._counts[status] += 1
-            self._counts["prefix_mismatches"] += mismatches
+            self._ended.add(trace, key_digest(r.key), mismatches)
             self._cond.notify_all()
         return trace
 
@@ -358,13 +306,10 @@ class Rollouts:
         """The rollouts that ended since the last drain, each handed out once; ``token``: the same
         token as the last drain's gets that drain's traces again (a repeated call)."""
         with self._cond:
-            if token is not None and self._last_drain[0] == token:
-                return list(self._last_drain[1])
-            out, self._traces = self._traces, []
-            if out:
+            out, new = self._ended.drain(token)
+            if new:
                 self._log("drain", ids=[t.rollout_id for t in out], token=token)
-            self._last_drain = (token, out)
-            return list(out)
+            return out
 
     async def update_weights(self, engine: AsyncEngine, weights: Mapping[str, Any],
                              policy: UpdatePolicy | str = UpdatePolicy.DRAIN, version: int | None = None) -> int:
@@ -394,11 +339,11 @@ class Rollouts:
 
     def begin_update(self) -> None:
         with self._cond:
-            self._updating = True
+            self.weights.updating = True
 
     def end_update(self) -> None:
         with self._cond:
-            self._updating = False
+            self.weights.updating = False
             self._cond.notify_all()
 
     def wait_until(self, predicate: Callable[[], bool], timeout: float | None = None) -> bool:
@@ -410,7 +355,7 @@ class Rollouts:
         """Nothing waits to be claimed, is being claimed (its session leased) or is live: every
         offered rollout has ended."""
         with self._cond:
-            return not self._waiting and not self._claiming and not self._live
+            return not len(self._waiting) and not self._claiming and not self._live
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """``wait_until(idle)``, also released by ``close()`` and while ``awaiting_weights`` (the
@@ -426,12 +371,12 @@ class Rollouts:
             r = self._live.get(rollout_id)
             if r is not None:
                 return r.status
-            return "ended" if rollout_id in self._done else None
+            return "ended" if rollout_id in self._ended.owners else None
 
     def stats(self) -> GatewayStats:
         with self._cond:
             return GatewayStats(active=len(self._live), waiting=len(self._waiting),
-                                in_flight=sum(len(r.open_calls) for r in self._live.values()), **self._counts)
+                                in_flight=sum(len(r.open_calls) for r in self._live.values()), **self._ended.counts)
 
     def close(self) -> int:
         """Fail every live rollout (the gateway stops): their sessions are released; returns how many."""
@@ -440,7 +385,7 @@ class Rollouts:
             for r in live:
                 r.status = "closing"
         for r in live:
-            self._end(r, "failed", error="the gateway stopped")
+            self._end(r, "failed", error="the gateway stopped", failure=FailReason.STOPPED)
         with self._cond:
             self._closed = True
             self._cond.notify_all()
@@ -449,5 +394,5 @@ class Rollouts:
 
 
 __all__ = ["BadInput", "Busy", "CallTicket", "Claim", "GatewayConfig", "GatewayError", "GatewayStats",
-           "JudgeScorer", "NotAllowed", "NoWorkNow", "RolloutClosed", "RolloutNotFound", "Rollouts", "Scorer",
-           "Unavailable", "WorkFinished"]
+           "JudgeScorer", "KindsNotOffered", "NotAllowed", "NoWorkNow", "RolloutClosed", "RolloutNotFound",
+           "Rollouts", "Scorer", "SetupFailed", "Unavailable", "WorkFinished"]

@@ -42,7 +42,8 @@ group (``RolloutTrace.group_id``) -- not over sequences, so a rollout with more 
 in its group's mean and std. A completed rollout's reward is its trace's. Expired / failed rollouts:
 ``unfinished="drop"`` leaves them out of their group (no reward, no rows: the group's mean and std are
 over the completed rollouts); ``unfinished="zero"`` gives them reward 0.0 in the group and trains
-their calls with that advantage. A rollout with no trained sequence (no calls, or none selected)
+their calls with that advantage. A rollout failed by its task's setup SQL (``RolloutTrace.setup_failed``:
+no client ever had it) is out of its group either way. A rollout with no trained sequence (no calls, or none selected)
 still counts in its group's mean and std, as ``rl_batch`` counts a trajectory with no generated
 token. A group left with one rollout gets verl's group-of-one advantage (its raw reward); filter
 such groups with ``sqlrl.learn.groups`` conventions before training if that is not wanted.
@@ -270,6 +271,8 @@ def build_sequences(trace: RolloutTrace, cfg: SequenceConfig, reward: float | No
 def _group_reward(trace: RolloutTrace, cfg: SequenceConfig) -> float | None:
     if trace.status == "completed":
         return float(trace.reward)
+    if trace.setup_failed:  # no client ever had it: nobody's outcome, out of its group whatever ``unfinished``
+        return None
     return 0.0 if cfg.unfinished == "zero" else None
 
 

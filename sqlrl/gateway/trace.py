@@ -16,6 +16,9 @@ Guarantees:
 - ``RolloutTrace.status`` is one of ``ROLLOUT_STATUSES``; ``reward`` is set exactly when the status is
   ``"completed"`` (computed by the server's Judge from the client's final SQL, or taken from the client
   only where the job allows client rewards -- ``reward_source`` says which).
+- ``RolloutTrace.failure`` (a ``FailReason``) says why a ``"failed"`` rollout failed -- its task's setup
+  SQL, the scorer, the gateway stopping -- and is set only on failed rollouts (None on traces
+  journalled before it existed). ``lost`` says the same of a rollout a gateway restart ended.
 """
 
 from __future__ import annotations
@@ -33,6 +36,14 @@ class LostReason(str, enum.Enum):
     client or its deadline. Values are stable strings (journal, logs)."""
 
     GATEWAY_RESTART = "gateway-restart"  # live when the gateway's process died; its calls in flight went with it
+
+
+class FailReason(str, enum.Enum):
+    """Why a rollout failed (``RolloutTrace.failure``). Values are stable strings (journal, logs)."""
+
+    SETUP = "setup-failed"  # its task's setup SQL (the kind's scene_sql) failed: never handed to a client
+    SCORING = "scoring-failed"  # the server's scorer raised on the final SQL
+    STOPPED = "gateway-stopped"  # live when the gateway stopped
 
 
 @dataclass(frozen=True)
@@ -80,12 +91,17 @@ class RolloutTrace:
     n_incomplete: int = 0  # calls that never finished (client gone, cancelled, aborted): not in ``calls``
     error: str | None = None
     lost: LostReason | None = None  # set when the gateway lost the rollout (its status is then "expired")
+    failure: FailReason | None = None  # why it failed (its status is then "failed")
 
     def __post_init__(self) -> None:
         if self.lost is not None:
             object.__setattr__(self, "lost", LostReason(self.lost))
             if self.status != "expired":
                 raise ValueError("a lost rollout ends expired")
+        if self.failure is not None:
+            object.__setattr__(self, "failure", FailReason(self.failure))
+            if self.status != "failed":
+                raise ValueError("a rollout with a failure reason ends failed")
         if self.status not in ROLLOUT_STATUSES:
             raise ValueError(f"status {self.status!r} is not one of {ROLLOUT_STATUSES}")
         if self.reward_source not in REWARD_SOURCES:
@@ -97,11 +113,19 @@ class RolloutTrace:
         if any(c.rollout_id != self.rollout_id for c in self.calls):
             raise ValueError("every call must belong to this rollout")
 
+    @property
+    def setup_failed(self) -> bool:
+        """Its task's setup SQL failed: no client ever had it, so it is nobody's outcome (not the
+        policy's, not a dead client's): training leaves it out of its group and the job does not
+        redraw it."""
+        return self.failure is FailReason.SETUP
+
     def to_dict(self) -> dict[str, Any]:
         d = {f.name: getattr(self, f.name) for f in fields(self)}
         d["calls"] = [c.to_dict() for c in self.calls]
         d["reward_parts"] = dict(self.reward_parts)
         d["lost"] = None if self.lost is None else self.lost.value
+        d["failure"] = None if self.failure is None else self.failure.value
         return d
 
     @classmethod

@@ -17,7 +17,7 @@ Guarantees:
 - ``StepBuild.batch`` is None exactly when no row is left to train (the metrics say why);
   otherwise it is ``rl_batch`` of the kept rows with their rollout advantages.
 - ``metrics`` has a fixed key order (a metrics.jsonl line): the rollouts (completed / expired /
-  failed), reward mean, pass rate (``sqlrl.rl.outcome.solved`` on the judge's reward parts: the one
+  failed, and of those failed, ``setup_failed``: their task's setup SQL failed), reward mean, pass rate (``sqlrl.rl.outcome.solved`` on the judge's reward parts: the one
   definition of success) and each reward part over the completed rollouts; calls, tokens, merges,
   mismatches by cause (every cause of ``MISMATCH_CAUSES``, 0 when none), length drops, calls that
   never finished; groups and rows trained.
@@ -109,6 +109,7 @@ def step_metrics(traces: Sequence[RolloutTrace], rows: TraceRows, kept: Sequence
     return {"rollouts": len(traces), "completed": len(done),
             "expired": sum(t.status == "expired" for t in traces),
             "failed": sum(t.status == "failed" for t in traces),
+            "setup_failed": sum(t.setup_failed for t in traces),
             "reward_mean": mean(float(t.reward) for t in done),
             "pass_rate": mean(float(solved(_Parts(dict(t.reward_parts)))) for t in done),
             **{f"reward_{k}": mean(v) for k, v in sorted(parts.items())},

@@ -14,6 +14,10 @@ Guarantees:
 - ``job_generation(g)``: ``g`` with its per-token ``versions`` read as the job's (unchanged at
   offset 0). The offset changes only at a restore, when no call runs (calls are held).
 - ``release()`` (the gateway stops) calls the waiters too; ``when_ready`` then answers True.
+- ``check_call(reject, retry_after_s)``: ``Busy`` (429 + ``Retry-After``) for a call that may not
+  begin now -- while ``awaiting``, or while ``updating`` (set by the owner around an engine update)
+  when ``reject`` (``during_update: reject``); otherwise it returns and the call proceeds (with
+  ``wait`` the engine's update policy holds it).
 Thread-safe.
 """
 
@@ -25,14 +29,24 @@ from typing import Callable
 
 from sqlrl.policy.types import Generation
 
+from .contract import Busy
+
 
 class PolicyWeights:
     def __init__(self, version: int = 0) -> None:
         self._lock = threading.Lock()
         self.base = version  # the job's version minus the engine's (the engine starts at 0)
         self.awaiting = version > 0
+        self.updating = False  # an engine update is in progress (the owner sets it, under its lock)
         self._released = False
         self._waiters: list[Callable[[], None]] = []
+
+    def check_call(self, reject: bool, retry_after_s: int) -> None:
+        if self.awaiting:
+            raise Busy("the gateway restarted and waits for the job to restore the policy's weights; "
+                       "retry shortly", retry_after_s)
+        if self.updating and reject:
+            raise Busy("the policy's weights are being updated; retry shortly", retry_after_s)
 
     def job_generation(self, generation: Generation) -> Generation:
         base = self.base

@@ -54,7 +54,8 @@ def test_a_step_keeps_the_groups_with_a_signal_and_reports_everything():
     assert m["merged_share"] == pytest.approx((followers - 1) / followers)
     assert (m["groups_drawn"], m["groups_signal"], m["groups_trained"]) == (4, 1, 1)
     assert m["trained_on"] == 4 and m["trained_tokens"] == build.batch.n_tokens
-    assert list(m)[:6] == ["rollouts", "completed", "expired", "failed", "reward_mean", "pass_rate"]
+    assert list(m)[:7] == ["rollouts", "completed", "expired", "failed", "setup_failed", "reward_mean", "pass_rate"]
+    assert m["setup_failed"] == 0
 
 
 def test_group_filters_follow_the_config_and_no_rows_gives_no_batch():
