@@ -98,7 +98,7 @@ def train_stage(rt: Any, model: str, tasks: Sequence[Any], logger: Any) -> tuple
     def log(step: int, row: dict) -> None:
         logger.log(step, row)
         console.print(f"  {c.stage} step {step + 1}/{r.steps} (gateway): {row['completed']}/{row['rollouts']} "
-                      f"completed, reward {row['reward_mean']:.3f}, pass {row['pass_rate']:.2f}, groups trained "
+                      f"completed, {row['setup_failed']} setup-failed, reward {row['reward_mean']:.3f}, pass {row['pass_rate']:.2f}, groups trained "
                       f"{row['groups_trained']}/{row['groups_drawn']}")
 
     try:
