@@ -21,7 +21,6 @@ import pytest
 from sqlrl.db import ErrorKind, Limits, open_session
 from sqlrl.db.dialects import postgresql_admin
 from sqlrl.db.dialects.base import get_dialect
-from sqlrl.db.dialects.postgresql_admin import OWNER_ROLE
 from sqlrl.db.provisioning import provision
 from sqlrl.db.provisioning.admin import admin_ops
 from sqlrl.db.sessions.executor import set_text_filter

@@ -39,8 +39,9 @@ from ..types import ErrorKind, Limits
 from .descriptor import Dialect
 
 __all__ = ["Abandoning", "AdapterContractError", "AgentLogin", "BulkLoad", "CAPABILITIES",
-           "Cancellable", "CloneHandOver", "CloneSource", "Contract", "DialectAdapter", "ExactLexer",
-           "ReadOnlyAttestation", "ServerAdmin", "admin_class", "check_adapter", "check_admin",
+           "Cancellable", "CloneHandOver", "CloneSource", "Contract", "DialectAdapter",
+           "ExactLexer", "ReadOnlyAttestation", "ServerAdmin", "admin_class", "check_adapter",
+           "check_admin",
            "check_clone_source", "check_engine", "contract_of", "hands_over", "methods_of"]
 
 

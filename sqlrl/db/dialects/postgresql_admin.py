@@ -12,8 +12,8 @@ What the server enforces (docs/sessions.md, "Isolation"):
 - **Bases** are loaded by the admin, then sealed (``seal``): PUBLIC loses CONNECT and TEMPORARY
   on the base, so no agent role can reach it; its schemas' USAGE/CREATE go to ``OWNER_ROLE`` and
   to PUBLIC (in a clone PUBLIC is its session's role alone: no other agent role may connect to
-  it), the ownership of its tables, views and sequences to ``OWNER_ROLE`` (NOLOGIN), and EXECUTE on file, signal and
-  admin functions (``REVOKED_FUNCTIONS``) and on the advisory-lock functions
+  it), the ownership of its tables, views and sequences to ``OWNER_ROLE`` (NOLOGIN), and
+  EXECUTE on file, signal and admin functions (``REVOKED_FUNCTIONS``) and on the advisory-lock functions
   (``ADVISORY_FUNCTIONS``: a session could fill the server's shared lock table with session-level
   advisory locks) is revoked from PUBLIC in the base (so in every clone).
 - **A scratch database per session** is ``CREATE DATABASE <name> TEMPLATE <base>`` (the base's
@@ -30,8 +30,8 @@ What the server enforces (docs/sessions.md, "Isolation"):
   clone of a base sealed by an older sqlrl the admin connects to the clone, grants the role
   ``OWNER_ROLE``'s schema privileges and revokes from PUBLIC any function of the lists above the
   base still allowed.) So the session owns its cloned tables (ALTER/DROP) and is a member of no
-  shared role it could ``SET ROLE`` to (PostgreSQL 15 has no membership without SET). A role sees other roles' query
-  texts in ``pg_stat_activity`` and may cancel or terminate their backends only if it has their
+  shared role it could ``SET ROLE`` to (PostgreSQL 15 has no membership without SET). A role
+  sees other roles' query texts in ``pg_stat_activity`` and may cancel or terminate their backends only if it has their
   privileges: one role per session, so no session reaches another.
 - **Drop**: ``DROP DATABASE … WITH (FORCE)`` (ends any backend still on it), then ``DROP ROLE``.
   A role another session granted something to (``GRANT … TO <role>`` in that session's clone,
@@ -85,7 +85,8 @@ _REVOKE_FROM_PUBLIC = (
 ).format(names=", ".join(f"'{n}'" for n in REVOKED_FUNCTIONS + ADVISORY_FUNCTIONS))
 _SEALED_NOW = (  # the clone's base was sealed by this version: nothing for the admin to do in it
     "SELECT NOT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname NOT LIKE 'pg\\_%' "
-    "AND nspname <> 'information_schema' AND has_schema_privilege('" + OWNER_ROLE + "', oid, 'CREATE') "
+    "AND nspname <> 'information_schema' "
+    "AND has_schema_privilege('" + OWNER_ROLE + "', oid, 'CREATE') "
     "AND NOT (has_schema_privilege('public', oid, 'USAGE') AND has_schema_privilege('public', oid, "
     "'CREATE'))) AND NOT EXISTS (SELECT 1 FROM pg_proc p WHERE p.pronamespace = "
     "'pg_catalog'::regnamespace AND p.proname = ANY(ARRAY[{names}]) "

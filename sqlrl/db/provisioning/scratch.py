@@ -7,8 +7,8 @@ logged in as a role/user created for this session alone, on a database cloned fr
 (``admin.admin_ops(dialect).create_scratch``), with the session's limits applied by the
 adapter (``adapter.open_agent``); an admin with ``contract.CloneHandOver`` (PostgreSQL) then
 finishes the clone on that login and takes back, and verifies gone, every temporary right the
-role had for it (``hand_over``) before the connection can be handed out. ``SCRATCH.give_back(conn)`` closes it and drops the database
-and the role. The admin connections never run agent SQL. ``SCRATCH`` registers itself as the
+role had for it (``hand_over``) before the connection can be handed out.
+``SCRATCH.give_back(conn)`` closes it and drops the database and the role. The admin connections never run agent SQL. ``SCRATCH`` registers itself as the
 adapters' ``contract.CloneSource`` when imported (``dialects.base.use_clone_source``).
 
 Guarantees:
