@@ -41,9 +41,10 @@ from ..types import ErrorKind, Limits
 from .descriptor import Dialect
 
 __all__ = ["Abandoning", "AdapterContractError", "AgentLogin", "BulkLoad", "CAPABILITIES",
-           "Cancellable", "CloneSource", "Contract", "DialectAdapter", "ExactLexer",
-           "ReadOnlyAttestation", "ServerAdmin", "admin_class", "check_adapter", "check_admin",
-           "check_clone_source", "check_engine", "contract_of", "methods_of"]
+           "Cancellable", "CloneHandOver", "CloneSource", "Contract", "DialectAdapter",
+           "ExactLexer", "ReadOnlyAttestation", "ServerAdmin", "admin_class", "check_adapter",
+           "check_admin",
+           "check_clone_source", "check_engine", "contract_of", "hands_over", "methods_of"]
 
 
 class AdapterContractError(TypeError):
@@ -200,6 +201,25 @@ class ServerAdmin(Protocol):
 
     def is_lost(self, conn: Any) -> bool:
         """True when the admin connection ``conn`` is gone."""
+
+
+class CloneHandOver(Protocol):
+    """Optional for a ``ServerAdmin``: a clone is finished on the session's own login. Its
+    ``create_scratch`` may leave the role a temporary privilege (PostgreSQL: membership in the
+    owner role, so that the login can take ownership of its clone without a second connection);
+    ``scratch`` then calls ``hand_over`` with that login before anything else uses it."""
+
+    def hand_over(self, conn: Any, agent: Any, name: str) -> None:
+        """Finish clone ``name`` on ``agent`` (the session's login, from ``open_agent``), take
+        back on ``conn`` (an admin connection) every temporary privilege ``create_scratch`` gave
+        the role, and verify on ``agent`` that none is left; ``SessionError`` otherwise (the
+        clone is then dropped, never handed out)."""
+
+
+def hands_over(admin: Any) -> bool:
+    """Whether the admin object (or class) ``admin`` implements ``CloneHandOver`` (whole)."""
+    cls = admin if isinstance(admin, type) else type(admin)
+    return not _missing(cls, CloneHandOver)
 
 
 class BulkLoad(Protocol):

@@ -40,8 +40,9 @@ parse node with pglast (PostgreSQL's own parser: ``postgresql_lex``), whose ``de
 role switching, COPY, ALTER SYSTEM, LISTEN/NOTIFY, extensions, role/database/tablespace DDL,
 transaction control (incl. two-phase commit), DISCARD, CLOSE ALL, file/signal/admin functions and
 the session's own cursor name. The agent connection refuses a role that is a superuser, has
-CREATEROLE or is a member of a file/signal role or of ``OWNER_ROLE`` (a check on what ``scratch``
-created: a member could ``SET ROLE`` to the role every clone's base belongs to).
+CREATEROLE or is a member of a file/signal role (a check on what ``scratch`` created); that it
+is a member of no role at all, so of no ``OWNER_ROLE`` it could ``SET ROLE`` to, is verified on
+this connection by the admin's ``hand_over`` before ``scratch`` hands it out.
 """
 
 from __future__ import annotations
@@ -85,6 +86,7 @@ class _Connection(_ext.connection):
 
     limits: Limits
     batch_rows: int = FIRST_BATCH_ROWS
+    row_cap: str = ""  # the streamed query's closing text, with the row-size check (``_ROW_CAP``)
 
 
 @dataclass
@@ -195,6 +197,7 @@ class PostgreSQLDialect:
         conn.autocommit = True
         conn.limits = limits
         conn.batch_rows = min(limits.max_rows + 1, FIRST_BATCH_ROWS)
+        conn.row_cap = _ROW_CAP.format(cap=limits.max_bytes)  # once per session, not per call
         try:
             self._refuse_privileged(conn)
         except BaseException:
@@ -204,7 +207,10 @@ class PostgreSQLDialect:
 
     def _refuse_privileged(self, conn: Any) -> None:
         """Superuser status comes with the connection (no query); the escalation check is one
-        catalog query, made while the clone is prepared (off the lease path)."""
+        catalog query, made while the clone is prepared (off the lease path). Membership in
+        ``OWNER_ROLE`` is not refused here: the role has it while it takes ownership of its clone,
+        and the admin's ``hand_over`` takes it back and verifies, on this login, that the role is
+        a member of no role before ``scratch`` hands the connection out."""
         why = None
         if conn.get_parameter_status("is_superuser") == "on":
             why = "is a superuser"
@@ -213,7 +219,7 @@ class PostgreSQLDialect:
                 cur.execute(
                     "SELECT (SELECT rolcreaterole FROM pg_roles WHERE rolname = current_user), "
                     "ARRAY(SELECT rolname::text FROM pg_roles WHERE rolname = ANY(%s) "
-                    "AND pg_has_role(oid, 'MEMBER'))", ([*_ESCALATING_ROLES, OWNER_ROLE],))
+                    "AND pg_has_role(oid, 'MEMBER'))", (list(_ESCALATING_ROLES),))
                 createrole, members = cur.fetchone()
             if createrole:
                 why = "has CREATEROLE"
@@ -273,7 +279,7 @@ class PostgreSQLDialect:
                 state.limits_set = True
             if streamable(statement):
                 text = (f"{prefix}BEGIN; DECLARE {_CURSOR} NO SCROLL CURSOR FOR {_ROWS_OF}\n"
-                        f"{statement}\n{_ROW_CAP.format(cap=conn.limits.max_bytes)}"
+                        f"{statement}\n{conn.row_cap}"
                         f";FETCH FORWARD {conn.batch_rows} FROM {_CURSOR}")
                 self._execute(conn, cur, text, 1)
                 return _StreamedCursor(self, conn, state, cur, deadline)

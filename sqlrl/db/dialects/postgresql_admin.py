@@ -10,22 +10,28 @@ What the server enforces (docs/sessions.md, "Isolation"):
   ``max_locks_per_transaction`` must be at least ``MIN_LOCKS_PER_TRANSACTION`` (the shared lock
   table holds that many locks per connection slot), or the server is refused.
 - **Bases** are loaded by the admin, then sealed (``seal``): PUBLIC loses CONNECT and TEMPORARY
-  on the base, so no agent role can reach it; its schemas' USAGE/CREATE and the ownership of its
-  tables, views and sequences go to ``OWNER_ROLE`` (NOLOGIN), and EXECUTE on file, signal and
-  admin functions (``REVOKED_FUNCTIONS``) and on the advisory-lock functions
+  on the base, so no agent role can reach it; its schemas' USAGE/CREATE go to ``OWNER_ROLE`` and
+  to PUBLIC (in a clone PUBLIC is its session's role alone: no other agent role may connect to
+  it), the ownership of its tables, views and sequences to ``OWNER_ROLE`` (NOLOGIN), and
+  EXECUTE on file, signal and admin functions (``REVOKED_FUNCTIONS``) and on the advisory-lock functions
   (``ADVISORY_FUNCTIONS``: a session could fill the server's shared lock table with session-level
   advisory locks) is revoked from PUBLIC in the base (so in every clone).
 - **A scratch database per session** is ``CREATE DATABASE <name> TEMPLATE <base>`` (the base's
   catalog, data, sequences and revocations come along), with ``WAL_LOG`` for bases up to
   ``FILE_COPY_ABOVE_BYTES`` and ``FILE_COPY`` above. PUBLIC has no rights on it; its own role
   ``<name>`` (LOGIN, NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS, at most
-  ``CONNECTION_LIMIT`` connections, a member of no role) gets CONNECT and TEMPORARY on that
-  database only. In the clone, the admin then hands everything ``OWNER_ROLE`` owns to ``<name>``
-  (``REASSIGN OWNED``), grants it ``OWNER_ROLE``'s schema privileges and revokes from PUBLIC any
-  function of the lists above the base still allowed (a base sealed by an older sqlrl). So the
-  session may ALTER/DROP its cloned tables without being a member of a shared role it could
-  ``SET ROLE`` to (PostgreSQL 15 has no membership without SET). A role sees other roles' query
-  texts in ``pg_stat_activity`` and may cancel or terminate their backends only if it has their
+  ``CONNECTION_LIMIT`` connections) gets CONNECT and TEMPORARY on that database only. The role
+  is created a member of ``OWNER_ROLE`` for its preparation only (``hand_over``, on the
+  session's own login, before ``scratch`` hands it out): the login takes ownership of everything
+  ``OWNER_ROLE`` owns in the clone (``REASSIGN OWNED … TO CURRENT_USER``), the admin revokes the
+  membership, and the login is verified to be a member of no role, with ``current_user =
+  session_user`` and no ``SET ROLE`` in effect, and ``OWNER_ROLE`` to own no relation there; a
+  login that fails the check is closed and its clone dropped. No agent SQL runs before. (In a
+  clone of a base sealed by an older sqlrl the admin connects to the clone, grants the role
+  ``OWNER_ROLE``'s schema privileges and revokes from PUBLIC any function of the lists above the
+  base still allowed.) So the session owns its cloned tables (ALTER/DROP) and is a member of no
+  shared role it could ``SET ROLE`` to (PostgreSQL 15 has no membership without SET). A role
+  sees other roles' query texts in ``pg_stat_activity`` and may cancel or terminate their backends only if it has their
   privileges: one role per session, so no session reaches another.
 - **Drop**: ``DROP DATABASE … WITH (FORCE)`` (ends any backend still on it), then ``DROP ROLE``.
   A role another session granted something to (``GRANT … TO <role>`` in that session's clone,
@@ -77,7 +83,27 @@ _REVOKE_FROM_PUBLIC = (
     "AND has_function_privilege('public', p.oid, 'EXECUTE') "
     "LOOP EXECUTE 'REVOKE EXECUTE ON FUNCTION ' || f || ' FROM PUBLIC'; END LOOP; END $sqlrl$"
 ).format(names=", ".join(f"'{n}'" for n in REVOKED_FUNCTIONS + ADVISORY_FUNCTIONS))
-# In a new clone: what OWNER_ROLE owns and may do there goes to the session's role.
+_SEALED_NOW = (  # the clone's base was sealed by this version: nothing for the admin to do in it
+    "SELECT NOT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname NOT LIKE 'pg\\_%' "
+    "AND nspname <> 'information_schema' "
+    "AND has_schema_privilege('" + OWNER_ROLE + "', oid, 'CREATE') "
+    "AND NOT (has_schema_privilege('public', oid, 'USAGE') AND has_schema_privilege('public', oid, "
+    "'CREATE'))) AND NOT EXISTS (SELECT 1 FROM pg_proc p WHERE p.pronamespace = "
+    "'pg_catalog'::regnamespace AND p.proname = ANY(ARRAY[{names}]) "
+    "AND has_function_privilege('public', p.oid, 'EXECUTE'))"
+).format(names=", ".join(f"'{n}'" for n in REVOKED_FUNCTIONS + ADVISORY_FUNCTIONS))
+# On the session's own login, while its role is still a member of OWNER_ROLE (``hand_over``): its
+# clone's objects become its own, and the base is checked for what only the admin could add.
+_TAKE_OWNERSHIP = "REASSIGN OWNED BY " + OWNER_ROLE + " TO CURRENT_USER; " + _SEALED_NOW
+# On the session's login after the admin took the membership back: nothing of it is left.
+_VERIFY_HANDED_OVER = (
+    "SELECT current_user = session_user AND current_setting('role') = 'none', "
+    "EXISTS (SELECT 1 FROM pg_auth_members WHERE member = "
+    "(SELECT oid FROM pg_roles WHERE rolname = current_user)), "
+    "pg_has_role('" + OWNER_ROLE + "', 'MEMBER'), "
+    "EXISTS (SELECT 1 FROM pg_class WHERE relowner = '" + OWNER_ROLE + "'::regrole)")
+# In a new clone of a base sealed by an older sqlrl (or when the login could not take ownership):
+# what OWNER_ROLE owns and may do there goes to the session's role, on an admin connection.
 _HAND_OVER_CLONE = (
     "REASSIGN OWNED BY " + OWNER_ROLE + " TO {role}; "
     "DO $sqlrl$ DECLARE s text; BEGIN FOR s IN SELECT quote_ident(nspname) FROM pg_namespace "
@@ -201,7 +227,8 @@ class PostgresAdmin:
                 cur.execute("SELECT nspname FROM pg_namespace WHERE nspname NOT LIKE 'pg\\_%' "
                             "AND nspname <> 'information_schema'")
                 for (schema,) in cur.fetchall():
-                    cur.execute(sql.SQL("GRANT USAGE, CREATE ON SCHEMA {} TO {}").format(
+                    # PUBLIC, in a clone, is its session's role alone (nobody else may connect)
+                    cur.execute(sql.SQL("GRANT USAGE, CREATE ON SCHEMA {} TO {}, PUBLIC").format(
                         sql.Identifier(schema), owner))
                 self._hand_over_relations(cur)
                 cur.execute(_REVOKE_FROM_PUBLIC)
@@ -273,9 +300,10 @@ class PostgresAdmin:
         with conn.cursor() as cur:
             # a non-superuser admin (CREATEROLE) must be a member to REASSIGN and DROP OWNED
             admin = "" if conn.get_parameter_status("is_superuser") == "on" else " ROLE CURRENT_USER"
+            # a member of OWNER_ROLE until ``hand_over`` (the login takes ownership of the clone)
             cur.execute(sql.SQL("CREATE ROLE {} LOGIN " + _ROLE_ATTRS + " CONNECTION LIMIT "
-                                + str(CONNECTION_LIMIT) + " PASSWORD {}" + admin).format(
-                ident, sql.Literal(password)))
+                                + str(CONNECTION_LIMIT) + " PASSWORD {} IN ROLE {}" + admin).format(
+                ident, sql.Literal(password), sql.Identifier(OWNER_ROLE)))
             try:
                 cur.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {} STRATEGY " + strategy).format(
                     ident, sql.Identifier(base)))
@@ -284,15 +312,45 @@ class PostgresAdmin:
                     f"cannot clone the base {base!r}: other connections are open on it "
                     f"({' '.join(str(exc).split())}). Sessions clone the base, which PostgreSQL "
                     "allows only while nobody is connected to it: close them") from exc
-            cur.execute(sql.SQL("REVOKE ALL ON DATABASE {} FROM PUBLIC").format(ident))
-            cur.execute(sql.SQL("GRANT CONNECT, TEMPORARY ON DATABASE {} TO {}").format(ident, ident))
-        clone = _connect_like(conn, name)
+            cur.execute(sql.SQL("REVOKE ALL ON DATABASE {} FROM PUBLIC; "
+                                "GRANT CONNECT, TEMPORARY ON DATABASE {} TO {}").format(
+                ident, ident, ident))
+
+    def hand_over(self, conn: Any, agent: Any, name: str) -> None:
+        """Finish clone ``name`` on the session's login ``agent`` (module doc): the login takes
+        ownership of what ``OWNER_ROLE`` owns there, the admin (``conn``) takes the role out of
+        ``OWNER_ROLE``, and the login is then checked to be a member of no role, not switched to
+        another role, and the only owner of the clone's relations. A base sealed by an older
+        sqlrl (no schema rights for PUBLIC, or functions PUBLIC may still run), or a login that
+        could not take ownership (its membership taken away meanwhile by another process's
+        ``prepare_server``), is finished by the admin on a connection of its own, as before."""
+        ident = sql.Identifier(name)
         try:
-            with clone.cursor() as cur:
-                cur.execute(sql.SQL(_HAND_OVER_CLONE).format(
-                    role=ident, role_literal=sql.Literal(name)))
-        finally:
-            clone.close()
+            with agent.cursor() as cur:
+                cur.execute(_TAKE_OWNERSHIP)
+                (finished,) = cur.fetchone()
+        except psycopg2.Error:
+            if agent.closed:
+                raise
+            finished = False  # nothing was changed (one implicit transaction): the admin does it
+        with conn.cursor() as cur:
+            cur.execute(sql.SQL("REVOKE {} FROM {}").format(sql.Identifier(OWNER_ROLE), ident))
+        if not finished:
+            clone = _connect_like(conn, name)
+            try:
+                with clone.cursor() as cur:
+                    cur.execute(sql.SQL(_HAND_OVER_CLONE).format(
+                        role=ident, role_literal=sql.Literal(name)))
+            finally:
+                clone.close()
+        with agent.cursor() as cur:
+            cur.execute(_VERIFY_HANDED_OVER)
+            same_role, member, owner_member, owner_owns = cur.fetchone()
+        if not same_role or member or owner_member or owner_owns:
+            raise SessionError(
+                f"the clone {name!r} was not handed over cleanly (role switched: {not same_role}, "
+                f"a member of a role: {member or owner_member}, relations left to "
+                f"{OWNER_ROLE}: {owner_owns}); it is dropped")
 
     def drop_scratch(self, conn: Any, name: str) -> None:
         ident = sql.Identifier(name)

@@ -5,8 +5,10 @@ A session URL of a server engine names a base and carries admin credentials
 (``provision.session_url``). ``SCRATCH.take(url, limits, adapter)`` returns an agent connection:
 logged in as a role/user created for this session alone, on a database cloned from the base
 (``admin.admin_ops(dialect).create_scratch``), with the session's limits applied by the
-adapter (``adapter.open_agent``). ``SCRATCH.give_back(conn)`` closes it and drops the database
-and the role. The admin connections never run agent SQL. ``SCRATCH`` registers itself as the
+adapter (``adapter.open_agent``); an admin with ``contract.CloneHandOver`` (PostgreSQL) then
+finishes the clone on that login and takes back, and verifies gone, every temporary right the
+role had for it (``hand_over``) before the connection can be handed out.
+``SCRATCH.give_back(conn)`` closes it and drops the database and the role. The admin connections never run agent SQL. ``SCRATCH`` registers itself as the
 adapters' ``contract.CloneSource`` when imported (``dialects.base.use_clone_source``).
 
 Guarantees:
@@ -40,7 +42,7 @@ from typing import Any
 from sqlalchemy.engine import URL
 
 from ..dialects.base import close_quietly, use_clone_source
-from ..dialects.contract import SCRATCH_PREFIX, AgentLogin
+from ..dialects.contract import SCRATCH_PREFIX, AgentLogin, hands_over
 from ..types import Limits, SessionError
 from ..url import dialect_name, parse_url, redact
 from .admin import SWEEP_EVERY_S, AdminServer
@@ -255,6 +257,7 @@ class ScratchManager:
         name = f"{SCRATCH_PREFIX}{secrets.token_hex(6)}"
         password = secrets.token_urlsafe(18)
         created = False
+        conn = None
         try:
             if not server.hold(name):
                 raise SessionError("a scratch database name collided; try again")
@@ -265,10 +268,12 @@ class ScratchManager:
                                                         source.base_bytes))
             agent_url = source.url.set(username=name, password=password, database=name)
             conn = source.adapter.open_agent(agent_url, source.limits)
+            if hands_over(ops):  # finished on the session's login; temporary rights taken back
+                server.run(lambda admin: ops.hand_over(admin, conn, name))
         except BaseException as exc:
             with self._lock:
                 self._counts["prepare_errors"] += 1
-            self._drop(_Item(name, None, source), count=False, created=created)
+            self._drop(_Item(name, conn, source), count=False, created=created)
             if isinstance(exc, SessionError):
                 raise
             raise SessionError(f"cannot prepare a scratch database of {redact(source.url)}: "
