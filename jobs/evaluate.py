@@ -298,4 +298,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from jobs.stop import exit_on_sigterm
+
+    exit_on_sigterm()  # SIGTERM unwinds through finally: engines and sessions closed
     sys.exit(main())

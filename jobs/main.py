@@ -425,4 +425,7 @@ def _file_based(dialect: str) -> bool:
 
 
 if __name__ == "__main__":
+    from jobs.stop import exit_on_sigterm
+
+    exit_on_sigterm()  # SIGTERM unwinds through finally: engines and sessions closed
     sys.exit(main())

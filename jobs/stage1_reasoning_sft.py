@@ -21,5 +21,8 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
+    from jobs.stop import exit_on_sigterm
+
+    exit_on_sigterm()  # SIGTERM unwinds through finally: engines and sessions closed
     main()
     sys.exit(0)
