@@ -84,10 +84,9 @@ def train_sft(rt: Any, model: str, examples: Sequence[Any], logger: Any) -> tupl
 
 def train_grpo(rt: Any, model: str, tasks: Sequence[Any], logger: Any) -> tuple[Any, list[dict]]:
     """``rl.steps`` GRPO steps (``sqlrl.rl.grpo``) on this job's learner, rollout workers and scorers."""
-    from sqlrl.learn.batch import rl_batch
     from sqlrl.policy.load import load_tokenizer
     from sqlrl.rl.grpo import GRPOFns, LoopState, grpo_steps
-    from sqlrl.rl.staleness import mask_stale
+    from sqlrl.rl.update import policy_update
 
     r, stage = rt.cfg.rl, rt.cfg.stage
     optim = dataclasses.replace(r.optim, total_steps=max(1, r.steps * r.updates_per_batch))
@@ -95,14 +94,8 @@ def train_grpo(rt: Any, model: str, tasks: Sequence[Any], logger: Any) -> tuple[
     rollout = rt.rollout_group(model, rt.cfg.mode, temperature=r.temperature, top_p=r.top_p, seed=rl_seed(rt.cfg))
     _, pad_id = load_tokenizer(model)
 
-    def update(trajs: list[Any], scores: list[float], gids: list[str]) -> dict[str, Any]:
-        kept = mask_stale(trajs, learner.version)  # tokens of an older policy (rl.weight_update: continue)
-        batch = rl_batch(kept.trajectories, scores, gids, r.loss, pad_id=pad_id,
-                         max_length=rt.cfg.rollout.max_total_tokens)
-        for _ in range(r.updates_per_batch):
-            m = dict(learner.step(batch, "grpo", r.loss))
-        return {**m, **kept.metrics()}
-
+    update = policy_update(learner, r.loss, pad_id=pad_id, max_length=rt.cfg.rollout.max_total_tokens,
+                           times=r.updates_per_batch)  # stale tokens masked, rl_batch, the steps
     checkpoints = StageCheckpoints(rt.cfg)
     state = checkpoints.restore(learner)
     history: list[dict] = []

@@ -66,6 +66,7 @@ from sqlrl.config import rename_keys
 from sqlrl.learn.config import GRPOConfig
 from sqlrl.learn.fsdp import precision_name
 from sqlrl.learn.optim import OptimConfig
+from sqlrl.rl.update import repeat_steps
 from sqlrl.learn.resume import CheckpointSettings
 from sqlrl.policy.engine import UpdatePolicy
 from sqlrl.policy.spec import PolicySpec
@@ -355,8 +356,7 @@ def run_steps(cfg: AgentJobConfig, tasks: Sequence[Any], gateway: StepGateway, l
         learned: dict[str, Any] = {}
         t2 = t3 = t1
         if build.batch is not None:
-            for _ in range(cfg.updates_per_batch):
-                learned = dict(learner.step(build.batch, "grpo", cfg.loss))
+            learned = repeat_steps(learner, build.batch, cfg.loss, cfg.updates_per_batch)
             t2 = time.perf_counter()
             version = gateway.update_weights(learner.state_dict(), cfg.update_policy)
             t3 = time.perf_counter()
