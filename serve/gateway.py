@@ -19,7 +19,10 @@ Routes (every one needs ``Authorization: Bearer <key>``; errors are OpenAI's bod
   SQL fails is never handed out: the claim answers with the next one (``Rollouts.claim``).
 - ``POST /rollouts/{id}/v1/chat/completions`` (``n`` must be 1; ``stream`` supported) and
   ``GET /rollouts/{id}/v1/models``.
-- ``POST /v1/rollouts/{id}/sql`` ``{"sql"}`` -> ``{"observation", "is_error"}``.
+- ``POST /v1/rollouts/{id}/sql`` ``{"sql"}`` -> ``{"observation", "is_error"}``; a rollout's
+  statements run one at a time, in arrival order: the others wait on the event loop (an
+  ``asyncio.Lock`` per rollout), never in a worker thread, so one client's burst of concurrent
+  SQL cannot take the threads every other rollout's SQL, claims and completions run in.
 - ``POST /v1/rollouts/{id}/complete`` ``{"sql"}`` or ``{"reward"}`` -> ``{"rollout_id", "status",
   "reward"}``.
 
@@ -294,13 +297,22 @@ def build_gateway_app(rollouts: Rollouts, model: ModelEngine, *, keys: frozenset
         weakref.finalize(stream, ticket.abandon)  # a client gone before the body started
         return StreamingResponse(stream, media_type="text/event-stream")
 
+    # a rollout's SQL turn (FIFO), alive while a request holds or waits for it: concurrent statements
+    # on one rollout wait on the loop, so they cannot take every worker thread from other rollouts
+    sql_turns: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+
     @route("/v1/rollouts/{rollout_id}/sql", ["POST"])
     async def sql(request: Request) -> Any:
         rollout_id = request.path_params["rollout_id"]
 
         async def work() -> Any:
             key, body, _ = await admitted(request, SQLBody)
-            observation, is_error = await asyncio.to_thread(rollouts.execute_sql, key, rollout_id, body.sql)
+            rollouts.check(key, rollout_id)  # 404 / 409 first: a foreign key never waits behind the owner's SQL
+            turn = sql_turns.get(rollout_id)
+            if turn is None:
+                turn = sql_turns[rollout_id] = asyncio.Lock()
+            async with turn:  # one statement at a time per rollout, waiting here -- not in a worker thread
+                observation, is_error = await asyncio.to_thread(rollouts.execute_sql, key, rollout_id, body.sql)
             return JSONResponse({"observation": observation, "is_error": is_error})
         return await answer(work)
 
@@ -310,8 +322,8 @@ def build_gateway_app(rollouts: Rollouts, model: ModelEngine, *, keys: frozenset
 
         async def work() -> Any:
             key, body, _ = await admitted(request, CompleteBody)
-            trace = await asyncio.to_thread(rollouts.complete, key, rollout_id, sql=body.sql,
-                                            reward=None if body.reward is None else float(body.reward))
+            # the reward as sent (an int of any size): ``GatewayConfig.check_complete`` bounds it first
+            trace = await asyncio.to_thread(rollouts.complete, key, rollout_id, sql=body.sql, reward=body.reward)
             return JSONResponse({"rollout_id": trace.rollout_id, "status": trace.status,
                                  "reward": trace.reward})
         return await answer(work)

@@ -6,7 +6,8 @@ errors for FastAPI's own failures, and reading a bounded JSON body.
 - ``validation_message(exc)``: ``(message, param)`` of a pydantic / FastAPI validation error.
 - ``error_response(exc)``: an ``APIError`` as a ``JSONResponse`` (its status and headers).
 - ``check_length(request, max_bytes)`` (413 from ``Content-Length`` before anything is read) and
-  ``read_json(request, max_bytes)`` (413 while reading, 400 for a body that is not a JSON object).
+  ``read_json(request, max_bytes)`` (413 while reading, 400 for a body that is not a JSON object --
+  nested too deeply for the parser (``RecursionError``) included: a client error, never a 500).
 """
 
 from __future__ import annotations
@@ -70,6 +71,8 @@ async def read_json(request: Request, max_bytes: int) -> dict[str, Any]:
         data = json.loads(body or b"null")
     except ValueError as exc:
         raise APIError(400, f"the body is not valid JSON: {exc}") from None
+    except RecursionError:  # e.g. 100k nested arrays: fits the size limit, exceeds the parser's depth
+        raise APIError(400, "the body is not valid JSON: nested too deeply") from None
     if not isinstance(data, dict):
         raise APIError(400, "the body must be a JSON object")
     return data

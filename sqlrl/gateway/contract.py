@@ -5,7 +5,7 @@
   one body field is to blame) the app answers with: ``BadInput`` 400, ``NotAllowed`` 403,
   ``RolloutNotFound`` 404, ``RolloutClosed`` 409, ``KindsNotOffered`` 409, ``WorkFinished`` 410,
   ``NoWorkNow`` 204, ``Busy`` 429, ``Unavailable`` 503 (the last three with ``retry_after_s``).
-- ``GatewayConfig``: deadlines, client rewards, the reward's name (checked against the registry at
+- ``GatewayConfig``: deadlines, client rewards (and their bound, ``client_reward_limit``), the reward's name (checked against the registry at
   construction), ``Retry-After``, what calls do during a weight update, the sessions' SQL limits,
   the task kinds it hands out (``handed_out()``), and what a claim's declared ``kinds`` accept
   (``accepted``: 400 for a malformed or unknown kind, 409 when the job hands out none of them).
@@ -19,7 +19,6 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -85,6 +84,7 @@ class GatewayConfig:
     during_update: str = "wait"  # "wait": calls wait for the engine; "reject": 429 + Retry-After
     sql_timeout_s: float = 5.0  # the rollout session's limits (sqlrl.db Limits)
     sql_max_rows: int = 1_000
+    client_reward_limit: float = 1e6  # a client reward must lie in [-limit, limit] (GRPO's mean/std stay finite)
     task_kinds: tuple[str, ...] = ()  # the kinds ``offer`` takes (sqlrl.tasks.kinds names); (): any registered
 
     def __post_init__(self) -> None:
@@ -93,6 +93,8 @@ class GatewayConfig:
                 get_kind(name)
             except KeyError as exc:
                 raise ValueError(f"gateway.task_kinds: {exc.args[0]}") from None
+        if not 0 < self.client_reward_limit <= 1e100:  # also refuses NaN: no reward could pass it
+            raise ValueError(f"gateway.client_reward_limit must be in (0, 1e100], got {self.client_reward_limit!r}")
         if not self.deadline_s > 0 or self.retry_after_s < 1:
             raise ValueError("gateway: deadline_s must be > 0 and retry_after_s >= 1")
         if self.during_update not in ("wait", "reject"):
@@ -128,15 +130,20 @@ class GatewayConfig:
             raise ValueError(f"offer: n must be an int >= 1, got {n!r}")
 
     def check_complete(self, sql: Any, reward: Any) -> None:
-        """``complete``'s checks: exactly one of ``sql`` (a string) or ``reward`` (a finite number,
-        only with ``client_rewards``, else ``NotAllowed``); ``BadInput`` otherwise."""
+        """``complete``'s checks: exactly one of ``sql`` (a string) or ``reward`` (a number within
+        ``[-client_reward_limit, client_reward_limit]``: never NaN, infinite, or so large that a
+        group's mean and std overflow; an int of any size is compared exactly, never converted
+        first -- only with ``client_rewards``, else ``NotAllowed``); ``BadInput`` otherwise."""
         if (sql is None) == (reward is None):
             raise BadInput("complete takes exactly one of 'sql' (the final SQL) or 'reward'")
         if reward is not None:
             if not self.client_rewards:
                 raise NotAllowed("this job does not accept client rewards: send the final 'sql'")
-            if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
-                raise BadInput(f"reward must be a finite number, got {reward!r}", param="reward")
+            limit = self.client_reward_limit
+            if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not -limit <= reward <= limit:
+                shown = reward if not isinstance(reward, int) or abs(reward) < 10**30 else "an integer too large"
+                raise BadInput(f"reward must be a finite number in [-{limit:g}, {limit:g}], got {shown!r}",
+                               param="reward")
         elif not isinstance(sql, str):
             raise BadInput(f"sql must be a string, got {type(sql).__name__}", param="sql")
 
