@@ -146,6 +146,12 @@ class GatewayConfig:
                                param="reward")
         elif not isinstance(sql, str):
             raise BadInput(f"sql must be a string, got {type(sql).__name__}", param="sql")
+        else:
+            try:
+                sql.encode("utf-8")  # a lone surrogate ("\\ud800" in the JSON) is no text any database takes
+            except UnicodeEncodeError as exc:
+                raise BadInput(f"sql is not valid Unicode text: {exc.reason} at index {exc.start}",
+                               param="sql") from None
 
     def handed_out(self) -> tuple[str, ...]:
         """The registered kinds ``offer`` takes (``refusal`` None), in registry order."""

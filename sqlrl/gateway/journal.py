@@ -23,6 +23,9 @@ host), each written and ``fsync``'d before the change is answered:
 - ``serve``  ``{port}`` (the port the gateway serves on: a restarted gateway binds it again)
 
 ``replay(path)`` reads it back as a ``Replayed`` state. Guarantees:
+- Any record can be written: lines are ASCII JSON (non-ASCII text escaped), so a string no UTF-8
+  can encode (a client's lone surrogate) is journalled and replayed as it was, never an error that
+  would leave a rollout half ended.
 - Every rollout that ended (completed, expired, failed) before the crash and was not drained comes
   back whole, in the order it ended: its trace is the one recorded, byte for byte the same ids.
 - Rollouts offered and neither claimed nor ended unclaimed wait again, in offer order. Rollouts claimed and not ended
@@ -88,7 +91,9 @@ class Journal:
     def append(self, kind: str, **fields: Any) -> None:
         """One record, on disk (``fsync``) when this returns. The file is opened per record, so a
         journal holds no handle between records and never needs closing."""
-        line = json.dumps({"kind": kind, **fields}, ensure_ascii=False, separators=(",", ":"))
+        # ASCII: text a client sent (a final SQL, an error quoting it) may hold a lone surrogate, which
+        # UTF-8 cannot write -- escaped (``\\ud800``), it reads back as the same string
+        line = json.dumps({"kind": kind, **fields}, ensure_ascii=True, separators=(",", ":"))
         with self._lock, open(self.path, "a", encoding="utf-8") as f:
             f.write(line + "\n")
             f.flush()
