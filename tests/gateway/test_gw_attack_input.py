@@ -228,3 +228,24 @@ def test_a_chunked_body_over_the_limit_is_a_413_while_it_is_read(gw):
     r = httpx.post(f"{gw.url}/v1/rollouts/{rid}/sql", content=chunks(), timeout=60,
                    headers={"Authorization": f"Bearer {KEY}", "content-type": "application/json"})
     assert r.status_code == 413 and "content-length" not in {k.lower() for k in r.request.headers}
+
+
+def test_sql_that_tries_to_leave_or_hog_the_session_is_an_observation(gw, tmp_path):
+    rid = gw.claim()["rollout_id"]
+    outside = tmp_path / "outside.db"
+    cases = {"SELECT 1\x00; DROP TABLE customers": "null character",
+             "SELECT '" + "x" * 900_000 + "'": "the limit is",
+             f"ATTACH DATABASE '{outside}' AS e": "ATTACH is not allowed",
+             f"VACUUM INTO '{outside}'": "VACUUM is not allowed",
+             "SELECT load_extension('x')": "not authorized",
+             "PRAGMA writable_schema=1": "not authorized"}
+    for sql, error in cases.items():
+        r = gw.post(f"/v1/rollouts/{rid}/sql", {"sql": sql}).json()
+        assert r["is_error"] and error in r["observation"], (sql[:40], r)
+    endless = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c) SELECT x FROM c"
+    r = gw.post(f"/v1/rollouts/{rid}/sql", {"sql": endless}).json()
+    assert not r["is_error"] and "more than 1000 rows" in r["observation"]  # gateway.sql_max_rows
+    for sql in ("SELECT count(*) FROM customers\x00", f"ATTACH DATABASE '{outside}' AS e; SELECT 60"):
+        assert gw.post(f"/v1/rollouts/{gw.claim()['rollout_id']}/complete", {"sql": sql}).json()["reward"] == 0.0
+    assert not outside.exists()
+    assert gw.post(f"/v1/rollouts/{rid}/sql", {"sql": GOLD}).json()["observation"] == "count(*)\n60\n(1 row)"

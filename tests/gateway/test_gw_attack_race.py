@@ -290,3 +290,29 @@ def test_a_call_in_flight_when_its_client_completes_the_rollout_is_cancelled_and
     gate.open()
     (trace,) = gw.rollouts.drain()
     assert trace.calls == () and trace.n_incomplete == 1 and gw.engine.in_flight == 0
+
+
+def test_statements_queued_on_a_rollout_that_expires_get_409_or_their_answer_never_a_closed_session(gw):
+    held = gw.rollouts.sessions = HeldSessions(gw.rollouts.sessions)
+    rid = gw.claim()["rollout_id"]
+    cond, seen = arrivals(gw.rollouts)
+    path = f"/v1/rollouts/{rid}/sql"
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        try:
+            first = pool.submit(gw.post, path, {"sql": f"SELECT 1 AS one {HOLD}"})
+            assert held.reached.wait(60)
+            queued = [pool.submit(gw.post, path, {"sql": f"SELECT {i} AS n"}) for i in range(5)]
+            with cond:
+                assert cond.wait_for(lambda: seen[0] >= 6, 60)
+            gw.clock.advance(61)
+            expiring = pool.submit(gw.post, "/v1/rollouts", None, OTHER)  # expires it: waits for the statement
+        finally:
+            held.release.set()
+        assert first.result(60).json()["observation"] == "one\n1\n(1 row)"
+        assert expiring.result(60).status_code == 200
+        for i, q in enumerate(queued):
+            r = q.result(60)
+            assert (r.status_code, r.json().get("observation")) == (200, f"n\n{i}\n(1 row)") or (
+                r.status_code == 409 and r.json()["error"]["code"] == "rollout_closed"), r.text
+    traces = {t.rollout_id: t for t in gw.rollouts.drain()}
+    assert traces[rid].status == "expired" and gw.pool.stats().in_use == 1  # the new claim's session only
