@@ -249,3 +249,19 @@ def test_sql_that_tries_to_leave_or_hog_the_session_is_an_observation(gw, tmp_pa
         assert gw.post(f"/v1/rollouts/{gw.claim()['rollout_id']}/complete", {"sql": sql}).json()["reward"] == 0.0
     assert not outside.exists()
     assert gw.post(f"/v1/rollouts/{rid}/sql", {"sql": GOLD}).json()["observation"] == "count(*)\n60\n(1 row)"
+
+
+def test_a_key_that_is_a_prefix_of_another_owns_only_its_own_rollouts(gw):
+    from serve.gateway import build_gateway_app, serving
+
+    app = build_gateway_app(gw.rollouts, gw.model, keys=frozenset({"pre", "prefix"}))
+    with serving(app) as url:
+        def post(path, body, key):
+            return httpx.post(url + path, json=body, headers={"Authorization": f"Bearer {key}"}, timeout=60)
+        short, long = (post("/v1/rollouts", {}, k).json()["rollout_id"] for k in ("pre", "prefix"))
+        for rid, foreign in ((short, "prefix"), (long, "pre")):
+            r = post(f"/v1/rollouts/{rid}/sql", {"sql": "SELECT 1"}, foreign)
+            assert r.status_code == 404 and r.json()["error"]["code"] == "rollout_not_found"
+        assert post(f"/v1/rollouts/{short}/sql", {"sql": "SELECT 1 AS one"}, "pre").json()["observation"] == \
+            "one\n1\n(1 row)"
+        assert post("/v1/rollouts", {}, "pref").status_code == 401
