@@ -22,7 +22,10 @@ Routes (every one needs ``Authorization: Bearer <key>``; errors are OpenAI's bod
 - ``POST /v1/rollouts/{id}/sql`` ``{"sql"}`` -> ``{"observation", "is_error"}``; a rollout's
   statements run one at a time, in arrival order: the others wait on the event loop (an
   ``asyncio.Lock`` per rollout), never in a worker thread, so one client's burst of concurrent
-  SQL cannot take the threads every other rollout's SQL, claims and completions run in.
+  SQL cannot take the threads every other rollout's SQL, claims and completions run in; the
+  statements run in the app's own pool (``GatewayConfig.sql_workers`` threads, ``app.state.sql_pool``),
+  so slow SQL on many rollouts never delays claims, completions or expiry (the loop's default
+  executor).
 - ``POST /v1/rollouts/{id}/complete`` ``{"sql"}`` or ``{"reward"}`` -> ``{"rollout_id", "status",
   "reward"}``.
 
@@ -42,7 +45,9 @@ weights (``during_update: wait``) or answers them 429 + ``Retry-After`` (``rejec
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
+import functools
 import json
 import socket
 import threading
@@ -300,6 +305,10 @@ def build_gateway_app(rollouts: Rollouts, model: ModelEngine, *, keys: frozenset
     # a rollout's SQL turn (FIFO), alive while a request holds or waits for it: concurrent statements
     # on one rollout wait on the loop, so they cannot take every worker thread from other rollouts
     sql_turns: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+    # ... and runs in threads of its own (``GatewayConfig.sql_workers``), so slow statements on many
+    # rollouts hold none of the loop's default threads, in which claims, completions and expiry run
+    sql_pool = concurrent.futures.ThreadPoolExecutor(rollouts.config.sql_workers, thread_name_prefix="sqlrl-gw-sql")
+    app.state.sql_pool = sql_pool
 
     @route("/v1/rollouts/{rollout_id}/sql", ["POST"])
     async def sql(request: Request) -> Any:
@@ -312,7 +321,8 @@ def build_gateway_app(rollouts: Rollouts, model: ModelEngine, *, keys: frozenset
             if turn is None:
                 turn = sql_turns[rollout_id] = asyncio.Lock()
             async with turn:  # one statement at a time per rollout, waiting here -- not in a worker thread
-                observation, is_error = await asyncio.to_thread(rollouts.execute_sql, key, rollout_id, body.sql)
+                observation, is_error = await asyncio.get_running_loop().run_in_executor(
+                    sql_pool, functools.partial(rollouts.execute_sql, key, rollout_id, body.sql))
             return JSONResponse({"observation": observation, "is_error": is_error})
         return await answer(work)
 

@@ -8,7 +8,8 @@ fake, held work waits on gates (the engine's ``hold``, a gated scorer, a gated s
 - ``complete`` twice at once: one reward, one trace; ``complete`` racing the rollout's expiry: the
   completion wins, nothing expires; ``complete`` with SQL that writes leaves the base database as it was.
 - Many concurrent SQL calls on ONE rollout's session are serialised without holding a worker thread
-  each: other rollouts' SQL and claims are answered meanwhile (a defect before: they starved).
+  each: other rollouts' SQL and claims are answered meanwhile (a defect before: they starved); slow
+  statements on many rollouts at once do not delay claims, completions or expiry either.
 - A stream whose client vanishes among many running streams: only it is abandoned.
 - Two chat calls at once on one rollout: both recorded whole, in the order received.
 """
@@ -62,6 +63,12 @@ class HeldSessions:
     def __init__(self, inner) -> None:
         self.inner = inner
         self.reached, self.release = threading.Event(), threading.Event()
+        self.holding = 0  # statements held now (``held`` waits on it)
+        self.cond = threading.Condition()
+
+    def held(self, n: int) -> bool:
+        with self.cond:
+            return self.cond.wait_for(lambda: self.holding >= n, 60)
 
     def open_many(self, requests):
         return [HeldSession(s, self) for s in self.inner.open_many(requests)]
@@ -76,6 +83,9 @@ class HeldSession:
 
     def execute(self, sql, *args, **kw):
         if HOLD in sql:
+            with self.owner.cond:
+                self.owner.holding += 1
+                self.owner.cond.notify_all()
             self.owner.reached.set()
             assert self.owner.release.wait(60)
         return self.inner.execute(sql, *args, **kw)
@@ -316,3 +326,35 @@ def test_statements_queued_on_a_rollout_that_expires_get_409_or_their_answer_nev
                 r.status_code == 409 and r.json()["error"]["code"] == "rollout_closed"), r.text
     traces = {t.rollout_id: t for t in gw.rollouts.drain()}
     assert traces[rid].status == "expired" and gw.pool.stats().in_use == 1  # the new claim's session only
+
+
+def test_slow_statements_on_many_rollouts_do_not_delay_claims_completions_or_expiry(tiny, shop_catalog):
+    """As many rollouts as the loop's default executor has threads each hold a statement: claims,
+    completions and expiry (which run in those threads) go on, because rollouts' SQL runs in the
+    app's own pool (``GatewayConfig.sql_workers``). Before, they waited for the statements to end."""
+    import os
+
+    threads = min(32, (os.cpu_count() or 1) + 4)  # asyncio's default executor
+    engine = ScriptedEngine(tiny.tokenizer, tiny.eos_token_ids, script=SCRIPT)
+    config = GatewayConfig(deadline_s=60, sql_workers=threads + 2)
+    with gateway(tiny, engine, shop_catalog, config=config, limits={"rate_limit_burst": 1000}) as g:
+        held = g.rollouts.sessions = HeldSessions(g.rollouts.sessions)
+        g.rollouts.offer("g", shop_task(), threads + 3)
+        late = g.claim()  # will expire meanwhile (it runs no statement: ending it waits for none)
+        g.clock.advance(30)
+        claims = [g.claim() for _ in range(threads)]
+        with concurrent.futures.ThreadPoolExecutor(threads + 2) as pool:
+            try:
+                holding = [pool.submit(g.post, f"/v1/rollouts/{c['rollout_id']}/sql", {"sql": f"SELECT 1 AS one {HOLD}"})
+                           for c in claims]
+                assert held.held(threads)
+                extra = pool.submit(g.claim, OTHER).result(60)
+                g.clock.advance(31)  # `late` is overdue; the held ones and `extra` are not
+                done = pool.submit(g.post, f"/v1/rollouts/{extra['rollout_id']}/complete", {"sql": GOLD}, OTHER).result(60)
+                assert done.json()["reward"] == 1.0, done.text
+                assert g.rollouts.rollout_status(late["rollout_id"]) == "ended"  # expired by that request
+            finally:
+                held.release.set()
+            assert [h.result(60).json()["observation"] for h in holding] == ["one\n1\n(1 row)"] * threads
+        statuses = {t.rollout_id: t.status for t in g.rollouts.drain()}
+        assert statuses[late["rollout_id"]] == "expired" and statuses[extra["rollout_id"]] == "completed"
