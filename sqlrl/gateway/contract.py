@@ -5,10 +5,10 @@
   one body field is to blame) the app answers with: ``BadInput`` 400, ``NotAllowed`` 403,
   ``RolloutNotFound`` 404, ``RolloutClosed`` 409, ``KindsNotOffered`` 409, ``WorkFinished`` 410,
   ``NoWorkNow`` 204, ``Busy`` 429, ``Unavailable`` 503 (the last three with ``retry_after_s``).
-- ``GatewayConfig``: deadlines, client rewards (and their bound, ``client_reward_limit``), the reward's name (checked against the registry at
-  construction), ``Retry-After``, what calls do during a weight update, the sessions' SQL limits
-  and the threads the app runs their SQL in (``sql_workers``),
-  the task kinds it hands out (``handed_out()``), and what a claim's declared ``kinds`` accept
+- ``GatewayConfig``: deadlines, client rewards (and their bound, ``client_reward_limit``), the
+  reward's name (checked against the registry at construction), ``Retry-After``, what calls do
+  during a weight update, the sessions' SQL limits and the threads the app runs their SQL in
+  (``sql_workers``), the task kinds it hands out (``handed_out()``), and what a claim's declared ``kinds`` accept
   (``accepted``: 400 for a malformed or unknown kind, 409 when the job hands out none of them).
 - ``Scorer`` (the Protocol ``Rollouts`` grades final SQL with) and ``JudgeScorer`` (the reward
   registry's ``compute`` with a ``Judge``: the reward routes by the task's kind); ``Claim`` (a
@@ -85,7 +85,7 @@ class GatewayConfig:
     during_update: str = "wait"  # "wait": calls wait for the engine; "reject": 429 + Retry-After
     sql_timeout_s: float = 5.0  # the rollout session's limits (sqlrl.db Limits)
     sql_max_rows: int = 1_000
-    sql_workers: int = 32  # threads the app runs rollouts' SQL in: its own, never those claims, completions and expiry use
+    sql_workers: int = 32  # threads the app runs rollouts' SQL in (its own: not those claims, completions, expiry use)
     client_reward_limit: float = 1e6  # a client reward must lie in [-limit, limit] (GRPO's mean/std stay finite)
     task_kinds: tuple[str, ...] = ()  # the kinds ``offer`` takes (sqlrl.tasks.kinds names); (): any registered
 

@@ -25,11 +25,9 @@ import pytest
 from sqlrl.gateway.journal import Journal, replay
 from sqlrl.gateway.rollouts import GatewayConfig
 from sqlrl.policy.scripted import ScriptedEngine
-from sqlrl.tools import tool_schemas
 
 from .conftest import GOLD, KEY, OTHER, QUESTION, SCRIPT, gateway, shop_task
 
-TOOLS = tool_schemas(["execute_sql"])
 MESSAGES = [{"role": "system", "content": "You write SQL."}, {"role": "user", "content": QUESTION}]
 SURROGATE = "\ud800"
 

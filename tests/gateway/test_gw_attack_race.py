@@ -345,12 +345,13 @@ def test_slow_statements_on_many_rollouts_do_not_delay_claims_completions_or_exp
         claims = [g.claim() for _ in range(threads)]
         with concurrent.futures.ThreadPoolExecutor(threads + 2) as pool:
             try:
-                holding = [pool.submit(g.post, f"/v1/rollouts/{c['rollout_id']}/sql", {"sql": f"SELECT 1 AS one {HOLD}"})
-                           for c in claims]
+                holding = [pool.submit(g.post, f"/v1/rollouts/{c['rollout_id']}/sql",
+                                       {"sql": f"SELECT 1 AS one {HOLD}"}) for c in claims]
                 assert held.held(threads)
                 extra = pool.submit(g.claim, OTHER).result(60)
                 g.clock.advance(31)  # `late` is overdue; the held ones and `extra` are not
-                done = pool.submit(g.post, f"/v1/rollouts/{extra['rollout_id']}/complete", {"sql": GOLD}, OTHER).result(60)
+                done = pool.submit(g.post, f"/v1/rollouts/{extra['rollout_id']}/complete", {"sql": GOLD},
+                                   OTHER).result(60)
                 assert done.json()["reward"] == 1.0, done.text
                 assert g.rollouts.rollout_status(late["rollout_id"]) == "ended"  # expired by that request
             finally:

@@ -36,7 +36,8 @@ def test_a_burst_of_statements_on_one_server_session_and_sql_the_server_refuses(
         assert gw.post(path, {"sql": GOLD}).json()["observation"].endswith("\n60\n(1 row)")
         # each server decides what a NUL byte means, and the Judge scores what it ran: PostgreSQL cuts
         # the text there (a syntax error: 0), MariaDB takes the query before it (the gold's answer: 1)
-        nul = gw.post(f"/v1/rollouts/{gw.claim()['rollout_id']}/complete", {"sql": "SELECT count(*) FROM customers\x00"})
+        nul = gw.post(f"/v1/rollouts/{gw.claim()['rollout_id']}/complete",
+                      {"sql": "SELECT count(*) FROM customers\x00"})
         assert nul.status_code == 200 and nul.json()["reward"] == {"postgresql": 0.0, "mysql": 1.0}[dialect]
         assert gw.post(f"/v1/rollouts/{rid}/complete", {"sql": GOLD}).json()["reward"] == 1.0
         assert gw.pool.stats().in_use == 0
