@@ -46,6 +46,7 @@ from .streaming import TOOL_CLOSE, TOOL_OPEN
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "not_found_error", 405: "invalid_request_error", 408: "timeout",
+               409: "invalid_request_error", 410: "invalid_request_error",  # the gateway's: the client's, not ours
                413: "invalid_request_error",
                429: "rate_limit_exceeded", 500: "server_error", 503: "server_overloaded",
                504: "timeout"}

@@ -263,3 +263,16 @@ def test_a_key_that_is_a_prefix_of_another_owns_only_its_own_rollouts(gw):
         assert post(f"/v1/rollouts/{short}/sql", {"sql": "SELECT 1 AS one"}, "pre").json()["observation"] == \
             "one\n1\n(1 row)"
         assert post("/v1/rollouts", {}, "pref").status_code == 401
+
+
+def test_client_caused_409_and_410_are_not_labelled_server_errors(gw):
+    """Before: ``type: server_error`` (the status was missing from ``ERROR_TYPES``), which tells a
+    client that branches on the type to retry a rollout that has ended."""
+    rid = gw.claim()["rollout_id"]
+    gw.post(f"/v1/rollouts/{rid}/complete", {"sql": GOLD})
+    closed = gw.post(f"/v1/rollouts/{rid}/sql", {"sql": "SELECT 1"}).json()["error"]
+    assert (closed["code"], closed["type"]) == ("rollout_closed", "invalid_request_error")
+    gw.rollouts.finish()
+    while (r := gw.post("/v1/rollouts")).status_code == 200:
+        pass
+    assert r.status_code == 410 and r.json()["error"]["type"] == "invalid_request_error"
