@@ -86,7 +86,7 @@ class GatewayConfig:
     sql_timeout_s: float = 5.0  # the rollout session's limits (sqlrl.db Limits)
     sql_max_rows: int = 1_000
     sql_workers: int = 32  # threads the app runs rollouts' SQL in (its own: not those claims, completions, expiry use)
-    client_reward_limit: float = 1e6  # a client reward must lie in [-limit, limit] (GRPO's mean/std stay finite)
+    client_reward_limit: float = 1e6  # a client reward lies in [-limit, limit] (float32 advantages stay finite)
     task_kinds: tuple[str, ...] = ()  # the kinds ``offer`` takes (sqlrl.tasks.kinds names); (): any registered
 
     def __post_init__(self) -> None:

@@ -171,6 +171,17 @@ def test_client_rewards_that_are_not_bounded_numbers_are_400s(gw, literal):
     assert gw.post(f"/v1/rollouts/{rid}/complete", {"reward": -1e6}).json()["reward"] == -1e6
 
 
+def test_the_default_client_reward_bound_keeps_a_groups_advantages_finite():
+    import math
+
+    from sqlrl.gateway.sequences import rollout_advantages
+    from sqlrl.learn.config import GRPOConfig
+
+    limit = GatewayConfig().client_reward_limit
+    adv = rollout_advantages([limit, -limit, 0.5, limit], ["g"] * 4, GRPOConfig())
+    assert all(math.isfinite(a) for a in adv) and adv[0] > 0 > adv[1]  # 1e308 made this raise (docs)
+
+
 def test_client_reward_limit_is_checked():
     for bad in (0, -1, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="client_reward_limit"):
