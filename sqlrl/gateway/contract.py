@@ -8,8 +8,8 @@
 - ``GatewayConfig``: deadlines, client rewards (and their bound, ``client_reward_limit``), the
   reward's name (checked against the registry at construction), ``Retry-After``, what calls do
   during a weight update, the sessions' SQL limits and the threads the app runs their SQL in
-  (``sql_workers``), the task kinds it hands out (``handed_out()``), and what a claim's declared ``kinds`` accept
-  (``accepted``: 400 for a malformed or unknown kind, 409 when the job hands out none of them).
+  (``sql_workers``), the task kinds it hands out (``handed_out()``), and what a claim's declared
+  ``kinds`` accept (``accepted``: 400 for a malformed or unknown kind, 409 when the job hands out none of them).
 - ``Scorer`` (the Protocol ``Rollouts`` grades final SQL with) and ``JudgeScorer`` (the reward
   registry's ``compute`` with a ``Judge``: the reward routes by the task's kind); ``Claim`` (a
   claimed rollout); ``GatewayStats``.
@@ -134,10 +134,11 @@ class GatewayConfig:
             raise ValueError(f"offer: n must be an int >= 1, got {n!r}")
 
     def check_complete(self, sql: Any, reward: Any) -> None:
-        """``complete``'s checks: exactly one of ``sql`` (a string) or ``reward`` (a number within
-        ``[-client_reward_limit, client_reward_limit]``: never NaN, infinite, or so large that a
-        group's mean and std overflow; an int of any size is compared exactly, never converted
-        first -- only with ``client_rewards``, else ``NotAllowed``); ``BadInput`` otherwise."""
+        """``complete``'s checks: exactly one of ``sql`` (a string of valid Unicode: no lone
+        surrogate) or ``reward`` (a number within ``[-client_reward_limit, client_reward_limit]``:
+        never NaN, infinite, or too large for the learner's float32 advantages; an int of any size
+        is compared exactly, never converted first -- only with ``client_rewards``, else
+        ``NotAllowed``); ``BadInput`` otherwise."""
         if (sql is None) == (reward is None):
             raise BadInput("complete takes exactly one of 'sql' (the final SQL) or 'reward'")
         if reward is not None:
