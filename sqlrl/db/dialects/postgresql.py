@@ -157,7 +157,7 @@ class _StreamedCursor:
 # the rows it returns. What is measured is the row's text (``record_out``: every column's output
 # function, as sent, plus quoting), never its stored size: ``pg_column_size`` counts a compressed
 # value compressed (a 200 MB string stored in 2.3 MB) and a nested record before the quoting its
-# output doubles at every level (539 bytes printing as 64 MB), so neither bounds what is sent.
+# output doubles at every level (539 bytes printing as 138 MB), so neither bounds what is sent.
 # Every name is schema-qualified (``pg_catalog``): a session may create functions and operators
 # in its clone and put their schema before ``pg_catalog`` on its ``search_path``, and an
 # unqualified ``pg_column_size`` or ``<=`` then resolved to the session's own (one returning 1
