@@ -12,9 +12,11 @@ to escape into, and there is no savepoint round trip. A connection serves one se
 Row-returning queries (SELECT/VALUES/TABLE/WITH without data-modifying parts) run through a
 server-side cursor (``BEGIN; DECLARE … ; FETCH n`` in one round trip), so the row cap also bounds
 client memory and server work: a cross join of a billion rows stops after ``max_rows + 1`` rows.
-The server measures every streamed row (``pg_column_size`` of the whole row) before sending it: a
-row wider than ``Limits.max_bytes`` ends the query with a ``runtime`` error instead of reaching
-libpq, which would hold it whole (decoded, ~4x its size) before the executor's byte cap applies.
+The server measures every streamed row before sending it -- the length of the row's text
+(``record_out``, at least what the wire carries), with names qualified by ``pg_catalog`` so that
+nothing the session creates is called: a row longer than ``Limits.max_bytes`` ends the query with
+a ``runtime`` error instead of reaching libpq, which would hold it whole (decoded, ~4x its size)
+before the executor's byte cap applies.
 The cursor's transaction block is ended (``COMMIT``, or ``ROLLBACK`` after an error, read from
 libpq's local transaction status) in the same round trip as the session's next statement.
 
@@ -148,20 +150,28 @@ class _StreamedCursor:
         self._cur.close()
 
 
-# A streamed query's rows pass a size check on the server before they are sent: a row wider than
-# the call's byte cap stops the query with an error (rewritten by ``_execute``) instead of reaching
-# the client, whose driver would hold the whole row, decoded, before sqlrl could cap it. OFFSET 0
-# keeps the query a subquery planned on its own, so the check sees exactly the rows it returns.
+# A streamed query's rows pass a size check on the server before they are sent: a row whose text
+# is longer than the call's byte cap stops the query with an error (rewritten by ``_execute``)
+# instead of reaching the client, whose driver would hold the whole row, decoded, before sqlrl
+# could cap it. OFFSET 0 keeps the query a subquery planned on its own, so the check sees exactly
+# the rows it returns. What is measured is the row's text (``record_out``: every column's output
+# function, as sent, plus quoting), never its stored size: ``pg_column_size`` counts a compressed
+# value compressed (a 200 MB string stored in 2.3 MB) and a nested record before the quoting its
+# output doubles at every level (539 bytes printing as 138 MB), so neither bounds what is sent.
+# Every name is schema-qualified (``pg_catalog``): a session may create functions and operators
+# in its clone and put their schema before ``pg_catalog`` on its ``search_path``, and an
+# unqualified ``pg_column_size`` or ``<=`` then resolved to the session's own (one returning 1
+# let a 50 MB value through). The error arm is typed throughout (``text || text``), so the server
+# resolves it without searching the ``||`` operators for an ``unknown || integer`` match.
 _ROWS_OF = "SELECT * FROM (SELECT * FROM ("
-# The error arm is typed throughout (``text || text``, an explicit ``::text``): the server
-# resolves it without searching the ``||`` operators for an ``unknown || integer`` match, which
-# made the wrapper's parse and plan about twice as slow (docs/sessions.md, "One wide value").
-_ROW_CAP = (") sqlrl_q OFFSET 0) sqlrl_r WHERE pg_column_size(sqlrl_r.*) <= {cap} "
-            "OR ('sqlrl_row_bytes='::text || pg_column_size(sqlrl_r.*)::text)::bool")
+_ROW_TEXT_BYTES = "pg_catalog.octet_length((sqlrl_r.*)::pg_catalog.text)"
+_ROW_CAP = (") sqlrl_q OFFSET 0) sqlrl_r WHERE " + _ROW_TEXT_BYTES + " OPERATOR(pg_catalog.<=) {cap} "
+            "OR ('sqlrl_row_bytes='::pg_catalog.text OPERATOR(pg_catalog.||) "
+            + _ROW_TEXT_BYTES + "::pg_catalog.text)::pg_catalog.bool")
 _WIDE_ROW = re.compile(r'invalid input syntax for type boolean: "sqlrl_row_bytes=(\d+)"')
 _LINE_RE = re.compile(r"\bLINE (\d+):")
 _OWN_TEXT = re.compile(rf"BEGIN; DECLARE {_CURSOR} NO SCROLL CURSOR FOR( {re.escape(_ROWS_OF)})?"
-                       rf"|\s*\) sqlrl_q OFFSET 0\) sqlrl_r WHERE .*?::bool"
+                       rf"|\s*\) sqlrl_q OFFSET 0\) sqlrl_r WHERE .*?::pg_catalog\.bool"
                        rf"|\s*;FETCH FORWARD \d+ FROM {_CURSOR}"
                        rf"|SET statement_timeout = \d+; (FETCH FORWARD \d+ FROM {_CURSOR})?")
 

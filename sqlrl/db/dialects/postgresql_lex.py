@@ -172,10 +172,16 @@ _DENIED_ANYWHERE = re.compile(
     r"|pg_promote|set_config|dblink\w*|standard_conforming_strings|sqlrl_sp|sqlrl_c)\b", re.I)
 
 
-_LIMIT_NAME = re.compile(r'"name":"(statement_timeout|lock_timeout|idle_in_transaction_session_timeout'
-                         r'|idle_session_timeout|transaction_timeout|standard_conforming_strings)"',
-                         re.I)
+# The JSON key is always lower case; the setting's name is matched in any case (a scoped flag, so
+# the search can skip ahead to each '"name":"' instead of trying every position).
+_LIMIT_NAME = re.compile(r'"name":"(?i:(statement_timeout|lock_timeout|idle_in_transaction_session_timeout'
+                         r'|idle_session_timeout|transaction_timeout|standard_conforming_strings))"')
 _ANYWHERE_HINTS = ("pg_", "lo_", "set_config", "dblink", "standard_conforming", "sqlrl_")
+# Text in which the parser can decode a name differently from how it is written: U&"…"/U&'…'
+# (with or without UESCAPE) and E'…' escapes. Without them every name in the parse tree is written
+# in the code (up to ASCII case, which the search ignores), apart from the pg_catalog names the
+# grammar itself inserts (casts, EXTRACT, SUBSTRING, …), none of which is a denied name.
+_DECODING = ("\\", "&")
 
 
 def denial(statement: Statement | str) -> str | None:
@@ -188,8 +194,11 @@ def denial(statement: Statement | str) -> str | None:
         _DENIED_HEADS.get(s.words[:1]) or _DENIED_HEADS.get(s.words[:2]))
     if what:
         return f"{what} is not allowed in a session"
-    # names as written (comments removed) and as the parser decoded them (U&"…" identifiers)
-    for text in (s.code, s.node or ""):
+    # names as written (comments removed) and, where escapes could make them differ, as the
+    # parser decoded them (U&"…" identifiers, E'…' strings): the tree is searched only then
+    code = s.code or s.text
+    decoded = s.node if s.node and any(c in code for c in _DECODING) else ""
+    for text in (code, decoded):
         lowered = text.lower()
         m = any(k in lowered for k in _ANYWHERE_HINTS) and _DENIED_ANYWHERE.search(text)
         if m:
@@ -228,12 +237,15 @@ def _node_denial(s: Statement) -> str | None:
 
 _NODES_WITH_FIELDS = {"VariableSetStmt", "VacuumStmt", "ClosePortalStmt", "DropStmt", "RenameStmt",
                       "AlterOwnerStmt"}
-_NOT_STREAMABLE = re.compile(r'"(InsertStmt|UpdateStmt|DeleteStmt|MergeStmt|intoClause'
-                             r'|lockingClause)":')
+# keys of the parse tree (JSON) that make a SELECT unfit for a cursor; plain substring tests are
+# several times faster than one alternation over the whole tree
+_NOT_STREAMABLE = ('"InsertStmt":', '"UpdateStmt":', '"DeleteStmt":', '"MergeStmt":',
+                   '"intoClause":', '"lockingClause":')
 
 
 def streamable(text: str) -> bool:
     """A plain query (SELECT/VALUES/TABLE/WITH without data-modifying parts, INTO or FOR UPDATE):
     ``DECLARE … CURSOR FOR`` accepts it, so its rows can be streamed."""
     s = lex(text)
-    return s.kind == "SelectStmt" and s.parts == 1 and not _NOT_STREAMABLE.search(s.node)
+    return (s.kind == "SelectStmt" and s.parts == 1
+            and not any(key in s.node for key in _NOT_STREAMABLE))

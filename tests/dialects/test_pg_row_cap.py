@@ -1,0 +1,138 @@
+"""PostgreSQL's row-size check (issue 46, case 4) measures what is sent, and only with the server's
+own functions.
+
+A streamed query's rows are measured on the server before they are sent (``_ROW_CAP`` in
+``sqlrl/db/dialects/postgresql.py``); a row longer than ``Limits.max_bytes`` ends the call with a
+``runtime`` error, so it never reaches libpq. Attacked here, with the text filter on and off:
+
+- values whose STORED size is far below their text (``pg_column_size`` passed them): a compressed
+  string in a table (``TABLE t`` too), a record nested in records (its quoting doubles at every
+  level), a bytea (hex output), an int array, a composite type full of quotes;
+- the session's own ``pg_column_size``/``octet_length``/``<=`` put ahead of ``pg_catalog`` on
+  its ``search_path`` (an unqualified check called them);
+- every query shape the wrapper must hold: ``row(...)``, arrays, JSON, ``VALUES``, CTEs,
+  set-returning functions in the select list, a column named like the wrapper's own alias;
+and rows under the cap still come back whole.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from sqlrl.db import ErrorKind, Limits, open_session
+from sqlrl.db.sessions.executor import set_text_filter
+from tests.conftest import sealed_base
+from tests.dialects.server_cases import PG_BASE_SQL
+
+pytestmark = pytest.mark.postgres
+
+PID = os.getpid()
+CAP = 64 * 1024  # max_bytes of every session here: each wide value below is 1.2x to 50x of it
+LIMITS = Limits(max_bytes=CAP, timeout_s=20)
+
+
+@pytest.fixture(scope="module")
+def url(pg_admin_url):
+    for _, session_url in sealed_base(pg_admin_url, f"sqlrl_rowcap_{PID}", PG_BASE_SQL):
+        yield session_url
+
+
+@pytest.fixture(params=["filter-on", "filter-off"])
+def text_filter(request):
+    previous = set_text_filter(request.param == "filter-on")
+    yield request.param
+    set_text_filter(previous)
+
+
+def ok(result):
+    assert result.error is None, result.error
+    return result
+
+
+def too_wide(result, context):
+    assert result.error is not None and result.error.kind is ErrorKind.RUNTIME, (context, result)
+    assert "more than the call's byte limit" in result.error.message, (context, result)
+    assert result.rows == (), (context, result)
+
+
+# stored size (what pg_column_size measured) well under CAP, text well over it
+SMALL_STORED_WIDE_TEXT = {
+    "compressed string in a table": ("CREATE TABLE t AS SELECT repeat('x', 3000000) AS v",
+                                     "SELECT v FROM t"),
+    "TABLE of it": ("CREATE TABLE t AS SELECT 1 AS id, repeat('ab', 1500000) AS v", "TABLE t"),
+    "nested records": (None, "SELECT " + "ROW(" * 12 + "repeat('\"', 64)" + ")" * 12),
+    "bytea as hex": (None, "SELECT decode(repeat('00', 40000), 'hex')"),
+    "int array": (None, "SELECT array_fill(-2147483648, ARRAY[10000])"),
+    "composite type of quotes": ("CREATE TYPE pair AS (a text, b text)",
+                                 "SELECT ROW(repeat('\"', 40000), 'b')::pair"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SMALL_STORED_WIDE_TEXT))
+def test_a_row_is_measured_by_its_text_not_its_stored_size(url, text_filter, case):
+    setup, query = SMALL_STORED_WIDE_TEXT[case]
+    with open_session(url, limits=LIMITS) as s:
+        if setup:
+            ok(s.execute(setup))
+        # what the stored-size check (the wrapper before) measured, and let through
+        stored = ok(s.execute(f"SELECT pg_column_size(r.*) FROM (SELECT * FROM ({query}) q "
+                              "OFFSET 0) r")).rows[0][0]
+        assert stored < CAP, (case, stored)
+        too_wide(s.execute(query), case)
+        assert ok(s.execute("SELECT count(*) FROM orders")).rows == ((60,),)  # the session goes on
+
+
+SHADOWS = {
+    "pg_column_size": ["CREATE FUNCTION public.pg_column_size(record) RETURNS int "
+                       "LANGUAGE plpgsql IMMUTABLE AS $$ BEGIN RETURN 1; END $$"],
+    "octet_length": ["CREATE FUNCTION public.octet_length(text) RETURNS int "
+                     "LANGUAGE sql IMMUTABLE AS 'SELECT 1'"],
+    "<=": ["CREATE FUNCTION public.yes(int, int) RETURNS bool LANGUAGE sql IMMUTABLE AS 'SELECT true'",
+           "CREATE OPERATOR public.<= (LEFTARG = int, RIGHTARG = int, FUNCTION = public.yes)"],
+    "text cast": ["CREATE FUNCTION public.text(record) RETURNS text "
+                  "LANGUAGE plpgsql IMMUTABLE AS $$ BEGIN RETURN 'x'; END $$"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(SHADOWS))
+def test_the_sessions_own_functions_and_operators_are_never_called(url, text_filter, name):
+    with open_session(url, limits=LIMITS) as s:
+        for ddl in SHADOWS[name]:
+            ok(s.execute(ddl))
+        ok(s.execute("SET search_path = public, pg_catalog"))
+        too_wide(s.execute("SELECT repeat('x', 200000)"), name)
+        assert ok(s.execute("SELECT name FROM customers WHERE id = 1")).rows == (("customer 1",),)
+
+
+WIDE_SHAPES = [
+    "SELECT row(repeat('x', 100000), 1)",
+    "SELECT ARRAY[repeat('x', 50000), repeat('y', 50000)]",
+    "SELECT json_agg(repeat('x', 1000)) FROM generate_series(1, 100)",
+    "SELECT to_jsonb(repeat('x', 100000))",
+    "VALUES (1, repeat('x', 100000))",
+    "WITH w AS (SELECT repeat('x', 100000) AS v) SELECT * FROM w",
+    "SELECT generate_series(1, 3), repeat('x', 100000)",
+    "SELECT 1 AS sqlrl_r, 2 AS sqlrl_q, repeat('x', 100000) AS v",
+    "SELECT string_agg(repeat('x', 1000), '') FROM generate_series(1, 150)",
+    "SELECT c.name, repeat(c.name, 20000) FROM customers c ORDER BY c.id LIMIT 1",
+]
+
+
+@pytest.mark.parametrize("query", WIDE_SHAPES)
+def test_every_query_shape_is_checked(url, text_filter, query):
+    with open_session(url, limits=LIMITS) as s:
+        too_wide(s.execute(query), query)
+
+
+def test_rows_under_the_cap_come_back_whole(url, text_filter):
+    with open_session(url, limits=LIMITS) as s:
+        r = ok(s.execute("SELECT g, repeat('x', 1000) FROM generate_series(1, 10) g"))
+        assert [len(v) for _, v in r.rows] == [1000] * 10
+        assert ok(s.execute("SELECT 1 AS sqlrl_r, 'a' AS sqlrl_q")).rows == ((1, "a"),)
+        r = ok(s.execute("SELECT id, name FROM customers WHERE id <= 3 ORDER BY id"))
+        assert r.columns == ("id", "name") and len(r.rows) == 3
+        # the row's text is the value plus the record's parentheses: CAP - 1 is one byte over
+        assert len(ok(s.execute(f"SELECT repeat('x', {CAP - 100})")).rows[0][0]) == CAP - 100
+        too_wide(s.execute(f"SELECT repeat('x', {CAP - 1})"), "one byte over")
