@@ -45,15 +45,7 @@ checked where):
   masks before sampling, so the processed log-probs are the masked distribution's. A grammar vLLM
   refuses is a ``ValueError`` (its validation error);
 - on CPU a model whose head size vLLM's CPU kernels lack is refused before any process starts
-  (``vllm_backend.prepare_cpu_engine``);
-- process layout on CPU (``cpu_executor``): the model worker runs inside vLLM's engine-core process
-  (vLLM's ``UniProcExecutor``, the layout vLLM uses on GPUs and ``VLLMBackend`` uses in-process), not
-  in a third process: vLLM's CPU build otherwise starts a separate worker process (``mp``) whose
-  engine core busy-polls (``sched_yield``) a shared-memory queue for the whole of every model step,
-  and pins the worker's OpenMP threads to cores. On 2 shared cores the poll took 16-33 CPU-s per
-  rollout next to the worker's 65-157 (py-spy: 57 % of the engine core's main thread in that wait),
-  CPU the model step needed. ``distributed_executor_backend="mp"`` restores vLLM's own layout;
-  tensor or pipeline parallelism keeps it (one worker per rank).
+  (``vllm_backend.prepare_cpu_engine``).
 ``vllm`` is imported only when an engine is built.
 """
 
@@ -148,19 +140,6 @@ def reserve_no_core_on_small_machines() -> None:
         os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
 
 
-def cpu_executor(engine_kwargs: Mapping[str, Any]) -> Any:
-    """The executor a ``VLLMEngine`` on vLLM's CPU build gets unless the caller names one (module
-    doc, "process layout"): vLLM's ``UniProcExecutor`` class -- the model worker inside the engine-core
-    process -- for one rank; ``"mp"`` (vLLM's worker processes) for tensor or pipeline parallelism.
-    The class, not the name ``"uni"``: vLLM's CPU platform rewrites ``"uni"`` to ``"mp"`` when the
-    engine runs in its own process, a class it keeps."""
-    if any(int(engine_kwargs.get(k) or 1) > 1 for k in ("tensor_parallel_size", "pipeline_parallel_size")):
-        return "mp"
-    from vllm.v1.executor.uniproc_executor import UniProcExecutor
-
-    return UniProcExecutor
-
-
 class VLLMEngine:
     """vLLM's ``AsyncLLM`` over a local checkpoint folder (module doc: what it guarantees).
 
@@ -181,7 +160,6 @@ class VLLMEngine:
         if self.on_cpu:
             prepare_cpu_engine(self.model_path, kv_cache_gb)
             reserve_no_core_on_small_machines()
-            engine_kwargs.setdefault("distributed_executor_backend", cpu_executor(engine_kwargs))
         self.per_request_seeds = True if per_request_seeds is None else bool(per_request_seeds)
         if self.on_cpu and self.per_request_seeds:  # module doc, "seeds"
             if engine_kwargs.get("enable_chunked_prefill"):

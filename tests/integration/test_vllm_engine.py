@@ -92,20 +92,6 @@ def test_the_engine_class_implements_the_contract():
     assert check_engine_class(VLLMEngine) is VLLMEngine
 
 
-def test_the_model_worker_runs_inside_the_engine_core_process(setup):
-    """On CPU the engine is two processes (this one and vLLM's engine core, which runs the model
-    worker itself: vllm_engine.cpu_executor), not vLLM's CPU default of a third, busy-polled worker
-    process."""
-    import psutil
-
-    from sqlrl.policy.vllm_engine import cpu_executor
-
-    names = [p.name() for p in psutil.Process().children(recursive=True)]
-    assert any("EngineCore" in n for n in names), names
-    assert not any("Worker" in n for n in names), names
-    assert cpu_executor({"tensor_parallel_size": 2}) == "mp" == cpu_executor({"pipeline_parallel_size": 2})
-
-
 def test_greedy_generate_equals_the_batch_backends(setup):
     engine = setup["engine"]
     # the weights tests update and restore the weights: the version is past 0 when they ran first
