@@ -15,6 +15,12 @@ tools on fresh SQLite sessions (``LocalSessions``), all through the real ``Agent
 trained checkpoint (``--model`` a folder, e.g. the main job's stage-2 ``final``) turn lengths vary
 naturally; SmolLM2 as shipped mostly writes one long turn.
 
+Engines: the registry's (``vllm``, ``vllm-batched``, ``hf``, ``hf-batched``) and ``vllm-uni``,
+``VLLMEngine`` with the model worker inside vLLM's engine-core process (``UniProcExecutor``; the
+default is vLLM's CPU layout, a third process for the worker) -- e.g. ``--pairs
+vllm:vllm-batched,vllm-uni:vllm-batched`` measures both layouts against the same lock-step runs (a
+lock-step engine shared by pairs runs once a round).
+
 Each engine is built (``sqlrl.policy.backends.make_engine``), used for one rollout and closed, so at
 most one vLLM engine is alive at a time; start-up is timed apart and not counted. Every round runs
 both engines of every pair, the order reversed on odd rounds. Reported per engine: trajectories/s
@@ -53,6 +59,7 @@ sys.path.insert(0, str(ROOT))
 RUNNING: dict[str, Callable[[Any], int]] = {
     "hf": lambda e: len(e._scheduler.rows),
     "vllm": lambda e: int(e.counters()["running"]),
+    "vllm-uni": lambda e: int(e.counters()["running"]),
     "hf-batched": lambda e: len(e._running),
     "vllm-batched": lambda e: len(e._running),
 }
@@ -60,9 +67,26 @@ DEFAULT_THREADS = 0  # torch's own default, read in main()
 ENGINE_OPTIONS: dict[str, dict[str, Any]] = {
     "vllm": {"max_model_len": 4096, "kv_cache_gb": 2},
     "vllm-batched": {"max_model_len": 4096, "kv_cache_gb": 2},
+    # VLLMEngine with the model worker inside vLLM's engine-core process (UniProcExecutor, named by
+    # its class: vLLM's CPU platform rewrites "uni" to "mp"); the default is vLLM's CPU layout, a
+    # separate worker process busy-polled by the engine core (docs/benchmarks.md: measured slower)
+    "vllm-uni": {"max_model_len": 4096, "kv_cache_gb": 2, "distributed_executor_backend": "uniproc"},
     "hf": {"max_batch": 64},
     "hf-batched": {},
 }
+
+
+ENGINE_OF = {"vllm-uni": "vllm"}  # bench variants of a registered engine (other options)
+
+
+def engine_options(name: str) -> dict[str, Any]:
+    """``ENGINE_OPTIONS[name]`` with ``"uniproc"`` as vLLM's ``UniProcExecutor`` class."""
+    options = dict(ENGINE_OPTIONS[name])
+    if options.get("distributed_executor_backend") == "uniproc":
+        from vllm.v1.executor.uniproc_executor import UniProcExecutor
+
+        options["distributed_executor_backend"] = UniProcExecutor
+    return options
 
 
 def workload(folder: Path, trajectories: int, group: int, seed: int) -> tuple[list, dict, dict]:
@@ -123,7 +147,7 @@ def run_mode(name: str, policy: Any, tasks: list, catalog: dict, schemas: dict, 
     # vllm-batched adapter) checks that the calling thread keeps the OpenMP thread count it started with
     torch.set_num_threads(threads if name in ("hf", "hf-batched") else DEFAULT_THREADS)
     t0 = time.perf_counter()
-    engine = make_engine(name, policy, **ENGINE_OPTIONS[name])
+    engine = make_engine(ENGINE_OF.get(name, name), policy, **engine_options(name))
     startup = time.perf_counter() - t0
     source = LocalSessions(catalog)
     sessions = source.open_many([SessionRequest(t.db_id) for t in tasks])
@@ -192,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     DEFAULT_THREADS = torch.get_num_threads()
     threads = args.threads if args.threads > 0 else DEFAULT_THREADS
     pairs = [tuple(p.split(":")) for p in args.pairs.split(",") if p]
-    names = [n for pair in pairs for n in pair]
+    names = list(dict.fromkeys(n for pair in pairs for n in pair))  # a lock-step side shared by pairs runs once a round
     unknown = [n for n in names if n not in RUNNING]
     if unknown or any(len(p) != 2 for p in pairs):
         ap.error(f"--pairs: async:lock-step pairs of {', '.join(RUNNING)} (got {args.pairs!r})")
