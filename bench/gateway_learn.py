@@ -320,4 +320,7 @@ def report_from_run(a: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
+    from jobs.stop import exit_on_sigterm
+
+    exit_on_sigterm()  # kill <pid> unwinds: the vLLM engine core and sessions are closed
     raise SystemExit(main())

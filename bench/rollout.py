@@ -528,6 +528,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from jobs.stop import exit_on_sigterm
+
+    exit_on_sigterm()  # kill <pid> unwinds: the vLLM engine core and sessions are closed
     if sys.argv[1:2] == ["engines"]:
         from rollout_engines import main as engines_main
 

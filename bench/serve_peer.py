@@ -375,4 +375,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from jobs.stop import exit_on_sigterm
+
+    exit_on_sigterm()  # kill <pid> unwinds: the vLLM engine core and sessions are closed
     raise SystemExit(main())

@@ -221,4 +221,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
+    from jobs.stop import exit_on_sigterm
+
+    exit_on_sigterm()  # kill <pid> unwinds: the vLLM engine core and sessions are closed
     main()

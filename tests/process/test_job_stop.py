@@ -137,3 +137,19 @@ def test_every_job_entry_point_unwinds_on_sigterm():
 @pytest.mark.parametrize("name", sorted(NOT_JOBS))
 def test_the_exceptions_are_entry_points_that_exist(name):
     assert (ROOT / "jobs" / name).is_file()
+
+
+# bench scripts that start a vLLM engine core, a stage or agent processes: killed with SIGTERM they
+# must unwind too (seen: a SIGTERM'd bench/suite_training.py left VLLM::EngineCore under init)
+BENCH_WITH_PROCESSES = ("gateway_learn.py", "rollout.py", "rollout_engines.py", "serve_peer.py",
+                        "suite_training.py")
+
+
+@pytest.mark.parametrize("name", BENCH_WITH_PROCESSES)
+def test_bench_scripts_that_start_processes_unwind_on_sigterm(name):
+    tree = ast.parse((ROOT / "bench" / name).read_text())
+    mains = [n for n in tree.body if isinstance(n, ast.If) and "__main__" in ast.unparse(n.test)]
+    assert mains, f"bench/{name} has no __main__ block"
+    calls = [ast.unparse(s.value) for s in mains[0].body if isinstance(s, ast.Expr) and isinstance(s.value, ast.Call)]
+    assert calls and calls[0] == "exit_on_sigterm()", \
+        f"bench/{name}: its __main__ block must call jobs.stop.exit_on_sigterm() before it starts anything"
