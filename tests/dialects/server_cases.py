@@ -419,3 +419,9 @@ MYSQL = ServerCase(
 )
 
 CASES = (PG, MYSQL)
+
+
+def ok(result):
+    """The result, asserting the statement ran without an error (the error's text otherwise)."""
+    assert result.error is None, result.error
+    return result

@@ -23,7 +23,6 @@ from sqlrl.db.dialects import postgresql_admin
 from sqlrl.db.dialects.base import get_dialect
 from sqlrl.db.provisioning import provision
 from sqlrl.db.provisioning.admin import admin_ops
-from sqlrl.db.sessions.executor import set_text_filter
 from sqlrl.db.types import SessionError
 from sqlrl.db.url import parse_url
 from tests.conftest import sealed_base
@@ -36,13 +35,6 @@ PID = os.getpid()
 def base(pg_admin_url):
     for admin_db, url in sealed_base(pg_admin_url, f"sqlrl_handover_{PID}", PG_BASE_SQL):
         yield f"sqlrl_handover_{PID}", admin_db, url
-
-
-@pytest.fixture(params=["filter-on", "filter-off"])
-def text_filter(request):
-    previous = set_text_filter(request.param == "filter-on")
-    yield request.param
-    set_text_filter(previous)
 
 
 @pytest.fixture

@@ -22,9 +22,8 @@ import os
 import pytest
 
 from sqlrl.db import ErrorKind, Limits, open_session
-from sqlrl.db.sessions.executor import set_text_filter
 from tests.conftest import sealed_base
-from tests.dialects.server_cases import PG_BASE_SQL
+from tests.dialects.server_cases import PG_BASE_SQL, ok
 
 pytestmark = pytest.mark.postgres
 
@@ -37,18 +36,6 @@ LIMITS = Limits(max_bytes=CAP, timeout_s=20)
 def url(pg_admin_url):
     for _, session_url in sealed_base(pg_admin_url, f"sqlrl_rowcap_{PID}", PG_BASE_SQL):
         yield session_url
-
-
-@pytest.fixture(params=["filter-on", "filter-off"])
-def text_filter(request):
-    previous = set_text_filter(request.param == "filter-on")
-    yield request.param
-    set_text_filter(previous)
-
-
-def ok(result):
-    assert result.error is None, result.error
-    return result
 
 
 def too_wide(result, context):

@@ -27,25 +27,13 @@ import pytest
 
 from sqlrl.db import ErrorKind, Limits, open_session
 from sqlrl.db.provisioning import provision
-from sqlrl.db.sessions.executor import set_text_filter
 from sqlrl.db.provisioning.scratch import SCRATCH
 from sqlrl.db.types import SessionError
 from tests.conftest import sealed_base
+from tests.dialects.server_cases import ok
 
 PID = os.getpid()
 REFUSED = (ErrorKind.PERMISSION, ErrorKind.RUNTIME)
-
-
-@pytest.fixture(params=["filter-on", "filter-off"])
-def text_filter(request):
-    previous = set_text_filter(request.param == "filter-on")
-    yield request.param
-    set_text_filter(previous)
-
-
-def ok(result):
-    assert result.error is None, result.error
-    return result
 
 
 def refused(result, kinds=REFUSED):
