@@ -294,6 +294,9 @@ class GatewayServer:
                 await t
         self._tasks = []
         failed = await asyncio.to_thread(self.rollouts.close)
+        from serve.gateway import close_gateway_app
+
+        close_gateway_app(self.app)  # the app's SQL threads end with it
         if self._owns_engine:
             with contextlib.suppress(Exception):
                 await self.engine.close()

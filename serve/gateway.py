@@ -23,7 +23,8 @@ Routes (every one needs ``Authorization: Bearer <key>``; errors are OpenAI's bod
   statements run one at a time, in arrival order: the others wait on the event loop (an
   ``asyncio.Lock`` per rollout), never in a worker thread, so one client's burst of concurrent
   SQL cannot take the threads every other rollout's SQL, claims and completions run in; the
-  statements run in the app's own pool (``GatewayConfig.sql_workers`` threads, ``app.state.sql_pool``),
+  statements run in the app's own pool (``GatewayConfig.sql_workers`` threads, ``app.state.sql_pool``;
+  shut down by ``close_gateway_app`` when the server stops, or when the app is collected),
   so slow SQL on many rollouts never delays claims, completions or expiry (the loop's default
   executor).
 - ``POST /v1/rollouts/{id}/complete`` ``{"sql"}`` or ``{"reward"}`` -> ``{"rollout_id", "status",
@@ -309,6 +310,9 @@ def build_gateway_app(rollouts: Rollouts, model: ModelEngine, *, keys: frozenset
     # rollouts hold none of the loop's default threads, in which claims, completions and expiry run
     sql_pool = concurrent.futures.ThreadPoolExecutor(rollouts.config.sql_workers, thread_name_prefix="sqlrl-gw-sql")
     app.state.sql_pool = sql_pool
+    # the pool ends with the app: when its server stops (``close_gateway_app``) or, at the latest,
+    # when the app is collected -- its threads never outlive it idle
+    app.state.close = weakref.finalize(app, sql_pool.shutdown, wait=False)
 
     @route("/v1/rollouts/{rollout_id}/sql", ["POST"])
     async def sql(request: Request) -> Any:
@@ -341,11 +345,18 @@ def build_gateway_app(rollouts: Rollouts, model: ModelEngine, *, keys: frozenset
     return app
 
 
+def close_gateway_app(app: FastAPI) -> None:
+    """Release what ``app`` holds (its SQL pool: statements running finish in their threads, new
+    ones are refused). Idempotent; an app is served once: call it when its server has stopped."""
+    app.state.close()
+
+
 @contextlib.contextmanager
 def serving(app: FastAPI, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
     """``app`` served by uvicorn on a thread of this process (tests, benchmarks, a notebook); yields
     its base URL. The socket listens before the server starts, so a client that connects early
-    waits in the backlog instead of being refused."""
+    waits in the backlog instead of being refused. On exit the server stops and the app is closed
+    (``close_gateway_app``)."""
     import uvicorn
 
     sock = socket.socket()
@@ -360,3 +371,4 @@ def serving(app: FastAPI, host: str = "127.0.0.1", port: int = 0) -> Iterator[st
         server.should_exit = True
         thread.join(timeout=30)
         sock.close()
+        close_gateway_app(app)

@@ -83,6 +83,7 @@ class Gateway:
     pool: Any
     clock: FakeClock
     model: Any
+    app: Any = None
     extra: dict = field(default_factory=dict)
 
     def client(self, base_url: str, key: str = KEY, **kw: Any) -> Any:
@@ -125,7 +126,7 @@ def gateway(policy: Any, engine: Any, catalog: dict, *, config: Any = None, wind
                         JudgeScorer(Judge(catalog)), schemas=schemas, clock=clock, journal=journal)
     app = build_gateway_app(rollouts, model, keys=frozenset({KEY, OTHER}))
     with serving(app) as url:
-        yield Gateway(url, rollouts, engine, recorder, pool, clock, model)
+        yield Gateway(url, rollouts, engine, recorder, pool, clock, model, app=app)
     rollouts.close()
     pool.close()
 

@@ -287,6 +287,23 @@ def test_a_client_gone_before_a_plain_answer_records_nothing(gw):
     assert len(trace.calls) == 1 and trace.n_incomplete == 1  # only the answer the client received
 
 
+def test_the_apps_sql_threads_end_with_its_server(tiny, shop_catalog):
+    """The app's own SQL pool is shut down when its server stops: no idle worker threads are
+    left behind per app (a process that builds many gateways would collect them)."""
+    with gateway(tiny, ScriptedEngine(tiny.tokenizer, tiny.eos_token_ids, script=SCRIPT), shop_catalog) as g:
+        g.rollouts.offer("g", shop_task(), 1)
+        claim = g.claim()
+        assert g.post(f"/v1/rollouts/{claim['rollout_id']}/sql", {"sql": "SELECT 1"}).status_code == 200
+        pool = g.app.state.sql_pool
+        threads = list(pool._threads)  # the executor's workers (no public handle on them)
+        assert threads and all(t.is_alive() for t in threads)
+    for t in threads:
+        t.join(timeout=60)  # they end once the pool is shut down; idle ones otherwise wait forever
+    assert not any(t.is_alive() for t in threads)
+    with pytest.raises(RuntimeError, match="shutdown"):
+        pool.submit(print)
+
+
 def test_weight_updates_reject_new_calls_with_429_when_configured(tiny, shop_catalog):
     engine = ScriptedEngine(tiny.tokenizer, tiny.eos_token_ids, script=SCRIPT)
     with gateway(tiny, engine, shop_catalog, config=GatewayConfig(deadline_s=60, during_update="reject")) as g:

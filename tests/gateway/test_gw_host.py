@@ -64,6 +64,7 @@ def test_in_process_host(shop_catalog, tmp_path):
         stats = await server.stats()
         assert stats.completed == 1 and stats.active == 1 and stats.calls == 1
         assert await server.stop() == 1  # the live rollout failed, its session released
+        assert not server.app.state.close.alive  # the app's SQL pool is shut down with it
         (failed,) = await server.drain()
         assert failed.status == "failed"
 
