@@ -4,11 +4,14 @@
 - ``GatewayError`` and its kinds, each with the HTTP ``status`` (and OpenAI ``code``; ``param`` when
   one body field is to blame) the app answers with: ``BadInput`` 400, ``NotAllowed`` 403,
   ``RolloutNotFound`` 404, ``RolloutClosed`` 409, ``KindsNotOffered`` 409, ``WorkFinished`` 410,
-  ``NoWorkNow`` 204, ``Busy`` 429, ``Unavailable`` 503 (the last three with ``retry_after_s``).
+  ``NoWorkNow`` 204, ``Busy`` 429, ``TooManyLive`` 429, ``Unavailable`` 503 (the last four with
+  ``retry_after_s``).
 - ``GatewayConfig``: deadlines, client rewards (and their bound, ``client_reward_limit``), the
   reward's name (checked against the registry at construction), ``Retry-After``, what calls do
   during a weight update, the sessions' SQL limits and the threads the app runs their SQL in
-  (``sql_workers``), the task kinds it hands out (``handed_out()``), and what a claim's declared
+  (``sql_workers``), how many live rollouts one key may hold (``max_live_per_key``; a rollout runs
+  one statement at a time, so this also bounds the SQL threads one key holds: ``check_claim``),
+  the task kinds it hands out (``handed_out()``), and what a claim's declared
   ``kinds`` accept (``accepted``: 400 for a malformed or unknown kind, 409 when the job hands out none of them).
 - ``Scorer`` (the Protocol ``Rollouts`` grades final SQL with) and ``JudgeScorer`` (the reward
   registry's ``compute`` with a ``Judge``: the reward routes by the task's kind); ``Claim`` (a
@@ -72,6 +75,12 @@ class Busy(GatewayError):
     status, code = 429, "updating_weights"
 
 
+class TooManyLive(GatewayError):
+    """A claim by a key that holds ``GatewayConfig.max_live_per_key`` live rollouts already."""
+
+    status, code = 429, "too_many_live_rollouts"
+
+
 class Unavailable(GatewayError):
     status, code = 503, "session_unavailable"
 
@@ -88,6 +97,7 @@ class GatewayConfig:
     sql_workers: int = 32  # threads the app runs rollouts' SQL in (its own: not those claims, completions, expiry use)
     client_reward_limit: float = 1e6  # a client reward lies in [-limit, limit] (float32 advantages stay finite)
     task_kinds: tuple[str, ...] = ()  # the kinds ``offer`` takes (sqlrl.tasks.kinds names); (): any registered
+    max_live_per_key: int = 0  # live rollouts (claimed, not yet ended) one API key may hold; 0: no cap
 
     def __post_init__(self) -> None:
         for name in self.task_kinds:
@@ -99,6 +109,9 @@ class GatewayConfig:
             raise ValueError(f"gateway.client_reward_limit must be in (0, 1e100], got {self.client_reward_limit!r}")
         if isinstance(self.sql_workers, bool) or not isinstance(self.sql_workers, int) or self.sql_workers < 1:
             raise ValueError(f"gateway.sql_workers must be an int >= 1, got {self.sql_workers!r}")
+        if isinstance(self.max_live_per_key, bool) or not isinstance(self.max_live_per_key, int) \
+                or self.max_live_per_key < 0:
+            raise ValueError(f"gateway.max_live_per_key must be an int >= 0 (0: no cap), got {self.max_live_per_key!r}")
         if not self.deadline_s > 0 or self.retry_after_s < 1:
             raise ValueError("gateway: deadline_s must be > 0 and retry_after_s >= 1")
         if self.during_update not in ("wait", "reject"):
@@ -157,6 +170,14 @@ class GatewayConfig:
             except UnicodeEncodeError as exc:
                 raise BadInput(f"sql is not valid Unicode text: {exc.reason} at index {exc.start}",
                                param="sql") from None
+
+    def check_claim(self, held: int) -> None:
+        """A claim by a key holding ``held`` live rollouts (and claims in progress): ``TooManyLive``
+        (429 + ``Retry-After``) at ``max_live_per_key``. One key cannot take every waiting rollout
+        (and let them expire), nor hold more than that many SQL threads."""
+        if self.max_live_per_key and held >= self.max_live_per_key:
+            raise TooManyLive(f"this key holds {held} live rollouts, the most one key may "
+                              f"(gateway.max_live_per_key); complete one first", self.retry_after_s)
 
     def handed_out(self) -> tuple[str, ...]:
         """The registered kinds ``offer`` takes (``refusal`` None), in registry order."""

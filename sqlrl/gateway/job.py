@@ -146,6 +146,7 @@ class AgentJobConfig:
     client_rewards: bool = False  # True: complete may carry {"reward": x} (non-SQL agents)
     reward: str = "hybrid_agentic"  # the reward registry's name the Judge scores the final SQL with
     retry_after_s: int = 1
+    max_live_per_key: int = 0  # live rollouts one API key may hold (429 beyond); 0: no cap
     api_keys: tuple[str, ...] = ()
     api_keys_env: str = "SQLRL_GATEWAY_API_KEYS"
     host: str = "127.0.0.1"  # 0.0.0.0: serve other machines
@@ -223,7 +224,7 @@ class AgentJobConfig:
     def gateway_config(self) -> GatewayConfig:
         return GatewayConfig(deadline_s=self.rollout_deadline_s, client_rewards=self.client_rewards,
                              reward=self.reward, retry_after_s=self.retry_after_s, during_update=self.during_update,
-                             task_kinds=tuple(self.data.kinds))  # a reward that cannot score a kind: refused here
+                             task_kinds=tuple(self.data.kinds), max_live_per_key=self.max_live_per_key)  # a reward that cannot score a kind: refused here
 
 
 # the keys of AgentJobConfig before its policy was a PolicySpec (serving's spelling)

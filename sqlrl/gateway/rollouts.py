@@ -11,7 +11,8 @@ config (``contract``, re-exported here), the journal (``journal``), the policy v
   no-op) and ``finish()``es. A client ``claim(key, kinds)``s the earliest-offered waiting rollout
   of the kinds it declared (``GatewayConfig.accepted``: None, any kind; a malformed or unknown kind
   is ``BadInput``, 400; none the job hands out, ``KindsNotOffered``, 409); nothing of those kinds
-  waiting: ``NoWorkNow`` (204 + ``Retry-After``), or ``WorkFinished`` (410) after ``finish()``.
+  waiting: ``NoWorkNow`` (204 + ``Retry-After``), or ``WorkFinished`` (410) after ``finish()``; a
+  key that holds ``max_live_per_key`` live rollouts gets ``TooManyLive`` (429) and takes none.
 - **Ids and keys**: a rollout id is ``secrets.token_urlsafe`` (144 random bits): unguessable. A
   rollout belongs to the API key that claimed it; any other key gets ``RolloutNotFound`` (404,
   the same answer as an id that does not exist, so ids do not leak).
@@ -58,6 +59,7 @@ blocking methods -- ``claim``, ``execute_sql``, ``complete``, ``expire_due`` -- 
 from __future__ import annotations
 
 import secrets
+from collections import Counter
 import threading
 import time
 from typing import Any, Callable, Mapping, Sequence
@@ -72,7 +74,7 @@ from sqlrl.tools import run_raw
 from .capture import CapturedCall
 from .contract import (BadInput, Busy, Claim, GatewayConfig, GatewayError, GatewayStats, JudgeScorer,  # noqa: F401
                        KindsNotOffered, NotAllowed, NoWorkNow, RolloutClosed, RolloutNotFound, Scorer,
-                       Unavailable, WorkFinished)
+                       TooManyLive, Unavailable, WorkFinished)
 from .deadlines import Deadlines
 from .ended import Ended
 from .journal import Journal, Replayed, key_digest, lost_ends, replay
@@ -96,7 +98,7 @@ class Rollouts:
         self._waiting = Waiting()  # offered, not yet claimed: by kind, in offer order
         self._live: dict[str, LiveRollout] = {}
         self._deadlines = Deadlines()  # of claimed rollouts (due(), expire_due())
-        self._claiming = 0  # taken off _waiting, session being leased: neither waiting nor live yet
+        self._claiming: Counter[str] = Counter()  # by key: off _waiting, session being leased (not live yet)
         self._ended = Ended()  # traces until drained, owners of ended rollouts, the counters
         self._closed = False
         self.weights = PolicyWeights()  # the engine's versions read as the job's (sqlrl.gateway.weights)
@@ -152,17 +154,18 @@ class Rollouts:
         accept = self.config.accepted(kinds)
         while True:
             with self._cond:
+                self.config.check_claim(self._claiming[key] + sum(r.key == key for r in self._live.values()))
                 group_id, task = self._waiting.next(accept, self.config.retry_after_s)
-                self._claiming += 1  # not idle while its session is leased (outside the lock)
+                self._claiming[key] += 1  # not idle while its session is leased (outside the lock)
             rollout_id = secrets.token_urlsafe(18)
             try:
                 session = open_scene(self.sessions, task, self.limits, rollout_id, self.config.retry_after_s)
             except SetupFailed as exc:
-                self._setup_failed(rollout_id, group_id, task, exc)
+                self._setup_failed(key, rollout_id, group_id, task, exc)
                 continue  # the task is nobody's: the client gets the next one
             except BaseException:
                 with self._cond:
-                    self._claiming -= 1
+                    self._claiming[key] -= 1
                     self._waiting.put_back(group_id, task)  # not handed out: it waits for the next claim
                     self._cond.notify_all()
                 raise
@@ -170,7 +173,7 @@ class Rollouts:
 
     def _go_live(self, key: str, rollout_id: str, group_id: str, task: Any, session: Any) -> Claim:
         with self._cond:
-            self._claiming -= 1
+            self._claiming[key] -= 1
             self._log("claim", rollout_id=rollout_id, group_id=group_id, task_id=task.task_id, key=key_digest(key),
                       session=self._durable.record_of(session) if self._durable is not None else None)
             deadline = self.clock() + self.config.deadline_s
@@ -182,11 +185,11 @@ class Rollouts:
         return Claim(rollout_id, group_id, task, self.config.deadline_s,
                      schema.to_create_sql(task.dialect) if schema is not None else None)
 
-    def _setup_failed(self, rollout_id: str, group_id: str, task: Any, exc: SetupFailed) -> None:
+    def _setup_failed(self, key: str, rollout_id: str, group_id: str, task: Any, exc: SetupFailed) -> None:
         """``task``'s setup SQL failed on the rollout being claimed: it and every rollout of the
         task still waiting end ``failed`` (``FailReason.SETUP``), journalled as unclaimed."""
         with self._cond:
-            self._claiming -= 1
+            self._claiming[key] -= 1
             dropped = [(rollout_id, group_id)] + [(secrets.token_urlsafe(18), g) for g in self._waiting.drop(task)]
             for rid, group in dropped:
                 trace = RolloutTrace(rollout_id=rid, task_id=task.task_id, group_id=group, calls=(), status="failed",
@@ -355,7 +358,7 @@ class Rollouts:
         """Nothing waits to be claimed, is being claimed (its session leased) or is live: every
         offered rollout has ended."""
         with self._cond:
-            return not len(self._waiting) and not self._claiming and not self._live
+            return not len(self._waiting) and not self._claiming.total() and not self._live
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """``wait_until(idle)``, also released by ``close()`` and while ``awaiting_weights`` (the
@@ -395,4 +398,4 @@ class Rollouts:
 
 __all__ = ["BadInput", "Busy", "CallTicket", "Claim", "GatewayConfig", "GatewayError", "GatewayStats",
            "JudgeScorer", "KindsNotOffered", "NotAllowed", "NoWorkNow", "RolloutClosed", "RolloutNotFound",
-           "Rollouts", "Scorer", "SetupFailed", "Unavailable", "WorkFinished"]
+           "Rollouts", "Scorer", "SetupFailed", "TooManyLive", "Unavailable", "WorkFinished"]

@@ -208,6 +208,28 @@ def test_no_work_now_is_204_and_finished_work_is_410(gw):
     assert r.status_code == 410 and r.json()["error"]["code"] == "no_more_work"
 
 
+def test_a_key_at_its_live_cap_gets_429_and_takes_nothing(tiny, shop_catalog):
+    engine = ScriptedEngine(tiny.tokenizer, tiny.eos_token_ids, script=SCRIPT)
+    with gateway(tiny, engine, shop_catalog, config=GatewayConfig(deadline_s=60, max_live_per_key=1)) as g:
+        g.rollouts.offer("g", shop_task(), 3)
+        first = g.claim()
+        r = g.post("/v1/rollouts")
+        assert r.status_code == 429 and r.headers["retry-after"] == "2", r.text
+        assert r.json()["error"]["code"] == "too_many_live_rollouts"
+        assert g.rollouts.stats().waiting == 2  # the refused claim took no rollout
+        g.claim(key=OTHER)  # the cap is per key
+        r = g.post(f"/v1/rollouts/{first['rollout_id']}/complete", {"sql": GOLD})
+        assert r.status_code == 200, r.text
+        g.claim()  # its rollout ended: the key may claim again
+        assert g.post("/v1/rollouts").status_code == 429
+
+
+def test_the_live_cap_is_checked(tiny):
+    for bad in (-1, True, 1.5, "2"):
+        with pytest.raises(ValueError, match="max_live_per_key"):
+            GatewayConfig(max_live_per_key=bad)
+
+
 def test_a_silent_client_expires_and_its_session_is_released(gw):
     claim = gw.claim()
     gw.client(claim["base_url"]).chat.completions.create(model="m", messages=MESSAGES, tools=TOOLS)
