@@ -296,11 +296,13 @@ class Rollouts:
             self.sessions.close_many([r.session])
         trace, mismatches = r.trace(status, **fields)
         with self._cond:
-            self._log("end", trace=trace.to_dict(), key=key_digest(r.key))  # before anyone is told
-            r.status = status
-            del self._live[r.id]
-            self._ended.add(trace, key_digest(r.key), mismatches)
-            self._cond.notify_all()
+            try:
+                self._log("end", trace=trace.to_dict(), key=key_digest(r.key))  # before anyone is told
+            finally:  # a journal that cannot be written (a full disk): the error goes to the caller, but
+                r.status = status  # the rollout still ends here -- never left ``closing`` with its group waiting
+                del self._live[r.id]
+                self._ended.add(trace, key_digest(r.key), mismatches)
+                self._cond.notify_all()
         return trace
 
     # -- the job's side ---------------------------------------------------------------------------

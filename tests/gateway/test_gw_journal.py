@@ -165,3 +165,27 @@ def test_local_sessions_are_not_named_in_the_journal(shop_catalog, pool, tmp_pat
     assert lost.rollout_id == rid and lost.lost == "gateway-restart" and second.restored_released == 0
     for gateway in (first, second):
         gateway.close()
+
+
+def test_a_journal_that_cannot_be_written_still_ends_the_rollout(shop_catalog, pool, tmp_path):
+    """A full disk at the ``end`` record: the completion's caller gets the error, and the rollout
+    ends in memory all the same (released, drained, not live): never left ``closing``."""
+    import errno
+
+    class FullDisk(Journal):
+        def append(self, kind, **fields):
+            if kind == "end":
+                raise OSError(errno.ENOSPC, "No space left on device")
+            super().append(kind, **fields)
+
+    r = Rollouts(GatewayConfig(deadline_s=10), LocalSessions(shop_catalog, pool=pool), FixedScorer(),
+                 clock=FakeClock(), journal=FullDisk(tmp_path / JOURNAL_FILE))
+    r.offer("g", shop_task("t1"), 1)
+    rid = r.claim(K).rollout_id
+    with pytest.raises(OSError, match="No space"):
+        r.complete(K, rid, sql=GOLD)
+    assert r.rollout_status(rid) == "ended" and r.stats().active == 0 and pool.stats().in_use == 0
+    (trace,) = r.drain()
+    assert trace.rollout_id == rid and trace.reward == 1.0
+    with pytest.raises(RolloutClosed):
+        r.complete(K, rid, sql=GOLD)
