@@ -169,7 +169,14 @@ class Rollouts:
                     self._waiting.put_back(group_id, task)  # not handed out: it waits for the next claim
                     self._cond.notify_all()
                 raise
-            return self._go_live(key, rollout_id, group_id, task, session)
+            try:
+                return self._go_live(key, rollout_id, group_id, task, session)
+            except BaseException:  # its claim record could not be written (a full disk): not handed out
+                self.sessions.close_many([session])
+                with self._cond:
+                    self._waiting.put_back(group_id, task)
+                    self._cond.notify_all()
+                raise
 
     def _go_live(self, key: str, rollout_id: str, group_id: str, task: Any, session: Any) -> Claim:
         with self._cond:

@@ -168,19 +168,27 @@ def test_local_sessions_are_not_named_in_the_journal(shop_catalog, pool, tmp_pat
 
 
 def test_a_journal_that_cannot_be_written_still_ends_the_rollout(shop_catalog, pool, tmp_path):
-    """A full disk at the ``end`` record: the completion's caller gets the error, and the rollout
-    ends in memory all the same (released, drained, not live): never left ``closing``."""
+    """A full disk at the ``claim`` record: the claim fails and the rollout waits again, its session
+    released; at the ``end`` record: the completion's caller gets the error, and the rollout ends in
+    memory all the same (released, drained, not live): never left ``closing``."""
     import errno
 
     class FullDisk(Journal):
+        full: set[str] = {"claim", "end"}
+
         def append(self, kind, **fields):
-            if kind == "end":
+            if kind in self.full:
                 raise OSError(errno.ENOSPC, "No space left on device")
             super().append(kind, **fields)
 
+    journal = FullDisk(tmp_path / JOURNAL_FILE)
     r = Rollouts(GatewayConfig(deadline_s=10), LocalSessions(shop_catalog, pool=pool), FixedScorer(),
-                 clock=FakeClock(), journal=FullDisk(tmp_path / JOURNAL_FILE))
+                 clock=FakeClock(), journal=journal)
     r.offer("g", shop_task("t1"), 1)
+    with pytest.raises(OSError, match="No space"):  # the claim's record: nothing handed out, nothing held
+        r.claim(K)
+    assert r.stats().waiting == 1 and r.stats().active == 0 and pool.stats().in_use == 0
+    journal.full = {"end"}
     rid = r.claim(K).rollout_id
     with pytest.raises(OSError, match="No space"):
         r.complete(K, rid, sql=GOLD)
