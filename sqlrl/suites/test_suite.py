@@ -31,7 +31,8 @@ misses, and check a prediction on them (Zhong, Yu & Klein, 2020).
   key, and as JSON under ``cache_dir/suites``, server variants by their SQLite file: credentials
   are never written, and a suite read back loads a variant base that was dropped again). A server database's variants are fuzzed from the SQLite file it was loaded from
   (``source``; without one: ``ValueError``) and loaded on its server as sealed bases
-  (``sqlrl.synth.variants.server_variant``).
+  (``sqlrl.synth.variants.server_variant``). A cached suite file that cannot be read back is a
+  ``SuiteCacheError`` (an ``OSError``), never a silent re-distillation or a missing suite.
 - Evaluation (``jobs.evaluate <kind> --test-suite``) uses these through ``sqlrl.suites.evaluation``,
   one check per benchmark.
 """
@@ -57,8 +58,8 @@ Usable = Callable[[Sequence[tuple]], bool]  # gold rows -> can any prediction ma
 # 2: server variants stored by their file, so a dropped base is loaded again;
 # 3: the comparison's name in the key (suites distilled for BIRD's set EX are not Spider's)
 SUITE_VERSION = 3
-__all__ = ["Comparison", "GoldFailed", "Run", "Same", "Suite", "SuiteCheck", "TestSuites",
-           "check_suite", "distil", "literals", "neighbours", "spider_comparison",
+__all__ = ["Comparison", "GoldFailed", "Run", "Same", "Suite", "SuiteCacheError", "SuiteCheck",
+           "TestSuites", "check_suite", "distil", "literals", "neighbours", "spider_comparison",
            "spider_ex_comparison"]
 
 
@@ -115,6 +116,10 @@ class Suite:
 
 class GoldFailed(ValueError):
     """The gold query fails on the original database: no suite can be distilled for it."""
+
+
+class SuiteCacheError(OSError):
+    """A file in the suites' folder cannot be read back (a folder problem, never a gold's)."""
 
 
 def _caught(gold: Outcome, other: Outcome, compare: Comparison) -> bool:
@@ -267,9 +272,13 @@ class TestSuites:
                                           compare.name]).encode()).hexdigest()[:24]
         path = self.cache_dir / "suites" / f"{name}.json"
         if path.is_file():
-            data = json.loads(path.read_text())
-            return Suite(**{**data, "db_url": url,
-                            "variants": tuple(self._from_stored(v, url) for v in data["variants"])})
+            try:
+                data = json.loads(path.read_text())
+                return Suite(**{**data, "db_url": url, "variants": tuple(
+                    self._from_stored(v, url) for v in data["variants"])})
+            except (ValueError, TypeError, KeyError) as exc:  # not a suite this version wrote
+                raise SuiteCacheError(f"unreadable cached test suite {path} ({exc}); remove it "
+                                      f"or use another suite folder") from None
         candidates = self.variants(db_id, url, gold_sql, dialect, db_path)
         schema = SchemaInfo.from_database_schema(DatabaseSchema.from_sqlite(db_path), dialect)
         near = neighbours(gold_sql, dialect, schema, max_neighbours=self.max_neighbours)

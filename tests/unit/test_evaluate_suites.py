@@ -83,6 +83,19 @@ def test_bird_test_suite_catches_the_lucky_match_with_birds_set_comparison(tmp_p
     assert json.loads((again / "report.json").read_text())["test_suite"] == report["test_suite"]
 
 
+def test_an_unreadable_cached_suite_is_a_clear_error_not_a_pass(tmp_path, capsys) -> None:
+    make_db(tmp_path / "dbs")
+    args = write_bird(tmp_path, [LUCKY])
+    suites = tmp_path / "suites"
+    assert main([*args, "--out", str(tmp_path / "a"), "--test-suite", "--suite-dir", str(suites)]) == 0
+    [cached] = (suites / "suites").glob("*.json")
+    cached.write_text("{truncated")
+    assert main([*args, "--out", str(tmp_path / "b"), "--test-suite", "--suite-dir", str(suites)]) == 2
+    err = capsys.readouterr().err.replace("\n", "")
+    assert "unreadable cached test suite" in err and cached.name in err and "Traceback" not in err
+    assert not (tmp_path / "b" / "report.json").exists()
+
+
 def test_bird_without_test_suite_reports_no_suite_fields(tmp_path) -> None:
     make_db(tmp_path / "dbs")
     out = tmp_path / "out"
