@@ -130,7 +130,18 @@ def test_a_suite_dir_that_is_not_a_folder_is_a_clear_error(tmp_path, capsys, kin
                  "--suite-dir", str(tmp_path / "blocker")]) == 2
     err = capsys.readouterr().err.replace("\n", "")
     assert "blocker exists and is not a directory" in err
+    assert main([*args, "--out", str(tmp_path / "out"), "--test-suite",
+                 "--suite-dir", str(tmp_path / "blocker" / "inner")]) == 2
+    assert "cannot create the test-suite folder" in capsys.readouterr().err.replace("\n", "")
     assert not (tmp_path / "out" / "report.json").exists()
+
+
+def test_bird_test_suite_refuses_databases_that_are_not_sqlite_files() -> None:
+    from sqlrl.suites.evaluation import BirdSuiteCheck
+
+    with pytest.raises(ValueError, match="not SQLite files"):
+        BirdSuiteCheck("unused").refuse(["sqlite:////x/a/a.sqlite",
+                                         "postgresql://u:secret@127.0.0.1:5432/a"])
 
 
 # -- BIRD-CRITIC -----------------------------------------------------------------------------------
