@@ -3,9 +3,10 @@
     python -m jobs.evaluate spider --gold dev_gold.sql --pred pred.sql --db spider/database \\
                                    [--etype exec] [--questions spider/dev.json] [--test-suite]
     python -m jobs.evaluate bird   --pred predict_dev.json --gold mini_dev_sqlite_gold.sql \\
-                                   --db-root dev_databases [--questions mini_dev_sqlite.json]
+                                   --db-root dev_databases [--questions mini_dev_sqlite.json] \\
+                                   [--test-suite]
     python -m jobs.evaluate critic --tasks instances.jsonl --pred preds.jsonl \\
-                                   [--db-root DIR] [--catalog catalog.json]
+                                   [--db-root DIR] [--catalog catalog.json] [--test-suite]
     # on a cluster: ray job submit --working-dir . -- python -m jobs.evaluate spider ...
 
 Inputs are the official evaluators' (Spider ``evaluation.py --etype exec``: gold lines
@@ -13,8 +14,10 @@ Inputs are the official evaluators' (Spider ``evaluation.py --etype exec``: gold
 the gold SQL file, the database root; BIRD-CRITIC: predictions JSONL with ``pred_sqls``).
 Writes to ``--out`` (default ``runs/eval/<kind>-<time>``): ``verdicts.jsonl`` (one line per item),
 ``report.json`` and ``report.md`` (EX overall and by difficulty; SR% by dialect for BIRD-CRITIC;
-with ``spider --test-suite``, test-suite accuracy beside EX and the count of EX matches that fail
-the suite),
+with ``--test-suite``, test-suite accuracy beside EX / SR and the count of EX matches (solved
+instances) that fail the suite: ``sqlrl.suites.evaluation``, one check per benchmark, each with
+its benchmark's own comparator; BIRD-CRITIC instances with custom test cases and databases that
+are not SQLite files are refused, exit 2),
 and prints the table (plain markdown when stdout is not a terminal). Every path option is checked
 before anything runs; all missing ones are named at once (``--gold: /x does not exist``, exit 2).
 Reads top to bottom: parse → check paths → evaluate → write → print.
@@ -50,11 +53,25 @@ def _spider_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--questions", help="dev.json (its parsed 'sql' gives Spider hardness levels)")
     p.add_argument("--processes", type=int, default=min(2, os.cpu_count() or 1),
                    help="child processes, each labelling whole databases (1: in this process)")
+    _suite_args(p)
+
+
+def _suite_args(p: argparse.ArgumentParser) -> None:
+    """``--test-suite`` and ``--suite-dir``, the same for every kind."""
     p.add_argument("--test-suite", action="store_true",
                    help="also report test-suite accuracy: every EX match checked on database "
-                        "variants distilled per gold (sqlrl.suites.test_suite)")
+                        "variants distilled per gold (sqlrl.suites.evaluation)")
     p.add_argument("--suite-dir", help="where variants and suites are cached "
                                        "(default <out>/test_suite; reuse it across runs)")
+
+
+def _suite_dir(a: argparse.Namespace) -> str | None:
+    """The checked suite folder with ``--test-suite`` (``ValueError`` when unusable), else None."""
+    from sqlrl.suites.evaluation import open_suite_dir
+
+    if not a.test_suite:
+        return None
+    return open_suite_dir(a.suite_dir or Path(a.out) / "test_suite")
 
 
 def _spider_paths(a: argparse.Namespace) -> list[tuple[str, str | None, str]]:
@@ -64,9 +81,9 @@ def _spider_paths(a: argparse.Namespace) -> list[tuple[str, str | None, str]]:
 
 def _spider_run(a: argparse.Namespace) -> tuple[list[dict], dict]:
     from sqlrl.eval.spider import evaluate_spider
-    from sqlrl.suites.test_suite import SpiderSuiteCheck
+    from sqlrl.suites.evaluation import SpiderSuiteCheck
 
-    suite_dir = (a.suite_dir or str(Path(a.out) / "test_suite")) if a.test_suite else None
+    suite_dir = _suite_dir(a)
     report = evaluate_spider(a.gold, a.pred, a.db, timeout_s=a.timeout, workers=a.workers,
                              progress=a.processes <= 1, processes=a.processes,
                              suite_check=SpiderSuiteCheck(suite_dir) if suite_dir else None)
@@ -92,6 +109,7 @@ def _bird_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dialect", default="sqlite",  # the engines BIRD evaluation supports
                    choices=[d.name for d in dialects() if d.verified])
     p.add_argument("--questions", help="the questions JSON (gives difficulty)")
+    _suite_args(p)
 
 
 def _bird_paths(a: argparse.Namespace) -> list[tuple[str, str | None, str]]:
@@ -103,9 +121,12 @@ def _bird_paths(a: argparse.Namespace) -> list[tuple[str, str | None, str]]:
 
 def _bird_run(a: argparse.Namespace) -> tuple[list[dict], dict]:
     from sqlrl.eval.bird import evaluate_bird
+    from sqlrl.suites.evaluation import BirdSuiteCheck
 
+    suite_dir = _suite_dir(a)
     report = evaluate_bird(a.pred, a.gold, a.db_root, a.dialect, questions_path=a.questions,
-                           timeout_s=a.timeout, workers=a.workers, progress=True)
+                           timeout_s=a.timeout, workers=a.workers, progress=True,
+                           suite_check=BirdSuiteCheck(suite_dir) if suite_dir else None)
     return [asdict(v) for v in report.items], {k: v for k, v in report.to_dict().items()
                                                 if k != "items"}
 
@@ -117,6 +138,7 @@ def _critic_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--catalog", help="JSON {db_id: {dialect: url}} for server databases")
     p.add_argument("--test-timeout", type=float, default=60.0,
                    help="seconds for each test case's code (the child is killed)")
+    _suite_args(p)
 
 
 def _critic_paths(a: argparse.Namespace) -> list[tuple[str, str | None, str]]:
@@ -126,6 +148,7 @@ def _critic_paths(a: argparse.Namespace) -> list[tuple[str, str | None, str]]:
 
 def _critic_run(a: argparse.Namespace) -> tuple[list[dict], dict]:
     from sqlrl.eval.critic_eval import evaluate_critic, read_predictions
+    from sqlrl.suites.evaluation import CriticSuiteCheck
     from sqlrl.tasks.io import read_tasks
     from sqlrl.tasks.types import CriticTask
 
@@ -134,11 +157,13 @@ def _critic_run(a: argparse.Namespace) -> tuple[list[dict], dict]:
     if others:
         raise SystemExit(f"{a.tasks} holds {len(others)} non-BIRD-CRITIC tasks (e.g. {others[0]})")
     catalog = json.loads(Path(a.catalog).read_text()) if a.catalog else None
+    suite_dir = _suite_dir(a)
+    check = CriticSuiteCheck(suite_dir, a.timeout) if suite_dir else None  # refuses first
     with _progress("BIRD-CRITIC") as advance:
         report = evaluate_critic(tasks, read_predictions(a.pred), catalog=catalog,
                                  db_root=a.db_root, timeout_s=a.timeout,
                                  test_timeout_s=a.test_timeout, workers=a.workers or 4,
-                                 progress=advance)
+                                 progress=advance, suite_check=check)
     return [i.to_dict() for i in report.items], report.to_dict()
 
 
@@ -194,6 +219,12 @@ def _critic_markdown(summary: dict[str, Any]) -> list[str]:
     for key, groups in summary["by"].items():
         for g, s in groups.items():
             lines.append(f"| {key}={g} | {s['n']} | {s['solved']} | {s['sr']:.2f} |")
+    suite = summary.get("test_suite")
+    if suite:
+        lines += ["", "| metric | n | solved | % |", "|---|---|---|---|",
+                  f"| SR | {summary['scored']} | {summary['solved']} | {summary['sr']:.2f} |",
+                  f"| test-suite | {summary['scored']} | {suite['matched']} | {100 * suite['ts']:.2f} |",
+                  "", f"Solved instances that fail the test suite (lucky matches): {suite['lucky']}"]
     if summary["excluded"]:
         lines += ["", f"Excluded (reference failed): {', '.join(summary['excluded'])}"]
     return lines
@@ -269,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             with Heartbeat(f"evaluate {a.kind}", note="labelling gold and predictions"):
                 rows, summary = evaluator.run(a)
-    except (FileNotFoundError, ValueError) as exc:
+    except (OSError, ValueError) as exc:  # FileNotFoundError, a suite folder's OSError, bad input
         console.print(f"evaluate {a.kind}: {exc}", style="red", markup=False, highlight=False)
         return 2
 

@@ -24,6 +24,12 @@ Guarantees:
   session URL, where ``{db_id}`` (if present) is replaced by the item's database (``database_url``;
   ``Dialect.file_based`` decides which).
 
+- Test-suite accuracy (``suite_check``, ``sqlrl.suites.evaluation.BirdSuiteCheck``): every EX
+  match is also checked on its gold's distilled database variants with the same ``bird_ex``
+  (``suite_match``, ``suite_failed_on``; ``report.to_dict()["test_suite"]``: accuracy, matches,
+  and ``lucky``, the EX matches that fail the suite). The hook's ``refuse(urls)`` runs before any
+  query (a database it cannot fuzz is an error, not a silent pass).
+
 Known differences from the official script: its 30 s timeout covers the pair, ours each query;
 it runs prediction then gold on one connection, we run them apart (a prediction's writes cannot
 change the gold's result); values are normalised by ``sqlrl.db`` (Decimal -> int or
@@ -36,14 +42,14 @@ import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Protocol, Sequence
 
 from sqlrl.db.dialects.descriptor import FileCopy, dialect_of, dialects
 from sqlrl.db.statements import split_statements
 from sqlrl.tasks.types import norm_dialect
 
 from .compare import bird_ex
-from .spider import QueryRunner, eval_limits, stderr_progress
+from .spider import QueryRunner, eval_limits, stderr_progress, suite_summary
 
 SEPARATOR = "\t----- bird -----\t"
 DIFFICULTY_ORDER = ("simple", "moderate", "challenging")
@@ -69,6 +75,21 @@ class BirdVerdict:
     pred_error: str | None = None
     gold_error: str | None = None
     difficulty: str | None = None
+    suite_match: bool | None = None  # with a test suite: match here and on every suite variant
+    suite_failed_on: str | None = None  # the variant an EX match missed (a lucky match)
+
+
+class BirdSuiteHook(Protocol):
+    """What ``label_bird``/``evaluate_bird`` take as ``suite_check``
+    (``sqlrl.suites.evaluation.BirdSuiteCheck``; passed in: suites are a layer above)."""
+
+    def refuse(self, urls: Sequence[str]) -> None:
+        """Raise (``ValueError``/``FileNotFoundError``) before any query when a database cannot
+        have a suite."""
+
+    def __call__(self, verdicts: Sequence[BirdVerdict], urls: Sequence[str],
+                 runner: QueryRunner) -> list[BirdVerdict]:
+        """``verdicts`` with ``suite_match`` set, checked through ``runner``."""
 
 
 @dataclass(frozen=True)
@@ -98,10 +119,14 @@ class BirdReport:
 
     def to_dict(self) -> dict[str, Any]:
         score = lambda s: {**asdict(s), "ex": s.ex}  # noqa: E731
-        return {"dialect": self.dialect, "ex": self.ex, "overall": score(self.overall),
-                "by_difficulty": {k: score(v) for k, v in self.by_difficulty.items()},
-                "gold_errors": list(self.gold_errors), "queries_executed": self.queries_executed,
-                "elapsed_s": self.elapsed_s, "items": [asdict(v) for v in self.items]}
+        out = {"dialect": self.dialect, "ex": self.ex, "overall": score(self.overall),
+               "by_difficulty": {k: score(v) for k, v in self.by_difficulty.items()},
+               "gold_errors": list(self.gold_errors), "queries_executed": self.queries_executed,
+               "elapsed_s": self.elapsed_s, "items": [asdict(v) for v in self.items]}
+        suite = suite_summary(self.items, self.overall.scored)
+        if suite is not None:
+            out["test_suite"] = suite
+        return out
 
 
 # -- the official input files ---------------------------------------------------------------------
@@ -203,10 +228,12 @@ def _dialect(name: str) -> str:
 
 def _label(items: list[Sequence[Any]], db_root: str, dialect: str,
            difficulties: Sequence[str] | None, runner: QueryRunner,
-           progress: bool) -> list[BirdVerdict]:
+           progress: bool, suite_check: BirdSuiteHook | None = None) -> list[BirdVerdict]:
     if difficulties is not None and len(difficulties) != len(items):
         raise ValueError(f"{len(difficulties)} difficulties for {len(items)} predictions")
     urls = [database_url(dialect, db_root, db_id) for db_id, _, _ in items]
+    if suite_check is not None:
+        suite_check.refuse(urls)
     golds = runner.run_many([(u, g) for u, (_, g, _) in zip(urls, items)],
                             stderr_progress("bird gold") if progress else None)
     preds = runner.run_many(
@@ -226,7 +253,7 @@ def _label(items: list[Sequence[Any]], db_root: str, dialect: str,
                 match = p.error is None and bird_ex(p.rows, g.rows)
         verdicts.append(BirdVerdict(i, db_id, gold, pred, match, perr, g.error,
                                     None if difficulties is None else difficulties[i]))
-    return verdicts
+    return verdicts if suite_check is None else suite_check(verdicts, urls, runner)
 
 
 def _score(items: Sequence[BirdVerdict]) -> Score:
@@ -237,9 +264,10 @@ def _score(items: Sequence[BirdVerdict]) -> Score:
 def evaluate_bird(pred_json_path: str | Path, gold_sql_path: str | Path, db_root: str | Path,
                   dialect: str = "sqlite", *, questions_path: str | Path | None = None,
                   timeout_s: float = 30.0, workers: int | None = None,
-                  progress: bool = True) -> BirdReport:
+                  progress: bool = True, suite_check: BirdSuiteHook | None = None) -> BirdReport:
     """BIRD execution accuracy of a predictions JSON against a gold SQL file, overall and by
-    difficulty (when ``questions_path`` is given)."""
+    difficulty (when ``questions_path`` is given); with ``suite_check``, test-suite accuracy too
+    (module doc)."""
     t0 = time.perf_counter()
     dialect = _dialect(dialect)
     preds = read_bird_pred(pred_json_path)
@@ -255,7 +283,7 @@ def evaluate_bird(pred_json_path: str | Path, gold_sql_path: str | Path, db_root
         raise FileNotFoundError(f"BIRD database folder not found: {db_root}")
     with QueryRunner(eval_limits(timeout_s), workers, check=statement_rule(dialect)) as runner:
         verdicts = _label([(db, g, p) for (g, db), p in zip(gold, preds)], str(db_root), dialect,
-                          difficulties, runner, progress)
+                          difficulties, runner, progress, suite_check)
         executed = runner.executed
     by: dict[str, list[BirdVerdict]] = {}
     for v in verdicts:

@@ -11,6 +11,13 @@ Guarantees: every instance gets a verdict — a missing prediction is a failure 
 whose reference fails (``sol-error``) are listed and excluded from the SR denominator; verdicts
 come back in instance order whatever the parallelism; a malformed line raises ``TaskError`` with
 its line number.
+
+Test-suite accuracy (``suite_check``, ``sqlrl.suites.evaluation.CriticSuiteCheck``): its
+``refuse(tasks)`` runs before anything (instances it cannot check are an error, not a silent pass)
+and every instance's database is resolved before any prediction runs; then every solved instance
+is checked on the distilled database variants of its reference (``suite_match``,
+``suite_failed_on``; ``CriticReport.to_dict()["test_suite"]``: accuracy over the scored instances
+and ``lucky``, the solved ones that fail the suite).
 """
 
 from __future__ import annotations
@@ -20,13 +27,14 @@ import json
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from sqlrl.db.dialects.descriptor import dialect_of
 from sqlrl.tasks.loaders.base import db_file
 from sqlrl.tasks.types import CriticTask, TaskError
 
 from .critic import CriticVerdict, SolCache, run_critic
+from .spider import suite_summary
 
 
 @dataclass(frozen=True)
@@ -40,9 +48,22 @@ class CriticItem:
     score: float
     excluded: bool
     reason: str
+    suite_match: bool | None = None  # with a test suite: solved here and on every suite variant
+    suite_failed_on: str | None = None  # the variant a solved instance missed (a lucky match)
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
+
+
+class CriticSuiteHook(Protocol):
+    """What ``evaluate_critic`` takes as ``suite_check`` (module doc)."""
+
+    def refuse(self, tasks: Sequence[CriticTask]) -> None:
+        """Raise ``ValueError`` naming the instances that cannot have a suite."""
+
+    def __call__(self, items: Sequence[CriticItem], tasks: Sequence[CriticTask],
+                 predictions: Mapping[str, list[str]], urls: Sequence[str]) -> list[CriticItem]:
+        """``items`` with ``suite_match`` set."""
 
 
 @dataclass(frozen=True)
@@ -58,11 +79,15 @@ class CriticReport:
 
     def to_dict(self) -> dict[str, Any]:
         kept = [i for i in self.items if not i.excluded]
-        return {"instances": len(self.items), "scored": len(kept),
-                "excluded": [i.instance_id for i in self.items if i.excluded],
-                "solved": sum(i.solved for i in kept), "sr": self.sr,
-                "mean_test_pass": (sum(i.score for i in kept) / len(kept)) if kept else 0.0,
-                "by": self.by, "unknown_predictions": list(self.unknown_predictions)}
+        out = {"instances": len(self.items), "scored": len(kept),
+               "excluded": [i.instance_id for i in self.items if i.excluded],
+               "solved": sum(i.solved for i in kept), "sr": self.sr,
+               "mean_test_pass": (sum(i.score for i in kept) / len(kept)) if kept else 0.0,
+               "by": self.by, "unknown_predictions": list(self.unknown_predictions)}
+        suite = suite_summary(kept, len(kept), lambda i: i.solved)
+        if suite is not None:
+            out["test_suite"] = suite
+        return out
 
 
 def read_predictions(path: str | Path) -> dict[str, list[str]]:
@@ -106,8 +131,13 @@ def evaluate_critic(tasks: Sequence[CriticTask], predictions: Mapping[str, list[
                     catalog: Mapping[str, Mapping[str, str]] | None = None,
                     db_root: str | Path | None = None, timeout_s: float = 30.0,
                     test_timeout_s: float = 60.0, workers: int = 4,
-                    progress: Callable[[int, int], None] | None = None) -> CriticReport:
+                    progress: Callable[[int, int], None] | None = None,
+                    suite_check: CriticSuiteHook | None = None) -> CriticReport:
     ids = {t.instance_id for t in tasks}
+    urls = None
+    if suite_check is not None:  # refusals and missing databases before any work
+        suite_check.refuse(tasks)
+        urls = [resolve_url(t, catalog, db_root) for t in tasks]
     cache = SolCache(max(16, len(tasks)))
 
     def one(task: CriticTask) -> CriticItem:
@@ -133,6 +163,8 @@ def evaluate_critic(tasks: Sequence[CriticTask], predictions: Mapping[str, list[
             if progress:
                 progress(done, len(tasks))
     final = tuple(i for i in items if i is not None)
+    if suite_check is not None and urls is not None:
+        final = tuple(suite_check(final, tasks, predictions, urls))
     return CriticReport(final, tuple(sorted(set(predictions) - ids)), _breakdown(final))
 
 

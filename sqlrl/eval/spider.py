@@ -247,13 +247,7 @@ class SpiderReport:
         return self.matched / self.scored if self.scored else 0.0
 
     def suite_summary(self) -> dict[str, Any] | None:
-        """Test-suite accuracy beside EX (None when no suite was checked): ``lucky`` counts the
-        items EX marks correct that fail the suite."""
-        if not any(v.suite_match is not None for v in self.items):
-            return None
-        passed = sum(bool(v.suite_match) for v in self.items)
-        return {"ts": passed / self.scored if self.scored else 0.0, "matched": passed,
-                "lucky": sum(v.match and not v.suite_match for v in self.items)}
+        return suite_summary(self.items, self.scored)
 
     def to_dict(self) -> dict[str, Any]:
         out = {"ex": self.ex, "matched": self.matched, "scored": self.scored,
@@ -264,6 +258,18 @@ class SpiderReport:
         if suite is not None:
             out["test_suite"] = suite
         return out
+
+
+def suite_summary(items: Sequence[Any], scored: int,
+                  matched: Callable[[Any], bool] = lambda v: v.match) -> dict[str, Any] | None:
+    """Test-suite accuracy beside EX over ``scored`` items (the EX denominator), None when no
+    item's suite was checked (``suite_match`` None everywhere): ``matched`` items with
+    ``suite_match`` true, and ``lucky``, those EX marks correct that fail the suite."""
+    if not any(v.suite_match is not None for v in items):
+        return None
+    passed = sum(bool(v.suite_match) for v in items)
+    return {"ts": passed / scored if scored else 0.0, "matched": passed,
+            "lucky": sum(matched(v) and not v.suite_match for v in items)}
 
 
 def _database_files(db_dir: Path, db_id: str) -> list[Path]:
@@ -287,7 +293,7 @@ def label_pairs(pairs: Iterable[SpiderPair | Sequence[str]], db_dir: str | Path,
     the pairs by database over that many child processes (see ``label_in_processes``).
     ``suite_check``: also check every EX match on its gold's distilled test suite, filling
     ``suite_match`` -- ``(verdicts, prepared, runner) -> verdicts``, picklable when ``processes > 1``
-    (``sqlrl.suites.test_suite.SpiderSuiteCheck(suite_dir)``: passed in, since the suites are built
+    (``sqlrl.suites.evaluation.SpiderSuiteCheck(suite_dir)``: passed in, since the suites are built
     from the data generator, a layer above this one)."""
     items = [p if isinstance(p, SpiderPair) else SpiderPair(*p) for p in pairs]
     db_dir = Path(db_dir)

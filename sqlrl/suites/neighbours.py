@@ -5,8 +5,12 @@
   written with sqlglot -- each WHERE/HAVING dropped and each of its conjuncts dropped, each
   comparison flipped (``>``↔``>=``, ``>``↔``<``, ``=``↔``<>``), DISTINCT added or removed,
   LIMIT removed / added / moved by one. Distinct texts, gold excluded, at most
-  ``max_neighbours``, deterministic; text sqlglot cannot parse has none.
-- ``literals(sql)``: a query's constants (the fuzzer mixes them into variants' pools).
+  ``max_neighbours``, deterministic; text sqlglot cannot parse has none. A gold of several
+  statements (a program whose last statement's rows are compared, as BIRD-CRITIC's default test
+  case after ``preprocess_sql``): the neighbours of its last statement, each after the earlier
+  statements unchanged (``"\n;\n"``-joined, ``PROGRAM_SEPARATOR``).
+- ``literals(sql)``: the constants of a query (of every statement of a program); the fuzzer mixes
+  them into variants' pools.
 """
 
 from __future__ import annotations
@@ -18,6 +22,22 @@ import sqlglot
 from sqlglot import exp
 
 _SKIPPED_FAMILIES = ("syntax_error", "wrong_dialect")
+PROGRAM_SEPARATOR = "\n;\n"  # joins a program's statements (a comment cannot swallow the ';')
+
+
+def join_program(statements: Any) -> str:
+    """One SQL text running ``statements`` in order (each stripped of its own trailing ';')."""
+    return PROGRAM_SEPARATOR.join(s.strip().rstrip(";").strip() for s in statements if s.strip())
+
+
+def _statements(sql: str, dialect: str) -> list[str]:
+    from sqlrl.db.statements import split_statements
+    from sqlrl.synth.bugs import sqlglot_dialect
+
+    try:
+        return split_statements(sql, sqlglot_dialect(dialect))
+    except Exception:  # text the splitter cannot read: treated as one statement
+        return [sql]
 
 _FLIPS: dict[type, tuple[type, ...]] = {
     exp.GT: (exp.GTE, exp.LT), exp.GTE: (exp.GT, exp.LTE), exp.LT: (exp.LTE, exp.GT),
@@ -71,9 +91,14 @@ def neighbours(gold_sql: str, dialect: str = "sqlite", schema: Any = None, *,
                max_neighbours: int = 48, seeds: int = 3) -> list[str]:
     """Near-miss neighbours of ``gold_sql`` (module doc); ``schema``: a ``bugs.SchemaInfo`` (the
     bug injector needs it; without one only the generic neighbours are made). Text sqlglot cannot
-    parse has no neighbours."""
+    parse has no neighbours; a program's are its last statement's, after the others (module doc)."""
     from sqlrl.synth.bugs import BUGS, parse_sql, sqlglot_dialect
 
+    statements = _statements(gold_sql, dialect)
+    if len(statements) > 1:
+        prefix = join_program(statements[:-1]) + PROGRAM_SEPARATOR
+        return [prefix + n for n in neighbours(statements[-1], dialect, schema,
+                                               max_neighbours=max_neighbours, seeds=seeds)]
     try:
         tree = parse_sql(gold_sql, dialect)
     except ValueError:
@@ -99,9 +124,13 @@ def neighbours(gold_sql: str, dialect: str = "sqlite", schema: Any = None, *,
 
 
 def literals(sql: str, dialect: str = "sqlite") -> tuple[Any, ...]:
-    """The constants of ``sql`` (numbers as int/float, strings as str), deduplicated, in a fixed order;
-    () for text sqlglot cannot parse."""
+    """The constants of ``sql`` (numbers as int/float, strings as str; of every statement of a
+    program), deduplicated, in a fixed order; () for text sqlglot cannot parse."""
     from sqlrl.synth.bugs import parse_sql
+
+    statements = _statements(sql, dialect)
+    if len(statements) > 1:
+        return tuple(dict.fromkeys(v for s in statements for v in literals(s, dialect)))
 
     try:
         tree = parse_sql(sql, dialect)

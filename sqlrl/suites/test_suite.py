@@ -8,23 +8,33 @@ misses, and check a prediction on them (Zhong, Yu & Klein, 2020).
 
 - **Neighbours** of a gold query: ``sqlrl.suites.neighbours`` (the bug injector's mutations and
   generic ones: predicates dropped, comparisons flipped, DISTINCT toggled, LIMIT changed).
+- **Comparison** (``Comparison``): how a benchmark's execution match compares a prediction's rows
+  with the gold's -- ``same`` -- and on which gold results a match is possible at all --
+  ``usable`` (BIRD-CRITIC's default test case fails every empty result). Distillation and checking
+  use the one the caller gives, so a suite is distilled and checked with the comparator EX uses on
+  the original; its ``name`` is part of a suite's cache key. Default (``spider_comparison``):
+  ``spider_ex``, ordered when the gold's outermost query orders.
 - **Distillation** (``distil``): the gold must run on the original database (``ValueError``
   otherwise: a clear error, no suite). A neighbour is *caught* on a database when it errors there
-  or its result differs from the gold's (``spider_ex``, ordered when the gold's outermost query
-  orders). Neighbours the original already catches need no variant. Among the candidate variants
-  -- those where the gold itself runs (a variant where it errors is dropped, never used) -- the
-  one catching the most not-yet-caught neighbours is kept, greedily, until all are caught or no
-  candidate catches another. ``Suite`` records the kept variants and the counts.
+  or its result is not ``same`` as the gold's. Neighbours the original already catches need no
+  variant. Among the candidate variants -- those where the gold itself runs and its result is
+  ``usable`` (another variant is dropped, never used) -- the one catching the most not-yet-caught
+  neighbours is kept, greedily, until all are caught or no candidate catches another. ``Suite``
+  records the kept variants and the counts.
 - **Checking** (``check_suite``): the prediction and the gold run on every variant of the suite
   (through the ``run`` the caller gives: the one session layer); ``SuiteCheck.passes(same)`` is
   False at the first variant whose gold ran and whose prediction errors or differs, and skips a
-  variant whose gold failed (fail-closed: such a variant can neither reward nor punish).
+  variant whose gold failed or is not ``usable`` (fail-closed: such a variant can neither reward
+  nor punish).
 - ``TestSuites`` builds a database's variants once (``sqlrl.synth.variants.build_variants``,
   content-addressed in ``cache_dir``) and each gold's suite once (in memory, single flight per
   key, and as JSON under ``cache_dir/suites``, server variants by their SQLite file: credentials
   are never written, and a suite read back loads a variant base that was dropped again). A server database's variants are fuzzed from the SQLite file it was loaded from
   (``source``; without one: ``ValueError``) and loaded on its server as sealed bases
-  (``sqlrl.synth.variants.server_variant``).
+  (``sqlrl.synth.variants.server_variant``). A cached suite file that cannot be read back is a
+  ``SuiteCacheError`` (an ``OSError``), never a silent re-distillation or a missing suite.
+- Evaluation (``jobs.evaluate <kind> --test-suite``) uses these through ``sqlrl.suites.evaluation``,
+  one check per benchmark.
 """
 
 from __future__ import annotations
@@ -33,7 +43,7 @@ import hashlib
 import json
 import os
 import threading
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -43,10 +53,44 @@ from sqlrl.eval.spider import Outcome
 
 Run = Callable[[str, str], Outcome]  # (database URL, SQL) -> Outcome (rows, or an error)
 Same = Callable[[Sequence[tuple], Sequence[tuple]], bool]  # (pred rows, gold rows) -> match
+Usable = Callable[[Sequence[tuple]], bool]  # gold rows -> can any prediction match them?
 
-SUITE_VERSION = 2  # 2: server variants stored by their file, so a dropped base is loaded again
-__all__ = ["GoldFailed", "Run", "Same", "Suite", "SuiteCheck", "TestSuites", "check_spider_suites",
-           "check_suite", "distil", "literals", "neighbours"]
+# 2: server variants stored by their file, so a dropped base is loaded again;
+# 3: the comparison's name in the key (suites distilled for BIRD's set EX are not Spider's)
+SUITE_VERSION = 3
+__all__ = ["Comparison", "GoldFailed", "Run", "Same", "Suite", "SuiteCacheError", "SuiteCheck",
+           "TestSuites", "check_suite", "distil", "literals", "neighbours", "spider_comparison",
+           "spider_ex_comparison"]
+
+
+def _any_rows(rows: Sequence[tuple]) -> bool:
+    return True
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """A benchmark's execution match (module doc): ``same(pred rows, gold rows)``, ``usable(gold
+    rows)``; ``name`` names both in the suite cache's key (one name, one pair of functions)."""
+
+    name: str
+    same: Same
+    usable: Usable = field(default=_any_rows)
+
+
+def _spider_same(ordered: bool, pred: Sequence[tuple], gold: Sequence[tuple]) -> bool:
+    return spider_ex(pred, gold, ordered)
+
+
+def spider_ex_comparison(ordered: bool) -> Comparison:
+    """``spider_ex`` (bags, or lists when ``ordered``)."""
+    from functools import partial
+
+    return Comparison("spider-ordered" if ordered else "spider", partial(_spider_same, ordered))
+
+
+def spider_comparison(gold_sql: str, dialect: str = "sqlite") -> Comparison:
+    """The default: ``spider_ex``, ordered when the gold's outermost query has ORDER BY."""
+    return spider_ex_comparison(outer_order_by(gold_sql, dialect))
 
 
 # -- distillation --------------------------------------------------------------------------------
@@ -74,29 +118,36 @@ class GoldFailed(ValueError):
     """The gold query fails on the original database: no suite can be distilled for it."""
 
 
-def _caught(gold: Outcome, other: Outcome, ordered: bool) -> bool:
-    return other.error is not None or not spider_ex(other.rows or (), gold.rows or (), ordered)
+class SuiteCacheError(OSError):
+    """A file in the suites' folder cannot be read back (a folder problem, never a gold's)."""
+
+
+def _caught(gold: Outcome, other: Outcome, compare: Comparison) -> bool:
+    return other.error is not None or not compare.same(other.rows or (), gold.rows or ())
 
 
 def distil(db_url: str, gold_sql: str, candidates: Sequence[str], near: Sequence[str], run: Run,
-           dialect: str = "sqlite") -> Suite:
+           dialect: str = "sqlite", compare: Comparison | None = None) -> Suite:
     """Greedy distillation (module doc); ``GoldFailed`` (a ``ValueError``) when the gold fails on
-    ``db_url``."""
+    ``db_url`` or its result there is not ``compare.usable``."""
+    compare = compare or spider_comparison(gold_sql, dialect)
     gold = run(db_url, gold_sql)
     if gold.error is not None:
         raise GoldFailed(f"the gold query fails on the original database ({_redacted(db_url)}): "
                          f"{gold.error}")
-    ordered = outer_order_by(gold_sql, dialect)
-    left = [n for n in near if not _caught(gold, run(db_url, n), ordered)]
+    if not compare.usable(gold.rows or ()):
+        raise GoldFailed(f"no prediction can match the gold's result on the original database "
+                         f"({_redacted(db_url)}) under the {compare.name} comparison")
+    left = [n for n in near if not _caught(gold, run(db_url, n), compare)]
     by_original = len(near) - len(left)
     catches: dict[str, set[int]] = {}
     dropped = 0
     for url in candidates:
         g = run(url, gold_sql)
-        if g.error is not None:
+        if g.error is not None or not compare.usable(g.rows or ()):
             dropped += 1
             continue
-        catches[url] = {i for i, n in enumerate(left) if _caught(g, run(url, n), ordered)}
+        catches[url] = {i for i, n in enumerate(left) if _caught(g, run(url, n), compare)}
     kept: list[str] = []
     todo = set(range(len(left)))
     while todo:
@@ -117,11 +168,11 @@ class SuiteCheck:
 
     results: tuple[tuple[str, Outcome, Outcome], ...]  # (variant URL, gold, prediction)
 
-    def passes(self, same: Same) -> tuple[bool, str | None]:
-        """(True, None) when the prediction matches on every variant whose gold ran, else
-        (False, the first variant where it errors or differs)."""
+    def passes(self, same: Same, usable: Usable = _any_rows) -> tuple[bool, str | None]:
+        """(True, None) when the prediction matches on every variant whose gold ran with a
+        ``usable`` result, else (False, the first variant where it errors or differs)."""
         for url, gold, pred in self.results:
-            if gold.error is not None:
+            if gold.error is not None or not usable(gold.rows or ()):
                 continue  # fail-closed: a variant the gold fails on is dropped
             if pred.error is not None or not same(pred.rows or (), gold.rows or ()):
                 return False, url
@@ -129,6 +180,8 @@ class SuiteCheck:
 
     @property
     def dropped(self) -> int:
+        """Variants whose gold failed (those ``passes`` skips; an unusable result is counted by
+        ``passes``' caller, who knows the comparison)."""
         return sum(g.error is not None for _, g, _ in self.results)
 
 
@@ -151,8 +204,8 @@ class TestSuites:
         self.k = k
         self.literal_k = literal_k
         self.max_neighbours = max_neighbours
-        self._suites: dict[tuple[str, str, str], Suite] = {}
-        self._gates: dict[tuple[str, str, str], threading.Lock] = {}
+        self._suites: dict[tuple[str, str, str, str], Suite] = {}
+        self._gates: dict[tuple[str, str, str, str], threading.Lock] = {}
         self._lock = threading.Lock()
         self._files: dict[str, Path] = {}  # server variant database name -> its SQLite file
         self.distilled = 0  # suites distilled by this object (not read from memory or disk)
@@ -183,8 +236,11 @@ class TestSuites:
         return [server_variant(p, url, self.cache_dir / "servers") for p in paths]
 
     def suite(self, db_id: str, url: str, gold_sql: str, run: Run, dialect: str = "sqlite",
-              source: str | Path | None = None) -> Suite:
-        key = (db_id, url, gold_sql)
+              source: str | Path | None = None, compare: Comparison | None = None) -> Suite:
+        """The suite of ``gold_sql`` on ``url`` (distilled once; ``compare``: the benchmark's
+        execution match, ``spider_comparison`` by default)."""
+        compare = compare or spider_comparison(gold_sql, dialect)
+        key = (db_id, url, gold_sql, compare.name)
         with self._lock:
             if key in self._suites:
                 return self._suites[key]
@@ -193,14 +249,14 @@ class TestSuites:
             with self._lock:
                 if key in self._suites:
                     return self._suites[key]
-            suite = self._load_or_distil(db_id, url, gold_sql, run, dialect, source)
+            suite = self._load_or_distil(db_id, url, gold_sql, run, dialect, source, compare)
             with self._lock:
                 self._suites[key] = suite
                 self._gates.pop(key, None)
             return suite
 
     def _load_or_distil(self, db_id: str, url: str, gold_sql: str, run: Run, dialect: str,
-                        source: str | Path | None) -> Suite:
+                        source: str | Path | None, compare: Comparison) -> Suite:
         from sqlrl.synth.bugs import SchemaInfo
         from sqlrl.synth.variants import VARIANTS_VERSION, file_digest
         from sqlrl.tasks.schema import DatabaseSchema
@@ -212,16 +268,21 @@ class TestSuites:
         # touching the variants (their folder is keyed by the same inputs)
         name = hashlib.sha256(json.dumps([SUITE_VERSION, VARIANTS_VERSION, db_id, url,
                                           file_digest(db_path), gold_sql, dialect, self.k,
-                                          self.literal_k, self.max_neighbours]).encode()).hexdigest()[:24]
+                                          self.literal_k, self.max_neighbours,
+                                          compare.name]).encode()).hexdigest()[:24]
         path = self.cache_dir / "suites" / f"{name}.json"
         if path.is_file():
-            data = json.loads(path.read_text())
-            return Suite(**{**data, "db_url": url,
-                            "variants": tuple(self._from_stored(v, url) for v in data["variants"])})
+            try:
+                data = json.loads(path.read_text())
+                return Suite(**{**data, "db_url": url, "variants": tuple(
+                    self._from_stored(v, url) for v in data["variants"])})
+            except (ValueError, TypeError, KeyError) as exc:  # not a suite this version wrote
+                raise SuiteCacheError(f"unreadable cached test suite {path} ({exc}); remove it "
+                                      f"or use another suite folder") from None
         candidates = self.variants(db_id, url, gold_sql, dialect, db_path)
         schema = SchemaInfo.from_database_schema(DatabaseSchema.from_sqlite(db_path), dialect)
         near = neighbours(gold_sql, dialect, schema, max_neighbours=self.max_neighbours)
-        suite = distil(url, gold_sql, candidates, near, run, dialect)
+        suite = distil(url, gold_sql, candidates, near, run, dialect, compare)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{threading.get_ident()}.tmp")
         stored = {**asdict(suite), "db_url": _redacted(url),
@@ -280,43 +341,3 @@ def _redacted(url: str) -> str:
         return redact(url)
     except Exception:  # not a URL sqlalchemy reads: say nothing of what it holds
         return url if "@" not in url else "<a database URL>"
-
-
-# -- Spider evaluation ----------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class SpiderSuiteCheck:
-    """``sqlrl.eval.spider``'s ``suite_check`` hook: ``check_spider_suites`` with the suites cached
-    in ``suite_dir`` (picklable, so it travels to ``label_pairs``' child processes)."""
-
-    suite_dir: str
-
-    def __call__(self, verdicts: Sequence[Any], prepared: Sequence[tuple[Any, ...]], runner: Any) -> list[Any]:
-        return check_spider_suites(verdicts, prepared, self.suite_dir, runner)
-
-
-def check_spider_suites(verdicts: Sequence[Any], prepared: Sequence[tuple[Any, ...]],
-                        suite_dir: str | Path, runner: Any) -> list[Any]:
-    """``SpiderVerdict``s with ``suite_match`` set: False for a non-match, else whether the
-    prepared prediction also matches on every variant of the prepared gold's suite, distilled on
-    the database's main file (``<db_id>.sqlite``). A gold whose suite cannot be built keeps its
-    EX verdict and gets ``suite_failed_on="no suite: <why>"`` (counted as passing: no variant
-    caught it)."""
-    from dataclasses import replace
-
-    suites = TestSuites(suite_dir)
-    out = []
-    for v, (urls, gold, pred) in zip(verdicts, prepared):
-        if not v.match:
-            out.append(replace(v, suite_match=False))
-            continue
-        main = next((u for u in urls if u.endswith(f"/{v.db_id}.sqlite")), urls[0])
-        try:
-            suite = suites.suite(v.db_id, main, gold[1], runner.run)
-        except (ValueError, OSError) as exc:
-            out.append(replace(v, suite_match=True, suite_failed_on=f"no suite: {exc}"))
-            continue
-        ok, where = check_suite(suite, runner.run, pred[1]).passes(
-            lambda p, g, o=v.order_matters: spider_ex(p, g, o))
-        out.append(replace(v, suite_match=ok, suite_failed_on=where))
-    return out
