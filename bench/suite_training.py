@@ -10,7 +10,7 @@ overrides of that stage for ``--variant``: its data, steps, optimiser; stage 3 s
 stage 4 interactive agentic GRPO) runs twice from the same start
 checkpoint (``--init``) with the same data, held-out tasks and ``rl.seed``: once with the
 default reward (``ex``: single-instance execution match) and once with ``reward.test_suite:
-true`` (``suite``); ``--arms`` runs a subset. The arms use the jobs' own stage runner (``jobs.stage.run_stage``: the data
+true`` (``suite``); ``--arms`` runs a subset, or another order. The arms use the jobs' own stage runner (``jobs.stage.run_stage``: the data
 build, the GRPO loop, the checkpoint); their own held-out evaluation is off, because each would
 score by its own reward. Instead the start checkpoint and the final checkpoints are evaluated
 afterwards by one ``Runtime`` whose reward has the suite on (``jobs.held_out.evaluate``, greedy,
@@ -224,7 +224,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--init", default=None, help="the start checkpoint (e.g. runs/long/zeno/stage2/final); "
                                                  "default: the preset's model.init for the stage")
     ap.add_argument("--seeds", default="0", help="comma-separated rl.seed values; one pair of runs each")
-    ap.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated arms to run, of {', '.join(ARMS)}")
+    ap.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated arms to run, in this order "
+                                                         f"(per seed), of {', '.join(ARMS)}")
     ap.add_argument("--mode", default=None, help="the held-out evaluation's mode (default: the stage's, "
                                                  + ", ".join(f"{k}: {v}" for k, v in STAGES.items()) + ")")
     ap.add_argument("--no-eval", action="store_true", help="no held-out evaluation (the training share only)")
@@ -241,7 +242,6 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
     if not arms or any(a not in ARMS for a in arms) or len(set(arms)) != len(arms):
         raise SystemExit(f"--arms must name some of {', '.join(ARMS)} once each, got {args.arms!r}")
-    arms = [a for a in ARMS if a in arms]
     if not (args.quick or args.init or any(o.startswith("model.init=") for o in args.set)):
         raise SystemExit(f"--init is needed: the start checkpoint of stage {args.stage} "
                          "(e.g. runs/long/zeno/stage2/final)")
