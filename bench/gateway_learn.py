@@ -120,6 +120,38 @@ def evaluate(args: argparse.Namespace, model: str, run_dir: Path, traces_out: li
     return outcomes([t for t in seen if t.task_id in wanted])
 
 
+def earlier_before(a: argparse.Namespace, traces_out: list) -> dict[str, int]:
+    """``--before-from DIR``: the "before" outcomes read from an earlier run's finished evaluation
+    of ``--model`` instead of run again -- ``DIR`` is that run's ``eval_before`` (its report's
+    ``model``) or ``eval_after`` (its report's ``checkpoint``), and must hold one ended rollout for
+    each of this run's held-out tasks, scored with the same agent options. Refused (``SystemExit``,
+    naming what differs) otherwise: a report that is missing or names another model or other agent
+    options, or other tasks."""
+    d = Path(a.before_from)
+    rep_path = d.parent / "report.json"
+    if d.name not in ("eval_before", "eval_after") or not rep_path.is_file():
+        raise SystemExit(f"gateway_learn: --before-from {d}: not the eval_before / eval_after folder of a "
+                         f"finished run (no {rep_path})")
+    rep = json.loads(rep_path.read_text())
+    scored = rep.get("model") if d.name == "eval_before" else rep.get("checkpoint")
+    if scored != a.model:
+        raise SystemExit(f"gateway_learn: --before-from {d} scored {scored!r}, not --model {a.model!r}")
+    differ = [k for k in ("max_tokens", "max_turns", "eval_temperature") if rep.get(k) != getattr(a, k)]
+    if differ:
+        raise SystemExit(f"gateway_learn: --before-from {d} ran with other agent options: "
+                         + ", ".join(f"{k} {rep.get(k)!r} (here {getattr(a, k)!r})" for k in differ))
+    from jobs.train_agent import load_tasks
+
+    wanted = {t.task_id for t in load_tasks(_data(a, "test", a.eval_tasks))[0]}
+    seen = [t for t in journal_traces(d) if t.task_id in wanted]
+    got = outcomes(seen)
+    if set(got) != wanted:
+        raise SystemExit(f"gateway_learn: --before-from {d} has {len(got)} of this run's {len(wanted)} held-out "
+                         f"tasks")
+    traces_out.extend(seen)
+    return got
+
+
 def outcomes(traces: list[Any]) -> dict[str, int]:
     """``{task_id: 0/1}``: 1 when the task's (last) rollout completed and ``solved`` holds on its parts."""
     from sqlrl.rl.outcome import solved
@@ -249,6 +281,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--data-dir", type=Path, default=Path("runs/data/gateway_learn"))
     ap.add_argument("--out", type=Path, default=Path("runs/bench/gateway_learn"))
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--before-from", type=Path, default=None,
+                    help="read 'before' from an earlier run's eval_before / eval_after folder that scored "
+                         "--model on the same tasks (a run continued from its checkpoint) instead of running it")
     ap.add_argument("--from-run", action="store_true",
                     help="run nothing: rebuild the report of the run in --out from its gateway journals")
     a = ap.parse_args(argv)
@@ -292,8 +327,12 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     a.out.mkdir(parents=True, exist_ok=True)
     traces: list[Any] = []
-    print(f"gateway_learn: before -- {a.model} on {a.eval_tasks} held-out tasks", flush=True)
-    before = evaluate(a, a.model, a.out / "eval_before", traces)
+    if a.before_from:
+        print(f"gateway_learn: before -- {a.model}: read from {a.before_from}", flush=True)
+        before = earlier_before(a, traces)
+    else:
+        print(f"gateway_learn: before -- {a.model} on {a.eval_tasks} held-out tasks", flush=True)
+        before = evaluate(a, a.model, a.out / "eval_before", traces)
 
     key = secrets.token_urlsafe(18)
     train_cfg = train_config(a, key)
@@ -326,7 +365,8 @@ def build_report(a: argparse.Namespace, before: dict[str, int], after: dict[str,
             "group_size": a.group_size, "eval_tasks": len(before), "max_tokens": a.max_tokens,
             "max_turns": a.max_turns, "eval_temperature": a.eval_temperature,
             "train_temperature": a.train_temperature, "sampling_rounds": a.sampling_rounds, "lr": a.lr,
-            "reward": a.reward, "backend": a.backend, "before": success_rate(list(before.values())).to_dict(),
+            "reward": a.reward, "backend": a.backend,
+            "before_from": str(a.before_from) if a.before_from else None, "before": success_rate(list(before.values())).to_dict(),
             "after": success_rate(list(after.values())).to_dict(),
             "paired": paired_difference(before, after, seed=a.seed).to_dict(),
             "exactness": exactness(traces, HFChatFormat(tokenizer).turn_end_ids), **extra}
