@@ -23,6 +23,15 @@
    sequences, mismatches by cause (``sqlrl.gateway.sequences``), and 0 re-tokenised (the gateway
    records the engine's ids; nothing is decoded and re-encoded anywhere on this path).
 
+The agent's options: ``--max-tokens``, ``--max-turns``, ``--eval-temperature`` (before / after;
+default 0: greedy, as the main job's held-out table), ``--train-temperature`` (default: none sent,
+the server's 1.0) and ``--call-timeout-s`` (its client timeout per call, ``run_clients
+--timeout-s``: on a loaded CPU a call past it is retried, and retries can pile up). ``--reward``
+is the training job's reward (checked before anything runs; success is ``solved`` either way).
+``--before-from DIR`` reads "before" from an earlier run's finished ``eval_before`` / ``eval_after``
+of the same ``--model`` (a run continued from its checkpoint; ``earlier_before`` checks that run's
+report and the task ids) instead of running it.
+
 ``--from-run`` runs nothing: it rebuilds the report of the run in ``--out`` from the gateway
 journals of its three phases (``<out>/{eval_before,train,eval_after}/gateway_journal.jsonl``: every
 ended rollout's whole trace), so a run stopped after its "after" phase began still reports the
