@@ -23,6 +23,15 @@
    sequences, mismatches by cause (``sqlrl.gateway.sequences``), and 0 re-tokenised (the gateway
    records the engine's ids; nothing is decoded and re-encoded anywhere on this path).
 
+The agent's options: ``--max-tokens``, ``--max-turns``, ``--eval-temperature`` (before / after;
+default 0: greedy, as the main job's held-out table), ``--train-temperature`` (default: none sent,
+the server's 1.0) and ``--call-timeout-s`` (its client timeout per call, ``run_clients
+--timeout-s``: on a loaded CPU a call past it is retried, and retries can pile up). ``--reward``
+is the training job's reward (checked before anything runs; success is ``solved`` either way).
+``--before-from DIR`` reads "before" from an earlier run's finished ``eval_before`` / ``eval_after``
+of the same ``--model`` (a run continued from its checkpoint; ``earlier_before`` checks that run's
+report and the task ids) instead of running it.
+
 ``--from-run`` runs nothing: it rebuilds the report of the run in ``--out`` from the gateway
 journals of its three phases (``<out>/{eval_before,train,eval_after}/gateway_journal.jsonl``: every
 ended rollout's whole trace), so a run stopped after its "after" phase began still reports the
@@ -88,8 +97,11 @@ def _job_config(args: argparse.Namespace, model: str, run_dir: Path, key: str, *
     return AgentJobConfig(**{**base, **kw})
 
 
-def _agent_args(args: argparse.Namespace) -> list[str]:
-    return ["--max-tokens", str(args.max_tokens), "--max-turns", str(args.max_turns)]
+def _agent_args(args: argparse.Namespace, temperature: float | None) -> list[str]:
+    """The agent clients' options; ``temperature`` None: the agent sends none (the server's default, 1.0)."""
+    temp = [] if temperature is None else ["--temperature", str(temperature)]
+    return ["--max-tokens", str(args.max_tokens), "--max-turns", str(args.max_turns),
+            "--timeout-s", str(args.call_timeout_s), *temp]
 
 
 def evaluate(args: argparse.Namespace, model: str, run_dir: Path, traces_out: list) -> dict[str, int]:
@@ -106,7 +118,8 @@ def evaluate(args: argparse.Namespace, model: str, run_dir: Path, traces_out: li
     seen: list[Any] = []
     try:
         gateway_steps(cfg, tasks, catalog, None, LocalSessions(catalog), None, log=lambda s, m: None,
-                      on_url=lambda url: clients.append(start_clients(url, key, AGENT, args.clients, _agent_args(args))),
+                      on_url=lambda url: clients.append(start_clients(url, key, AGENT, args.clients,
+                                                                           _agent_args(args, args.eval_temperature))),
                       observe=lambda step, traces: seen.extend(traces),
                       after_steps=lambda: stop_clients(clients, args.deadline_s))
     finally:
@@ -114,6 +127,38 @@ def evaluate(args: argparse.Namespace, model: str, run_dir: Path, traces_out: li
     traces_out.extend(seen)
     wanted = {t.task_id for t in tasks}
     return outcomes([t for t in seen if t.task_id in wanted])
+
+
+def earlier_before(a: argparse.Namespace, traces_out: list) -> dict[str, int]:
+    """``--before-from DIR``: the "before" outcomes read from an earlier run's finished evaluation
+    of ``--model`` instead of run again -- ``DIR`` is that run's ``eval_before`` (its report's
+    ``model``) or ``eval_after`` (its report's ``checkpoint``), and must hold one ended rollout for
+    each of this run's held-out tasks, scored with the same agent options. Refused (``SystemExit``,
+    naming what differs) otherwise: a report that is missing or names another model or other agent
+    options, or other tasks."""
+    d = Path(a.before_from)
+    rep_path = d.parent / "report.json"
+    if d.name not in ("eval_before", "eval_after") or not rep_path.is_file():
+        raise SystemExit(f"gateway_learn: --before-from {d}: not the eval_before / eval_after folder of a "
+                         f"finished run (no {rep_path})")
+    rep = json.loads(rep_path.read_text())
+    scored = rep.get("model") if d.name == "eval_before" else rep.get("checkpoint")
+    if scored != a.model:
+        raise SystemExit(f"gateway_learn: --before-from {d} scored {scored!r}, not --model {a.model!r}")
+    differ = [k for k in ("max_tokens", "max_turns", "eval_temperature") if rep.get(k) != getattr(a, k)]
+    if differ:
+        raise SystemExit(f"gateway_learn: --before-from {d} ran with other agent options: "
+                         + ", ".join(f"{k} {rep.get(k)!r} (here {getattr(a, k)!r})" for k in differ))
+    from jobs.train_agent import load_tasks
+
+    wanted = {t.task_id for t in load_tasks(_data(a, "test", a.eval_tasks))[0]}
+    seen = [t for t in journal_traces(d) if t.task_id in wanted]
+    got = outcomes(seen)
+    if set(got) != wanted:
+        raise SystemExit(f"gateway_learn: --before-from {d} has {len(got)} of this run's {len(wanted)} held-out "
+                         f"tasks")
+    traces_out.extend(seen)
+    return got
 
 
 def outcomes(traces: list[Any]) -> dict[str, int]:
@@ -214,7 +259,8 @@ def report_md(rep: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The options with their defaults filled in (``--quick``'s where given)."""
     ap = argparse.ArgumentParser(prog="python bench/gateway_learn.py", description=__doc__.split("\n")[0])
     ap.add_argument("--model", default=None, help=f"start checkpoint (default {DEFAULT_MODEL}; --quick: tiny)")
     ap.add_argument("--quick", action="store_true", help="a few minutes on the tiny model: the wiring, not a result")
@@ -226,16 +272,38 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--clients", type=int, default=4, help="agent client processes")
     ap.add_argument("--max-tokens", type=int, default=None, help="per LLM call (default 512; --quick 32)")
     ap.add_argument("--max-turns", type=int, default=None, help="the agent's queries (default 3; --quick 1)")
+    ap.add_argument("--eval-temperature", type=float, default=0.0,
+                    help="the agent's temperature in the before / after phases (default 0: greedy, as the main "
+                         "job's held-out table)")
+    ap.add_argument("--train-temperature", type=float, default=None,
+                    help="the agent's temperature in training (default: none sent, the server's 1.0)")
     ap.add_argument("--lr", type=float, default=1e-5)
+    ap.add_argument("--reward", default="hybrid_agentic",
+                    help="the reward training scores rollouts with (the job's ``reward``; e.g. "
+                         "hybrid_agentic_shaped: 0.1 for SQL that ran); success is ``solved`` either way")
     ap.add_argument("--backend", default="hf", help="the gateway's engine: hf | vllm | auto")
     ap.add_argument("--deadline-s", type=float, default=600.0, help="per-rollout deadline")
+    ap.add_argument("--call-timeout-s", type=float, default=300.0,
+                    help="the agent's client timeout per LLM call (run_clients --timeout-s): on a loaded CPU "
+                         "a call past it is abandoned and retried, and retries can pile up")
     ap.add_argument("--n-per-domain", type=int, default=24)
     ap.add_argument("--data-dir", type=Path, default=Path("runs/data/gateway_learn"))
     ap.add_argument("--out", type=Path, default=Path("runs/bench/gateway_learn"))
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--before-from", type=Path, default=None,
+                    help="read 'before' from an earlier run's eval_before / eval_after folder that scored "
+                         "--model on the same tasks (a run continued from its checkpoint) instead of running it")
     ap.add_argument("--from-run", action="store_true",
                     help="run nothing: rebuild the report of the run in --out from its gateway journals")
     a = ap.parse_args(argv)
+    from sqlrl.rewards.registry import REWARDS
+
+    if a.reward not in REWARDS:  # refused before the "before" phase, not when training starts after it
+        ap.error(f"--reward {a.reward!r} is not a registered reward ({', '.join(REWARDS)})")
+    if not a.call_timeout_s > 0:
+        ap.error("--call-timeout-s must be > 0")
+    if a.eval_temperature < 0 or (a.train_temperature is not None and a.train_temperature < 0):
+        ap.error("--eval-temperature / --train-temperature must be >= 0")
     quick = a.quick
     a.model = a.model or ("tiny" if quick else DEFAULT_MODEL)
     a.steps = a.steps or (1 if quick else 8)
@@ -247,27 +315,41 @@ def main(argv: list[str] | None = None) -> int:
     if quick:
         a.clients = min(a.clients, 2)
         a.n_per_domain = max(a.n_per_domain, 8)
+    return a
 
+
+def train_config(a: argparse.Namespace, key: str) -> Any:
+    """The training phase's job config (module docstring, step 3): ``--reward``, ``--lr``, the train split."""
+    from sqlrl.learn.optim import OptimConfig
+
+    return _job_config(a, a.model, a.out / "train", key, steps=a.steps, tasks_per_step=a.tasks_per_step,
+                       group_size=a.group_size, sampling_rounds=a.sampling_rounds,
+                       optim=OptimConfig(lr=a.lr, micro_batch_size=1), data=_data(a, "train"), reward=a.reward)
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
     if a.from_run:
         return report_from_run(a)
     from jobs.train_agent import run, start_clients, stop_clients
-    from sqlrl.learn.optim import OptimConfig
 
     t0 = time.perf_counter()
     a.out.mkdir(parents=True, exist_ok=True)
     traces: list[Any] = []
-    print(f"gateway_learn: before -- {a.model} on {a.eval_tasks} held-out tasks", flush=True)
-    before = evaluate(a, a.model, a.out / "eval_before", traces)
+    if a.before_from:
+        print(f"gateway_learn: before -- {a.model}: read from {a.before_from}", flush=True)
+        before = earlier_before(a, traces)
+    else:
+        print(f"gateway_learn: before -- {a.model} on {a.eval_tasks} held-out tasks", flush=True)
+        before = evaluate(a, a.model, a.out / "eval_before", traces)
 
     key = secrets.token_urlsafe(18)
-    train_cfg = _job_config(a, a.model, a.out / "train", key, steps=a.steps, tasks_per_step=a.tasks_per_step,
-                            group_size=a.group_size, sampling_rounds=a.sampling_rounds,
-                            optim=OptimConfig(lr=a.lr, micro_batch_size=1), data=_data(a, "train"))
+    train_cfg = train_config(a, key)
     print(f"gateway_learn: train -- {a.steps} step(s) x {a.tasks_per_step} x {a.group_size}", flush=True)
     clients: list[Any] = []
     try:
         summary = run(train_cfg, on_url=lambda url: clients.append(start_clients(url, key, AGENT, a.clients,
-                                                                                   _agent_args(a))),
+                                                                                   _agent_args(a, a.train_temperature))),
                       observe=lambda step, ts: traces.extend(ts),
                       after_steps=lambda: stop_clients(clients, a.deadline_s))
     finally:
@@ -290,7 +372,10 @@ def build_report(a: argparse.Namespace, before: dict[str, int], after: dict[str,
     tokenizer, _ = load_tokenizer(a.model)
     return {"model": a.model, "quick": a.quick, "steps": a.steps, "tasks_per_step": a.tasks_per_step,
             "group_size": a.group_size, "eval_tasks": len(before), "max_tokens": a.max_tokens,
-            "max_turns": a.max_turns, "before": success_rate(list(before.values())).to_dict(),
+            "max_turns": a.max_turns, "eval_temperature": a.eval_temperature,
+            "train_temperature": a.train_temperature, "sampling_rounds": a.sampling_rounds, "lr": a.lr,
+            "reward": a.reward, "backend": a.backend,
+            "before_from": str(a.before_from) if a.before_from else None, "before": success_rate(list(before.values())).to_dict(),
             "after": success_rate(list(after.values())).to_dict(),
             "paired": paired_difference(before, after, seed=a.seed).to_dict(),
             "exactness": exactness(traces, HFChatFormat(tokenizer).turn_end_ids), **extra}

@@ -203,6 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-turns", type=int, default=3)
     p.add_argument("--temperature", type=float)
     p.add_argument("--max-tokens", type=int, default=512)
+    p.add_argument("--timeout-s", type=float, default=300.0,
+                   help="the agent's per-call client timeout (its OpenAI client retries a call that runs past it)")
     p.add_argument("--connect-timeout-s", type=float, default=60.0)
     p.add_argument("--stream", action="store_true", help="streamed calls (the langgraph agent only)")
     p.add_argument("--kinds", help="task kinds to claim, comma-separated (default: every kind the agent "
@@ -210,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.clients < 1:
         p.error("-k must be >= 1")
+    if not args.timeout_s > 0:
+        p.error("--timeout-s must be > 0")
     kinds = None if args.kinds is None else "any" if args.kinds == "any" else tuple(
         k.strip() for k in args.kinds.split(",") if k.strip())
     try:
@@ -218,7 +222,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(str(exc))
     if args.stream and args.agent != "langgraph":
         p.error("--stream is an option of the langgraph agent only")
-    options = {"max_turns": args.max_turns, "max_tokens": args.max_tokens, "temperature": args.temperature}
+    options = {"max_turns": args.max_turns, "max_tokens": args.max_tokens, "temperature": args.temperature,
+               "timeout_s": args.timeout_s}
     if args.stream:
         options["streaming"] = True
     codes = run_clients(args.gateway, args.api_key, args.agent, args.clients, options, args.connect_timeout_s, kinds)

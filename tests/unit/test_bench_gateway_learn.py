@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from bench.gateway_learn import divergences, journal_traces, main, outcomes
+from bench.gateway_learn import (_agent_args, _data, divergences, earlier_before, journal_traces, main, outcomes,
+                                 parse_args, train_config)
 from sqlrl.gateway.journal import JOURNAL_FILE
 from sqlrl.gateway.trace import RolloutTrace, TracedCall
 
@@ -84,3 +85,66 @@ def test_from_run_without_an_after_phase_says_what_it_found(tmp_path):
     with pytest.raises(SystemExit, match="eval_before: 1, train: 0, eval_after: 0"):
         main(["--from-run", "--quick", "--out", str(tmp_path)])
     assert not (tmp_path / "report.json").exists()
+
+
+def test_the_agent_temperature_greedy_evaluation_and_training_as_given(tmp_path):
+    a = parse_args(["--quick", "--out", str(tmp_path)])
+    assert a.eval_temperature == 0.0 and a.train_temperature is None and a.reward == "hybrid_agentic"
+    assert _agent_args(a, a.eval_temperature) == ["--max-tokens", "32", "--max-turns", "1", "--timeout-s", "300.0",
+                                                 "--temperature", "0.0"]
+    assert "--temperature" not in _agent_args(a, a.train_temperature)  # none sent: the server's default
+    b = parse_args(["--quick", "--train-temperature", "0.7", "--eval-temperature", "0.5"])
+    assert _agent_args(b, b.train_temperature)[-2:] == ["--temperature", "0.7"]
+    assert _agent_args(b, b.eval_temperature)[-2:] == ["--temperature", "0.5"]
+
+
+def test_the_training_reward_and_lr_reach_the_job_config(tmp_path):
+    a = parse_args(["--quick", "--reward", "hybrid_agentic_shaped", "--lr", "2e-5", "--out", str(tmp_path)])
+    cfg = train_config(a, "key")
+    assert cfg.reward == "hybrid_agentic_shaped" and cfg.gateway_config().reward == "hybrid_agentic_shaped"
+    assert cfg.optim.lr == 2e-5 and cfg.data.split == "train" and cfg.run_dir == str(tmp_path / "train")
+    assert train_config(parse_args(["--quick"]), "key").reward == "hybrid_agentic"  # the default
+
+
+@pytest.mark.parametrize("bad", [["--reward", "no_such_reward"], ["--eval-temperature", "-1"],
+                                 ["--train-temperature", "-0.5"], ["--call-timeout-s", "0"]])
+def test_bad_reward_or_temperature_refused_before_anything_runs(tmp_path, capsys, bad):
+    with pytest.raises(SystemExit) as exc:
+        main(["--quick", "--out", str(tmp_path / "out"), *bad])
+    assert exc.value.code == 2 and bad[0] in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()  # refused before the "before" phase made its folder
+
+
+def test_before_from_reads_an_earlier_runs_evaluation_of_the_same_model(tmp_path):
+    from jobs.train_agent import load_tasks
+
+    data = tmp_path / "data"
+    a = parse_args(["--quick", "--model", "run1/train/final", "--data-dir", str(data), "--out", str(tmp_path / "run2"),
+                    "--before-from", str(tmp_path / "run1" / "eval_after")])
+    ids = [t.task_id for t in load_tasks(_data(a, "test", a.eval_tasks))[0]]
+    assert len(ids) == 8
+    w = (1, 2, END, 3, END)
+    _journal(tmp_path / "run1" / "eval_after", [trace(f"r{i}", tid, [("write", w, (5,))], solved=i < 3)
+                                                for i, tid in enumerate(ids)])
+    report = {"model": "start", "checkpoint": "run1/train/final", "max_tokens": 32, "max_turns": 1,
+              "eval_temperature": 0.0}
+    (tmp_path / "run1" / "report.json").write_text(json.dumps(report))
+    seen: list = []
+    got = earlier_before(a, seen)
+    assert got == {tid: int(i < 3) for i, tid in enumerate(ids)} and len(seen) == 8
+
+    def refused(match, **change):
+        b = parse_args(["--quick", "--model", "run1/train/final", "--data-dir", str(data),
+                        "--before-from", str(tmp_path / "run1" / "eval_after")])
+        for k, v in change.items():
+            setattr(b, k, v)
+        with pytest.raises(SystemExit, match=match):
+            earlier_before(b, [])
+
+    refused("scored 'run1/train/final', not --model 'start'", model="start")
+    refused("max_tokens 32 \\(here 64\\)", max_tokens=64)
+    refused("eval_temperature 0.0 \\(here 0.7\\)", eval_temperature=0.7)
+    refused("not the eval_before / eval_after folder", before_from=tmp_path / "run1")
+    _journal(tmp_path / "run3" / "eval_before", [trace("x", ids[0], [("write", w, (5,))], solved=True)])
+    (tmp_path / "run3" / "report.json").write_text(json.dumps({**report, "model": "run1/train/final"}))
+    refused("has 1 of this run's 8 held-out tasks", before_from=tmp_path / "run3" / "eval_before")
