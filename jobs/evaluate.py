@@ -213,18 +213,27 @@ def _by(rows: list[dict], key: str, excluded: Callable[[dict], bool]) -> dict[st
 
 # -- report tables and the registry (kind -> Evaluator) -------------------------------------------
 
+def _suite_lines(suite: dict | None, names: tuple[str, str, str], scored: int, passed: int,
+                 pct: float) -> list[str]:
+    """The ``--test-suite`` table under a report: the plain metric (``names``: its label, its
+    column, what its passes are called) beside test-suite accuracy; none without a suite."""
+    if not suite:
+        return []
+    label, column, passes = names
+    return ["", f"| metric | n | {column} | % |", "|---|---|---|---|",
+            f"| {label} | {scored} | {passed} | {pct:.2f} |",
+            f"| test-suite | {scored} | {suite['matched']} | {100 * suite['ts']:.2f} |",
+            "", f"{passes} that fail the test suite (lucky matches): {suite['lucky']}"]
+
+
 def _critic_markdown(summary: dict[str, Any]) -> list[str]:
     lines = ["| slice | n | solved | SR% |", "|---|---|---|---|",
              f"| all | {summary['scored']} | {summary['solved']} | {summary['sr']:.2f} |"]
     for key, groups in summary["by"].items():
         for g, s in groups.items():
             lines.append(f"| {key}={g} | {s['n']} | {s['solved']} | {s['sr']:.2f} |")
-    suite = summary.get("test_suite")
-    if suite:
-        lines += ["", "| metric | n | solved | % |", "|---|---|---|---|",
-                  f"| SR | {summary['scored']} | {summary['solved']} | {summary['sr']:.2f} |",
-                  f"| test-suite | {summary['scored']} | {suite['matched']} | {100 * suite['ts']:.2f} |",
-                  "", f"Solved instances that fail the test suite (lucky matches): {suite['lucky']}"]
+    lines += _suite_lines(summary.get("test_suite"), ("SR", "solved", "Solved instances"),
+                          summary["scored"], summary["solved"], summary["sr"])
     if summary["excluded"]:
         lines += ["", f"Excluded (reference failed): {', '.join(summary['excluded'])}"]
     return lines
@@ -238,12 +247,8 @@ def _ex_markdown(summary: dict[str, Any]) -> list[str]:
              f"| all | {overall['scored']} | {overall['matched']} | {100 * summary['ex']:.2f} |"]
     for g, s in (summary.get("by_difficulty") or summary.get("by_hardness") or {}).items():
         lines.append(f"| {g} | {s.get('scored', s.get('n'))} | {s['matched']} | {100 * s['ex']:.2f} |")
-    suite = summary.get("test_suite")
-    if suite:
-        lines += ["", "| metric | n | matched | % |", "|---|---|---|---|",
-                  f"| EX | {overall['scored']} | {overall['matched']} | {100 * summary['ex']:.2f} |",
-                  f"| test-suite | {overall['scored']} | {suite['matched']} | {100 * suite['ts']:.2f} |",
-                  "", f"EX matches that fail the test suite (lucky matches): {suite['lucky']}"]
+    lines += _suite_lines(summary.get("test_suite"), ("EX", "matched", "EX matches"),
+                          overall["scored"], overall["matched"], 100 * summary["ex"])
     if summary.get("gold_errors"):
         lines += ["", f"Excluded (gold failed): items {summary['gold_errors']}"]
     return lines
