@@ -154,7 +154,8 @@ class Rollouts:
         accept = self.config.accepted(kinds)
         while True:
             with self._cond:
-                self.config.check_claim(self._claiming[key] + sum(r.key == key for r in self._live.values()))
+                if self.config.max_live_per_key:  # the key's live rollouts counted only under a cap
+                    self.config.check_claim(self._claiming[key] + sum(r.key == key for r in self._live.values()))
                 group_id, task = self._waiting.next(accept, self.config.retry_after_s)
                 self._claiming[key] += 1  # not idle while its session is leased (outside the lock)
             rollout_id = secrets.token_urlsafe(18)
