@@ -211,3 +211,40 @@ def test_a_rollout_whose_session_is_being_leased_keeps_the_step_waiting(shop_cat
         go.set()
         r.close()
         pool.close()
+
+
+def test_a_claim_in_progress_counts_toward_the_keys_live_cap(shop_catalog):
+    """Racing claims by one key cannot pass ``max_live_per_key``: a claim whose session is still
+    being leased (neither waiting nor live) already counts; another key is not held back."""
+    import threading
+
+    from sqlrl.gateway.rollouts import TooManyLive
+
+    leasing, go = threading.Event(), threading.Event()
+
+    class SlowLease(LocalSessions):
+        def open_many(self, requests):
+            leasing.set()
+            assert go.wait(timeout=60)
+            return super().open_many(requests)
+
+    pool = SessionPool()
+    r = Rollouts(GatewayConfig(max_live_per_key=1), SlowLease(shop_catalog, pool=pool), FixedScorer())
+    try:
+        r.offer("g", shop_task(), 3)
+        claimed: list = []
+        claimer = threading.Thread(target=lambda: claimed.append(r.claim("k")))
+        claimer.start()
+        assert leasing.wait(timeout=60)  # k's first claim holds its place, its session not yet open
+        with pytest.raises(TooManyLive):
+            r.claim("k")
+        assert r.stats().waiting == 2  # the refused claim took nothing
+        go.set()
+        claimer.join(timeout=60)
+        assert len(claimed) == 1 and r.claim("other").rollout_id
+        with pytest.raises(TooManyLive):
+            r.claim("k")
+    finally:
+        go.set()
+        r.close()
+        pool.close()
