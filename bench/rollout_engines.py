@@ -34,6 +34,17 @@ value (target from issue 43: >= 1.5x on vLLM). Machine load (``os.getloadavg``) 
 each mode and the run's estimated full duration are printed and saved. Markdown table + JSON in
 ``bench/results/rollout-engines-<timestamp>.json`` (or ``--out``).
 
+**Decode-throughput ceiling** (``--curve 1,4,8,16,32``, on by default; ``--curve ""`` skips it): after
+its rollout, each engine (the same instance, warm) decodes ``--curve-tokens`` tokens greedily for
+``b`` copies of a counting prompt at once, for every ``b`` in the list (async engines: ``b``
+concurrent ``generate`` calls; the lock-step adapter: one ``backend.generate`` of ``b`` prompts, as
+its rounds do), and reports generated tokens/s per ``b``. The best of these, ``T_max``, bounds what
+any schedule can get from that engine on this machine: a rollout of ``N`` trajectories that
+generates ``G`` tokens cannot run faster than ``G / T_max`` (prefill, longer contexts and tool calls
+only add to it). So per round **the ceiling of the async / lock-step ratio** is
+``(N * T_max(async) / G(async)) / (lock-step trajectories/s)``: if it is below the issue's 1.5x,
+no scheduling on this engine can reach the target on this machine, whatever the turn lengths.
+
 ``--quick``: 8 trajectories x 2 turns of 32 tokens, 1 round -- a check that everything runs, not
 a measurement; it prints the estimated duration of the default full run from its own timings.
 """
@@ -134,7 +145,7 @@ class Sampler:
 
 
 def run_mode(name: str, policy: Any, tasks: list, catalog: dict, schemas: dict, loop_config: Any,
-             threads: int) -> dict:
+             threads: int, curve: list[int] = (), curve_tokens: int = 64) -> dict:
     import torch
 
     from sqlrl.agent.chat_format import HFChatFormat
@@ -158,6 +169,9 @@ def run_mode(name: str, policy: Any, tasks: list, catalog: dict, schemas: dict, 
         trajectories = loop.run()
         wall = time.perf_counter() - t0
         running = sampler.stop()
+        source.close_many(sessions)
+        sessions = []
+        measured = decode_curve(engine, policy, list(curve), curve_tokens) if curve else {}
     finally:
         source.close_many(sessions)
         asyncio.run(engine.close())
@@ -170,10 +184,57 @@ def run_mode(name: str, policy: Any, tasks: list, catalog: dict, schemas: dict, 
     return {"engine": name, "first_error": errors[0][:300] if errors else None, "startup_s": round(startup, 1), "wall_s": round(wall, 2),
             "traj_per_s": len(trajectories) / wall, "gen_tok_s": generated / wall,
             "turns": sum(len(t) for t in turns), "generated_tokens": generated, "stop_reasons": stops,
+            "trajectories": len(trajectories), "curve": {str(b): c for b, c in measured.items()},
             **running, "load_before": round(load0, 2), "load_after": round(os.getloadavg()[0], 2)}
 
 
-def table(rows: dict[str, list[dict]], pairs: list[tuple[str, str]], ratios: dict) -> str:
+COUNTING = ", ".join(str(i) for i in range(1, 21)) + ","  # greedy continuation keeps counting
+
+
+def decode_curve(engine: Any, policy: Any, sizes: list[int], tokens: int) -> dict[int, dict]:
+    """Generated tokens/s of ``engine`` for ``b`` greedy sequences at once, for each ``b`` in ``sizes``
+    (module docstring: the ceiling). The lock-step adapter is measured through its backend's own
+    batched call (its rounds' call); the async engines through ``b`` concurrent ``generate`` calls."""
+    from sqlrl.policy.batched import BatchedEngine
+    from sqlrl.policy.types import SamplingParams
+
+    prompt = list(policy.tokenizer(COUNTING, add_special_tokens=False)["input_ids"])
+    params = SamplingParams(temperature=0.0, max_new_tokens=tokens)
+    out: dict[int, dict] = {}
+    for b in sizes:
+        t0 = time.perf_counter()
+        if isinstance(engine, BatchedEngine):
+            gens = list(engine.backend.generate([prompt] * b, params))
+        else:
+            async def together() -> list:
+                return list(await asyncio.gather(*(engine.generate(prompt, params) for _ in range(b))))
+            gens = asyncio.run(together())
+        wall = time.perf_counter() - t0
+        generated = sum(len(g.token_ids) for g in gens)
+        out[b] = {"tok_s": generated / wall, "wall_s": round(wall, 3), "generated": generated,
+                  "full_length": sum(len(g.token_ids) == tokens for g in gens)}
+    return out
+
+
+def ceilings(rows: dict[str, list[dict]], pairs: list[tuple[str, str]]) -> dict:
+    """Per pair and round: the async engine's best decode throughput ``T_max`` and the ceiling of the
+    async / lock-step trajectories/s ratio it allows (module docstring); empty without curves."""
+    out = {}
+    for a, b in pairs:
+        rounds = []
+        for x, y in zip(rows[a], rows[b]):
+            if not x.get("curve") or not x["generated_tokens"]:
+                continue
+            t_max = max(c["tok_s"] for c in x["curve"].values())
+            bound = x["trajectories"] * t_max / x["generated_tokens"]
+            rounds.append({"t_max": t_max, "ceiling": bound / y["traj_per_s"],
+                           "lockstep_t_max": max((c["tok_s"] for c in (y.get("curve") or {}).values()), default=None)})
+        if rounds:
+            out[f"{a}/{b}"] = {"median": statistics.median(r["ceiling"] for r in rounds), "rounds": rounds}
+    return out
+
+
+def table(rows: dict[str, list[dict]], pairs: list[tuple[str, str]], ratios: dict, ceiling: dict) -> str:
     out = ["| engine | traj/s | gen tok/s | turns | mean running | mean running (busy) | start-up s |",
            "|---|---:|---:|---:|---:|---:|---:|"]
     for name, runs in rows.items():
@@ -185,6 +246,19 @@ def table(rows: dict[str, list[dict]], pairs: list[tuple[str, str]], ratios: dic
         r = ratios[f"{a}/{b}"]
         out.append(f"\n**{a} / {b} trajectories/s, paired per round: median {r['median']:.2f}x** "
                    f"(rounds: {', '.join(f'{x:.2f}' for x in r['rounds'])})")
+    sizes = sorted({int(k) for runs in rows.values() for r in runs for k in r.get("curve", {})})
+    if sizes:
+        out += ["\ndecode throughput, greedy, generated tok/s (median over rounds) at b sequences at once:\n",
+                "| engine | " + " | ".join(f"b={b}" for b in sizes) + " |", "|---|" + "---:|" * len(sizes)]
+        for name, runs in rows.items():
+            cells = [statistics.median(r["curve"][str(b)]["tok_s"] for r in runs) if all(str(b) in r.get("curve", {}) for r in runs)
+                     else None for b in sizes]
+            out.append(f"| {name} | " + " | ".join("-" if c is None else f"{c:.1f}" for c in cells) + " |")
+    for key, c in ceiling.items():
+        bounds = ", ".join(f"{r['ceiling']:.2f}" for r in c["rounds"])
+        t_max = ", ".join(f"{r['t_max']:.1f}" for r in c["rounds"])
+        out.append(f"\n**{key}: ceiling from the async engine's best decode throughput, median "
+                   f"{c['median']:.2f}x** (rounds: {bounds}; T_max {t_max} tok/s)")
     return "\n".join(out)
 
 
@@ -199,6 +273,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--threads", type=int, default=1, help="torch threads for the in-process HF engines")
     ap.add_argument("--seed", type=int, default=0, help="the data's seed (sampling is unseeded)")
+    ap.add_argument("--curve", default="1,4,8,16,32",
+                    help="decode-throughput ceiling: batch sizes measured after each rollout ('' skips it)")
+    ap.add_argument("--curve-tokens", type=int, default=64)
     ap.add_argument("--quick", action="store_true", help="8 trajectories x 2 turns x 32 tokens, 1 round")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
@@ -216,6 +293,12 @@ def main(argv: list[str] | None = None) -> int:
     DEFAULT_THREADS = torch.get_num_threads()
     threads = args.threads if args.threads > 0 else DEFAULT_THREADS
     pairs = [tuple(p.split(":")) for p in args.pairs.split(",") if p]
+    try:
+        curve = [int(b) for b in args.curve.split(",") if b.strip()]
+    except ValueError:
+        ap.error(f"--curve: comma-separated batch sizes (got {args.curve!r})")
+    if any(b < 1 for b in curve) or args.curve_tokens < 1:
+        ap.error("--curve sizes and --curve-tokens must be >= 1")
     names = list(dict.fromkeys(n for pair in pairs for n in pair))  # a lock-step side shared by pairs runs once a round
     unknown = [n for n in names if n not in RUNNING]
     if unknown or any(len(p) != 2 for p in pairs):
@@ -229,12 +312,14 @@ def main(argv: list[str] | None = None) -> int:
         tasks, catalog, schemas = workload(Path(tmp), args.trajectories, args.group, args.seed)
         for r in range(args.rounds):
             for name in (names if r % 2 == 0 else names[::-1]):
-                res = run_mode(name, policy, tasks, catalog, schemas, config, threads)
+                res = run_mode(name, policy, tasks, catalog, schemas, config, threads, curve, args.curve_tokens)
                 rows[name].append(res)
                 print(f"round {r} {name}: {res['traj_per_s']:.3f} traj/s, {res['gen_tok_s']:.1f} tok/s, "
                       f"mean running {res['mean_running']:.1f} (busy {res['mean_running_busy']:.1f}), "
                       f"start-up {res['startup_s']} s, load {res['load_before']}->{res['load_after']}, "
                       f"stops {res['stop_reasons']}", flush=True)
+                if res["curve"]:
+                    print("  decode tok/s by batch: " + ", ".join(f"b={b} {c['tok_s']:.1f}" for b, c in res["curve"].items()), flush=True)
                 if res["stop_reasons"].get("error"):
                     print(f"  WARNING: {res['stop_reasons']['error']} trajectories ended with an error "
                           f"(first: {res['first_error']})", flush=True)
@@ -242,6 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     for a, b in pairs:
         per_round = [x["traj_per_s"] / y["traj_per_s"] for x, y in zip(rows[a], rows[b])]
         ratios[f"{a}/{b}"] = {"median": statistics.median(per_round), "rounds": per_round}
+    ceiling = ceilings(rows, pairs)
     elapsed = time.perf_counter() - started
     # the default full run from this run's timings: rollout time scales with trajectories x turns x
     # tokens, start-ups with engines x rounds
@@ -250,10 +336,10 @@ def main(argv: list[str] | None = None) -> int:
     scale = (full["trajectories"] * full["max_turns"] * full["max_new_tokens"] * full["rounds"]) / (
         args.trajectories * args.max_turns * args.max_new_tokens * args.rounds)
     estimate = work * scale + startups * full["rounds"] / args.rounds
-    print(table(rows, pairs, ratios))
+    print(table(rows, pairs, ratios, ceiling))
     print(f"\nmachine load (1/5/15 min): start {load_start}, end {os.getloadavg()}; this run took {elapsed:.0f} s; "
           f"estimated full run (defaults: {full}): ~{estimate / 60:.0f} min")
-    result = {"args": vars(args), "model": str(policy.path), "rows": rows, "ratios": ratios,
+    result = {"args": vars(args), "model": str(policy.path), "rows": rows, "ratios": ratios, "ceilings": ceiling,
               "load_start": load_start, "load_end": os.getloadavg(), "elapsed_s": elapsed,
               "estimated_full_run_s": estimate, "quick": args.quick}
     out = Path(args.out) if args.out else ROOT / "bench" / "results" / f"rollout-engines-{time.strftime('%Y%m%d-%H%M%S')}.json"
