@@ -36,14 +36,19 @@ each mode and the run's estimated full duration are printed and saved. Markdown 
 
 **Decode-throughput ceiling** (``--curve 1,4,8,16,32``, on by default; ``--curve ""`` skips it): after
 its rollout, each engine (the same instance, warm) decodes ``--curve-tokens`` tokens greedily for
-``b`` copies of a counting prompt at once, for every ``b`` in the list (async engines: ``b``
+``b`` copies of a counting prompt at once (``--curve-context`` tokens long; by default the
+rollout's mean prompt length, since attention over a longer context costs more per token), for
+every ``b`` in the list (async engines: ``b``
 concurrent ``generate`` calls; the lock-step adapter: one ``backend.generate`` of ``b`` prompts, as
 its rounds do), and reports generated tokens/s per ``b``. The best of these, ``T_max``, bounds what
 any schedule can get from that engine on this machine: a rollout of ``N`` trajectories that
-generates ``G`` tokens cannot run faster than ``G / T_max`` (prefill, longer contexts and tool calls
-only add to it). So per round **the ceiling of the async / lock-step ratio** is
+generates ``G`` tokens cannot run faster than ``G / T_max`` (prefill, contexts growing past the
+prompt and tool calls only add to it). So per round **the ceiling of the async / lock-step ratio** is
 ``(N * T_max(async) / G(async)) / (lock-step trajectories/s)``: if it is below the issue's 1.5x,
-no scheduling on this engine can reach the target on this machine, whatever the turn lengths.
+no scheduling on this engine can reach the target on this machine, whatever the turn lengths. The
+same ratio with the curve read at the batch the async side actually kept running (its busy mean,
+interpolated) is printed beside it: trajectories end after different numbers of turns, so fewer
+than ``N`` are alive for most of a rollout.
 
 ``--quick``: 8 trajectories x 2 turns of 32 tokens, 1 round -- a check that everything runs, not
 a measurement; it prints the estimated duration of the default full run from its own timings.
@@ -145,7 +150,7 @@ class Sampler:
 
 
 def run_mode(name: str, policy: Any, tasks: list, catalog: dict, schemas: dict, loop_config: Any,
-             threads: int, curve: list[int] = (), curve_tokens: int = 64) -> dict:
+             threads: int, curve: list[int] = (), curve_tokens: int = 64, curve_context: int = 0) -> dict:
     import torch
 
     from sqlrl.agent.chat_format import HFChatFormat
@@ -171,7 +176,9 @@ def run_mode(name: str, policy: Any, tasks: list, catalog: dict, schemas: dict, 
         running = sampler.stop()
         source.close_many(sessions)
         sessions = []
-        measured = decode_curve(engine, policy, list(curve), curve_tokens) if curve else {}
+        if curve_context < 0:  # the rollout's own mean prompt length
+            curve_context = round(statistics.fmean(t.prompt_length for t in trajectories))
+        measured = decode_curve(engine, policy, list(curve), curve_tokens, curve_context) if curve else {}
     finally:
         source.close_many(sessions)
         asyncio.run(engine.close())
@@ -185,35 +192,78 @@ def run_mode(name: str, policy: Any, tasks: list, catalog: dict, schemas: dict, 
             "traj_per_s": len(trajectories) / wall, "gen_tok_s": generated / wall,
             "turns": sum(len(t) for t in turns), "generated_tokens": generated, "stop_reasons": stops,
             "trajectories": len(trajectories), "curve": {str(b): c for b, c in measured.items()},
+            "curve_context": curve_context,
+            "turn_tokens": lengths([turn.gen_tokens for t in trajectories for turn in t.turns]),
+            "prompt_tokens": lengths([t.prompt_length for t in trajectories]),
+            "final_tokens": lengths([len(t.token_ids) for t in trajectories]),
+            "tool_s": round(sum(turn.tool_ms for t in trajectories for turn in t.turns) / 1000, 2),
             **running, "load_before": round(load0, 2), "load_after": round(os.getloadavg()[0], 2)}
 
 
-COUNTING = ", ".join(str(i) for i in range(1, 21)) + ","  # greedy continuation keeps counting
+def lengths(values: list[int]) -> dict:
+    """mean, median, 90th percentile and max of token counts (turns, prompts, whole trajectories)."""
+    if not values:
+        return {}
+    ordered = sorted(values)
+    return {"mean": round(statistics.fmean(ordered), 1), "p50": statistics.median(ordered),
+            "p90": ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))], "max": ordered[-1]}
 
 
-def decode_curve(engine: Any, policy: Any, sizes: list[int], tokens: int) -> dict[int, dict]:
+def counting_prompt(tokenizer: Any, context: int) -> list[int]:
+    """Token ids of "1, 2, 3, ..." (greedy decoding keeps counting): 20 numbers, or the last
+    ``context`` tokens of a count long enough to fill them (``context`` > 0)."""
+    if context <= 0:
+        return list(tokenizer(", ".join(str(i) for i in range(1, 21)) + ",", add_special_tokens=False)["input_ids"])
+    n = 20
+    while True:
+        ids = list(tokenizer(", ".join(str(i) for i in range(1, n + 1)) + ",", add_special_tokens=False)["input_ids"])
+        if len(ids) >= context:
+            return ids[-context:]
+        n *= 2
+
+
+def decode_curve(engine: Any, policy: Any, sizes: list[int], tokens: int, context: int = 0) -> dict[int, dict]:
     """Generated tokens/s of ``engine`` for ``b`` greedy sequences at once, for each ``b`` in ``sizes``
-    (module docstring: the ceiling). The lock-step adapter is measured through its backend's own
-    batched call (its rounds' call); the async engines through ``b`` concurrent ``generate`` calls."""
+    (module docstring: the ceiling), after a prompt of ``context`` tokens (0: a short one). The
+    lock-step adapter is measured through its backend's own batched call (its rounds' call); the
+    async engines through ``b`` concurrent ``generate`` calls."""
     from sqlrl.policy.batched import BatchedEngine
     from sqlrl.policy.types import SamplingParams
 
-    prompt = list(policy.tokenizer(COUNTING, add_special_tokens=False)["input_ids"])
+    prompt = counting_prompt(policy.tokenizer, context)
     params = SamplingParams(temperature=0.0, max_new_tokens=tokens)
+
+    def run(b: int, sampling: SamplingParams) -> list:
+        if isinstance(engine, BatchedEngine):
+            return list(engine.backend.generate([prompt] * b, sampling))
+
+        async def together() -> list:
+            return list(await asyncio.gather(*(engine.generate(prompt, sampling) for _ in range(b))))
+        return asyncio.run(together())
+
+    # one token first, so the prompt is in the engine's prefix cache: the curve times decoding,
+    # not b prefills of the same prompt in one step
+    run(1, SamplingParams(temperature=0.0, max_new_tokens=1))
     out: dict[int, dict] = {}
     for b in sizes:
         t0 = time.perf_counter()
-        if isinstance(engine, BatchedEngine):
-            gens = list(engine.backend.generate([prompt] * b, params))
-        else:
-            async def together() -> list:
-                return list(await asyncio.gather(*(engine.generate(prompt, params) for _ in range(b))))
-            gens = asyncio.run(together())
+        gens = run(b, params)
         wall = time.perf_counter() - t0
         generated = sum(len(g.token_ids) for g in gens)
         out[b] = {"tok_s": generated / wall, "wall_s": round(wall, 3), "generated": generated,
                   "full_length": sum(len(g.token_ids) == tokens for g in gens)}
     return out
+
+
+def interpolate(curve: dict, b: float) -> float:
+    """tokens/s at ``b`` sequences, linear between the curve's measured sizes (clamped to its ends)."""
+    points = sorted((int(k), v["tok_s"]) for k, v in curve.items())
+    if b <= points[0][0]:
+        return points[0][1]
+    for (b0, t0), (b1, t1) in zip(points, points[1:]):
+        if b <= b1:
+            return t0 + (t1 - t0) * (b - b0) / (b1 - b0)
+    return points[-1][1]
 
 
 def ceilings(rows: dict[str, list[dict]], pairs: list[tuple[str, str]]) -> dict:
@@ -227,7 +277,11 @@ def ceilings(rows: dict[str, list[dict]], pairs: list[tuple[str, str]]) -> dict:
                 continue
             t_max = max(c["tok_s"] for c in x["curve"].values())
             bound = x["trajectories"] * t_max / x["generated_tokens"]
+            # the same at the batch the async side kept running (busy), read off the curve
+            at_running = interpolate(x["curve"], x.get("mean_running_busy", 0.0))
             rounds.append({"t_max": t_max, "ceiling": bound / y["traj_per_s"],
+                           "t_at_running": at_running,
+                           "ceiling_at_running": (x["trajectories"] * at_running / x["generated_tokens"]) / y["traj_per_s"],
                            "lockstep_t_max": max((c["tok_s"] for c in (y.get("curve") or {}).values()), default=None)})
         if rounds:
             out[f"{a}/{b}"] = {"median": statistics.median(r["ceiling"] for r in rounds), "rounds": rounds}
@@ -257,8 +311,10 @@ def table(rows: dict[str, list[dict]], pairs: list[tuple[str, str]], ratios: dic
     for key, c in ceiling.items():
         bounds = ", ".join(f"{r['ceiling']:.2f}" for r in c["rounds"])
         t_max = ", ".join(f"{r['t_max']:.1f}" for r in c["rounds"])
+        at_running = ", ".join(f"{r['ceiling_at_running']:.2f}" for r in c["rounds"])
         out.append(f"\n**{key}: ceiling from the async engine's best decode throughput, median "
-                   f"{c['median']:.2f}x** (rounds: {bounds}; T_max {t_max} tok/s)")
+                   f"{c['median']:.2f}x** (rounds: {bounds}; T_max {t_max} tok/s); at the batch it kept "
+                   f"running (busy mean, read off the curve): {at_running}")
     return "\n".join(out)
 
 
@@ -276,6 +332,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--curve", default="1,4,8,16,32",
                     help="decode-throughput ceiling: batch sizes measured after each rollout ('' skips it)")
     ap.add_argument("--curve-tokens", type=int, default=64)
+    ap.add_argument("--curve-context", type=int, default=-1,
+                    help="prompt tokens before the curve's decoding (-1: the rollout's mean prompt length; 0: short)")
     ap.add_argument("--quick", action="store_true", help="8 trajectories x 2 turns x 32 tokens, 1 round")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
@@ -312,14 +370,17 @@ def main(argv: list[str] | None = None) -> int:
         tasks, catalog, schemas = workload(Path(tmp), args.trajectories, args.group, args.seed)
         for r in range(args.rounds):
             for name in (names if r % 2 == 0 else names[::-1]):
-                res = run_mode(name, policy, tasks, catalog, schemas, config, threads, curve, args.curve_tokens)
+                res = run_mode(name, policy, tasks, catalog, schemas, config, threads, curve, args.curve_tokens,
+                               args.curve_context)
                 rows[name].append(res)
                 print(f"round {r} {name}: {res['traj_per_s']:.3f} traj/s, {res['gen_tok_s']:.1f} tok/s, "
                       f"mean running {res['mean_running']:.1f} (busy {res['mean_running_busy']:.1f}), "
                       f"start-up {res['startup_s']} s, load {res['load_before']}->{res['load_after']}, "
                       f"stops {res['stop_reasons']}", flush=True)
+                print(f"  turn tokens {res['turn_tokens']}, prompt tokens {res['prompt_tokens']}, "
+                      f"whole trajectory tokens {res['final_tokens']}, tool time {res['tool_s']} s", flush=True)
                 if res["curve"]:
-                    print("  decode tok/s by batch: " + ", ".join(f"b={b} {c['tok_s']:.1f}" for b, c in res["curve"].items()), flush=True)
+                    print(f"  decode tok/s by batch after {res['curve_context']} prompt tokens: " + ", ".join(f"b={b} {c['tok_s']:.1f}" for b, c in res["curve"].items()), flush=True)
                 if res["stop_reasons"].get("error"):
                     print(f"  WARNING: {res['stop_reasons']['error']} trajectories ended with an error "
                           f"(first: {res['first_error']})", flush=True)

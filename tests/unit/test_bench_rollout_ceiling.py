@@ -37,15 +37,23 @@ def test_the_curve_runs_b_sequences_at_once_on_both_engine_kinds(tiny):
             assert sorted(measured) == [1, 3, 5]
             for b, row in measured.items():
                 assert row["generated"] == b * answer and row["tok_s"] > 0
-        assert backend.calls == [1, 3, 5]  # one batched call of b prompts, as the adapter's rounds
-        assert [e for e, _ in engine.log].count("finish") == 1 + 3 + 5
+        # a one-token warm-up (the prompt into the prefix cache), then one batched call of b prompts
+        assert backend.calls == [1, 1, 3, 5]
+        assert [e for e, _ in engine.log].count("finish") == 1 + 1 + 3 + 5
     finally:
         asyncio.run(lockstep.close())
         asyncio.run(engine.close())
 
 
+def test_the_counting_prompt_has_the_context_asked_for(tiny):
+    short = rollout_engines.counting_prompt(tiny.tokenizer, 0)
+    assert 0 < len(short) < 200
+    for context in (1, 300, 1000):
+        assert len(rollout_engines.counting_prompt(tiny.tokenizer, context)) == context
+
+
 def test_the_ceiling_is_n_times_the_best_throughput_over_tokens_against_the_lockstep_rate():
-    async_run = {"trajectories": 32, "generated_tokens": 6400,
+    async_run = {"trajectories": 32, "generated_tokens": 6400, "mean_running_busy": 8.0,
                  "curve": {"1": {"tok_s": 20.0}, "16": {"tok_s": 80.0}, "32": {"tok_s": 64.0}}}
     lockstep_run = {"traj_per_s": 0.25, "curve": {"32": {"tok_s": 90.0}}}
     out = rollout_engines.ceilings({"vllm": [async_run], "vllm-batched": [lockstep_run]},
@@ -54,6 +62,10 @@ def test_the_ceiling_is_n_times_the_best_throughput_over_tokens_against_the_lock
     # the async engine cannot finish 6400 tokens faster than 6400 / 80 = 80 s: 0.4 traj/s at best
     assert r["t_max"] == 80.0 and r["ceiling"] == pytest.approx(0.4 / 0.25)
     assert r["lockstep_t_max"] == 90.0
+    # at the 8 sequences it kept running, between b=1 (20) and b=16 (80) on the curve
+    assert r["t_at_running"] == pytest.approx(20.0 + 60.0 * 7 / 15)
+    assert r["ceiling_at_running"] == pytest.approx(32 * r["t_at_running"] / 6400 / 0.25)
+    assert rollout_engines.interpolate(async_run["curve"], 64) == 64.0  # clamped to the last size
     assert out["vllm/vllm-batched"]["median"] == pytest.approx(1.6)
     # no curve (--curve ''): no ceiling claimed
     assert rollout_engines.ceilings({"vllm": [{**async_run, "curve": {}}], "vllm-batched": [lockstep_run]},
