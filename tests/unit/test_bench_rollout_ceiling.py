@@ -1,4 +1,4 @@
-"""bench/rollout_engines.py's decode-throughput ceiling: the curve measures b sequences at once on
+"""bench/decode_ceiling.py, the decode-throughput ceiling of bench/rollout_engines.py: the curve measures b sequences at once on
 both engine kinds (the lock-step adapter through one batched backend call of b prompts), and the
 ceiling of the async / lock-step ratio is N * T_max / G over the lock-step side's trajectories/s."""
 
@@ -11,6 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
+import decode_ceiling  # noqa: E402
 import rollout_engines  # noqa: E402
 
 
@@ -32,8 +33,8 @@ def test_the_curve_runs_b_sequences_at_once_on_both_engine_kinds(tiny):
     engine = ScriptedEngine(tiny.tokenizer, tiny.eos_token_ids)
     try:
         answer = len(engine.script.ids(engine.script.answer(""), 64)[0])
-        for measured in (rollout_engines.decode_curve(lockstep, tiny, [1, 3, 5], 64),
-                         rollout_engines.decode_curve(engine, tiny, [1, 3, 5], 64)):
+        for measured in (decode_ceiling.decode_curve(lockstep, tiny, [1, 3, 5], 64),
+                         decode_ceiling.decode_curve(engine, tiny, [1, 3, 5], 64)):
             assert sorted(measured) == [1, 3, 5]
             for b, row in measured.items():
                 assert row["generated"] == b * answer and row["tok_s"] > 0
@@ -45,18 +46,23 @@ def test_the_curve_runs_b_sequences_at_once_on_both_engine_kinds(tiny):
         asyncio.run(engine.close())
 
 
+def test_the_rollout_benchmark_uses_these_functions():
+    assert rollout_engines.decode_curve is decode_ceiling.decode_curve
+    assert rollout_engines.ceilings is decode_ceiling.ceilings
+
+
 def test_the_counting_prompt_has_the_context_asked_for(tiny):
-    short = rollout_engines.counting_prompt(tiny.tokenizer, 0)
+    short = decode_ceiling.counting_prompt(tiny.tokenizer, 0)
     assert 0 < len(short) < 200
     for context in (1, 300, 1000):
-        assert len(rollout_engines.counting_prompt(tiny.tokenizer, context)) == context
+        assert len(decode_ceiling.counting_prompt(tiny.tokenizer, context)) == context
 
 
 def test_the_ceiling_is_n_times_the_best_throughput_over_tokens_against_the_lockstep_rate():
     async_run = {"trajectories": 32, "generated_tokens": 6400, "mean_running_busy": 8.0,
                  "curve": {"1": {"tok_s": 20.0}, "16": {"tok_s": 80.0}, "32": {"tok_s": 64.0}}}
     lockstep_run = {"traj_per_s": 0.25, "curve": {"32": {"tok_s": 90.0}}}
-    out = rollout_engines.ceilings({"vllm": [async_run], "vllm-batched": [lockstep_run]},
+    out = decode_ceiling.ceilings({"vllm": [async_run], "vllm-batched": [lockstep_run]},
                                    [("vllm", "vllm-batched")])
     (r,) = out["vllm/vllm-batched"]["rounds"]
     # the async engine cannot finish 6400 tokens faster than 6400 / 80 = 80 s: 0.4 traj/s at best
@@ -65,8 +71,8 @@ def test_the_ceiling_is_n_times_the_best_throughput_over_tokens_against_the_lock
     # at the 8 sequences it kept running, between b=1 (20) and b=16 (80) on the curve
     assert r["t_at_running"] == pytest.approx(20.0 + 60.0 * 7 / 15)
     assert r["ceiling_at_running"] == pytest.approx(32 * r["t_at_running"] / 6400 / 0.25)
-    assert rollout_engines.interpolate(async_run["curve"], 64) == 64.0  # clamped to the last size
+    assert decode_ceiling.interpolate(async_run["curve"], 64) == 64.0  # clamped to the last size
     assert out["vllm/vllm-batched"]["median"] == pytest.approx(1.6)
     # no curve (--curve ''): no ceiling claimed
-    assert rollout_engines.ceilings({"vllm": [{**async_run, "curve": {}}], "vllm-batched": [lockstep_run]},
+    assert decode_ceiling.ceilings({"vllm": [{**async_run, "curve": {}}], "vllm-batched": [lockstep_run]},
                                     [("vllm", "vllm-batched")]) == {}
