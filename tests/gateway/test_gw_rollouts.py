@@ -178,6 +178,19 @@ def test_wait_idle_returns_when_the_last_rollout_ends_and_close_releases_it(part
     assert got == [True, False]
 
 
+def slow_lease(leasing, go) -> type:
+    """``LocalSessions`` whose ``open_many`` sets ``leasing`` and then waits for ``go``: a claim
+    held between taking its task and its session being open."""
+
+    class SlowLease(LocalSessions):
+        def open_many(self, requests):
+            leasing.set()
+            assert go.wait(timeout=60)
+            return super().open_many(requests)
+
+    return SlowLease
+
+
 def test_a_rollout_whose_session_is_being_leased_keeps_the_step_waiting(shop_catalog):
     """Between a claim taking a task off the waiting list and its rollout going live, the session
     is leased outside the lock: the gateway is not idle then. (It was: the job's step wait
@@ -186,12 +199,7 @@ def test_a_rollout_whose_session_is_being_leased_keeps_the_step_waiting(shop_cat
     import threading
 
     leasing, go = threading.Event(), threading.Event()
-
-    class SlowLease(LocalSessions):
-        def open_many(self, requests):
-            leasing.set()
-            assert go.wait(timeout=60)
-            return super().open_many(requests)
+    SlowLease = slow_lease(leasing, go)
 
     pool = SessionPool()
     r = Rollouts(GatewayConfig(), SlowLease(shop_catalog, pool=pool), FixedScorer())
@@ -221,12 +229,7 @@ def test_a_claim_in_progress_counts_toward_the_keys_live_cap(shop_catalog):
     from sqlrl.gateway.rollouts import TooManyLive
 
     leasing, go = threading.Event(), threading.Event()
-
-    class SlowLease(LocalSessions):
-        def open_many(self, requests):
-            leasing.set()
-            assert go.wait(timeout=60)
-            return super().open_many(requests)
+    SlowLease = slow_lease(leasing, go)
 
     pool = SessionPool()
     r = Rollouts(GatewayConfig(max_live_per_key=1), SlowLease(shop_catalog, pool=pool), FixedScorer())
