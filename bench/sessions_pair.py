@@ -73,7 +73,7 @@ def streamed_texts(sql: str, max_bytes: int) -> tuple[str, str]:
     old = (f"BEGIN; DECLARE {pg._CURSOR} NO SCROLL CURSOR FOR\n{sql}\n"
            f";FETCH FORWARD {pg.FIRST_BATCH_ROWS} FROM {pg._CURSOR}")
     new = (f"BEGIN; DECLARE {pg._CURSOR} NO SCROLL CURSOR FOR {pg._ROWS_OF}\n{sql}\n"
-           f"{pg._ROW_CAP.format(cap=max_bytes)};FETCH FORWARD {pg.FIRST_BATCH_ROWS} FROM {pg._CURSOR}")
+           f"{pg.row_cap(max_bytes)};FETCH FORWARD {pg.FIRST_BATCH_ROWS} FROM {pg._CURSOR}")
     return old, new
 
 
@@ -112,7 +112,10 @@ def pair(old_db, admin: str, spider: Path, db_id: str, rounds: int, texts: bool,
     sqlite = str(spider / "database" / db_id / f"{db_id}.sqlite")
     # the new loader first: its prepare_server takes sqlrl_owner away from old-style session roles
     new_url = load_sqlite(sqlite, admin, f"pair_new_{db_id}", replace=True).session_url
-    old_loader = importlib.import_module("sqlrl_old.db.loader")
+    try:  # the loader's place: sqlrl/db/ before the contracts issue, sqlrl/db/provisioning/ since
+        old_loader = importlib.import_module("sqlrl_old.db.provisioning.loader")
+    except ModuleNotFoundError:
+        old_loader = importlib.import_module("sqlrl_old.db.loader")
     old_url = old_loader.load_sqlite(sqlite, admin, f"pair_old_{db_id}", replace=True).session_url
     new_s, old_s = open_session(new_url), old_db.open_session(old_url)
     new_c, old_c = new_s._conn, old_s._conn

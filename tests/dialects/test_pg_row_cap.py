@@ -78,6 +78,9 @@ SHADOWS = {
                      "LANGUAGE sql IMMUTABLE AS 'SELECT 1'"],
     "<=": ["CREATE FUNCTION public.yes(int, int) RETURNS bool LANGUAGE sql IMMUTABLE AS 'SELECT true'",
            "CREATE OPERATOR public.<= (LEFTARG = int, RIGHTARG = int, FUNCTION = public.yes)"],
+    "+": ["CREATE FUNCTION public.zero(int, bigint) RETURNS bigint LANGUAGE sql IMMUTABLE "
+          "AS 'SELECT 0::bigint'",
+          "CREATE OPERATOR public.+ (LEFTARG = int, RIGHTARG = bigint, FUNCTION = public.zero)"],
     "text cast": ["CREATE FUNCTION public.text(record) RETURNS text "
                   "LANGUAGE plpgsql IMMUTABLE AS $$ BEGIN RETURN 'x'; END $$"],
 }
@@ -123,3 +126,38 @@ def test_rows_under_the_cap_come_back_whole(url, text_filter):
         # the row's text is the value plus the record's parentheses: CAP - 1 is one byte over
         assert len(ok(s.execute(f"SELECT repeat('x', {CAP - 100})")).rows[0][0]) == CAP - 100
         too_wide(s.execute(f"SELECT repeat('x', {CAP - 1})"), "one byte over")
+
+
+QUERY_OVERFLOWS = {  # the check's own error is an int4 + int8 overflow: these are the query's
+    "int8 + int8, folded when planned": "SELECT 9223372036854775807 + 1",
+    "int8 * int8, per row": "SELECT x * 2 FROM (VALUES (9223372036854775807)) v(x)",
+    "int4 + int4": "SELECT x + 1 FROM (VALUES (2147483647)) v(x)",
+}
+
+
+@pytest.mark.parametrize("case", sorted(QUERY_OVERFLOWS))
+def test_a_querys_own_overflow_is_not_reported_as_a_wide_row(url, text_filter, case):
+    with open_session(url, limits=LIMITS) as s:
+        r = s.execute(QUERY_OVERFLOWS[case])
+        assert r.error is not None and r.error.kind is ErrorKind.RUNTIME, (case, r)
+        assert "out of range" in r.error.message and "byte limit" not in r.error.message, (case, r)
+        assert ok(s.execute("SELECT count(*) FROM orders")).rows == ((60,),)
+
+
+ERRORS_ECHOING_TEXT = [  # the server quotes the offending line: the user's, never the wrapper's
+    "SELECT nosuch FROM customers",
+    "SELECT id FROM customers WHERE name + 1 > 0",
+    "SELECT id\nFROM customers\nWHERE nosuch = 1",
+]
+
+
+@pytest.mark.parametrize("query", ERRORS_ECHOING_TEXT)
+def test_errors_quote_the_query_not_the_wrapper(url, text_filter, query):
+    with open_session(url, limits=LIMITS) as s:
+        r = s.execute(query)
+        assert r.error is not None, (query, r)
+        message = r.error.message
+        assert "sqlrl_" not in message and "OFFSET 0" not in message, message
+        assert "octet_length" not in message and "DECLARE" not in message, message
+        line = int(message.split("LINE ")[1].split(":")[0])
+        assert line == query.count("\n") + 1, message  # the line of the user's own text
