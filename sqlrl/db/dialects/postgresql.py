@@ -164,7 +164,7 @@ class _StreamedCursor:
 # let a 50 MB value through). The check is one addition, text length (int4) + (2**63 - 1 - cap)
 # (an int8 literal), which raises "bigint out of range" in ``int48pl`` exactly when the row is
 # longer than ``cap``: one function and one operator, the row measured once (``<= cap OR
-# <error arm>`` measured it twice and cost the server 8-11 µs more per query).
+# <error arm>`` measured it twice and cost the server 8.6-14.2 µs more per query).
 _I8_MAX = 2**63 - 1
 _CAP_MAX = 2**31 - 1  # a row's text is at most ~1 GB (PostgreSQL's limit for one value)
 _ROWS_OF = "SELECT * FROM (SELECT * FROM ("
