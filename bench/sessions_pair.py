@@ -72,8 +72,7 @@ def streamed_texts(sql: str, max_bytes: int) -> tuple[str, str]:
     from sqlrl.db.dialects import postgresql as pg
     old = (f"BEGIN; DECLARE {pg._CURSOR} NO SCROLL CURSOR FOR\n{sql}\n"
            f";FETCH FORWARD {pg.FIRST_BATCH_ROWS} FROM {pg._CURSOR}")
-    new = (f"BEGIN; DECLARE {pg._CURSOR} NO SCROLL CURSOR FOR {pg._ROWS_OF}\n{sql}\n"
-           f"{pg.row_cap(max_bytes)};FETCH FORWARD {pg.FIRST_BATCH_ROWS} FROM {pg._CURSOR}")
+    new = pg.streamed_text(sql, pg.row_cap(max_bytes), pg.FIRST_BATCH_ROWS)
     return old, new
 
 

@@ -107,6 +107,10 @@ WIDE_SHAPES = [
     "SELECT 1 AS sqlrl_r, 2 AS sqlrl_q, repeat('x', 100000) AS v",
     "SELECT string_agg(repeat('x', 1000), '') FROM generate_series(1, 150)",
     "SELECT c.name, repeat(c.name, 20000) FROM customers c ORDER BY c.id LIMIT 1",
+    "SELECT repeat('x', 100000) OFFSET 0",  # its own OFFSET: the two-level barrier
+    "SELECT repeat('x', 100000) FROM customers ORDER BY id LIMIT 2 OFFSET 1",
+    "(SELECT repeat('x', 100000) LIMIT 1)",
+    "SELECT repeat('x', 100000) -- a comment to the end of the line",
 ]
 
 
@@ -161,3 +165,41 @@ def test_errors_quote_the_query_not_the_wrapper(url, text_filter, query):
         assert "octet_length" not in message and "DECLARE" not in message, message
         line = int(message.split("LINE ")[1].split(":")[0])
         assert line == query.count("\n") + 1, message  # the line of the user's own text
+
+
+BARRIER_CASES = {  # keep() is costlier than the check: without a barrier it would run second
+    "one level (no OFFSET: OFFSET 0 appended)":
+        "SELECT id, v FROM (VALUES (1, repeat('x', 100000)), (2, 'y')) t(id, v) WHERE keep(id)",
+    "two levels (an OFFSET in a nested query)":
+        "SELECT id, v FROM (VALUES (1, repeat('x', 100000)), (2, 'y')) t(id, v) "
+        "WHERE keep(id) AND id IN (SELECT 2 OFFSET 0)",
+}
+
+
+@pytest.mark.parametrize("case", sorted(BARRIER_CASES))
+def test_rows_the_query_filters_out_are_never_measured(url, text_filter, case):
+    with open_session(url, limits=LIMITS) as s:
+        ok(s.execute("CREATE FUNCTION keep(id int) RETURNS bool LANGUAGE plpgsql IMMUTABLE "
+                     "COST 1000000 AS $$ BEGIN RETURN id = 2; END $$"))
+        assert ok(s.execute(BARRIER_CASES[case])).rows == ((2, "y"),), case
+
+
+QUERY_FORMS = {  # what the barrier is appended to or wrapped around: each query's rows, unchanged
+    "SELECT id FROM customers ORDER BY id LIMIT 3": ((1,), (2,), (3,)),
+    "SELECT id FROM customers ORDER BY id FETCH FIRST 2 ROWS ONLY": ((1,), (2,)),
+    "SELECT id FROM customers ORDER BY id LIMIT 2 OFFSET 1": ((2,), (3,)),
+    "(SELECT id FROM customers ORDER BY id LIMIT 2)": ((1,), (2,)),
+    "SELECT 1 UNION SELECT 2 ORDER BY 1": ((1,), (2,)),
+    "VALUES (1), (2)": ((1,), (2,)),
+    "WITH w AS (SELECT 1 AS a) SELECT a FROM w": ((1,),),
+    "SELECT 1 -- a comment to the end of the line": ((1,),),
+    "SELECT 'OFFSET 0) sqlrl_r' /* OFFSET 1 */": (("OFFSET 0) sqlrl_r",),),
+    "SELECT id FROM customers WHERE id IN (SELECT id FROM customers ORDER BY id OFFSET 1) "
+    "ORDER BY id LIMIT 2": ((2,), (3,)),
+}
+
+
+@pytest.mark.parametrize("query", sorted(QUERY_FORMS))
+def test_query_forms_keep_their_rows(url, text_filter, query):
+    with open_session(url, limits=LIMITS) as s:
+        assert ok(s.execute(query)).rows == QUERY_FORMS[query], query

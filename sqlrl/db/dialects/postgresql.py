@@ -63,7 +63,7 @@ from ..types import ErrorKind, Limits, SessionError
 from .base import clone_source, error_message, register_dialect
 from .postgresql_admin import OWNER_ROLE
 from .postgresql_connect import connect_kwargs
-from .postgresql_lex import denial, split, streamable
+from .postgresql_lex import denial, has_offset, split, streamable
 
 __all__ = ["PostgreSQLDialect", "StatementError", "denial"]
 
@@ -88,7 +88,7 @@ class _Connection(_ext.connection):
 
     limits: Limits
     batch_rows: int = FIRST_BATCH_ROWS
-    row_cap: str = ""  # the streamed query's closing text, with the row-size check (``_ROW_CAP``)
+    row_cap: str = ""  # the streamed query's row-size check (``row_cap``)
 
 
 @dataclass
@@ -167,21 +167,33 @@ class _StreamedCursor:
 # <error arm>`` measured it twice and cost the server 8.6-14.2 µs more per query).
 _I8_MAX = 2**63 - 1
 _CAP_MAX = 2**31 - 1  # a row's text is at most ~1 GB (PostgreSQL's limit for one value)
-_ROWS_OF = "SELECT * FROM (SELECT * FROM ("
 _ROW_TEXT_BYTES = "pg_catalog.octet_length((sqlrl_r.*)::pg_catalog.text)"
-_ROW_CAP = (") sqlrl_q OFFSET 0) sqlrl_r WHERE (" + _ROW_TEXT_BYTES + " OPERATOR(pg_catalog.+) "
-            "{slack}) IS NOT NULL")
+_ROW_CAP = "WHERE (" + _ROW_TEXT_BYTES + " OPERATOR(pg_catalog.+) {slack}) IS NOT NULL"
+# The barrier: a query without an OFFSET anywhere gets ``OFFSET 0`` appended (one subquery level);
+# one with an OFFSET (its own, which a second OFFSET would contradict, or a nested query's: the
+# parse tree is searched as text) is put in a subquery that has it (two levels, 3-6 µs more).
+_ONE_LEVEL = ("SELECT * FROM (", "OFFSET 0) sqlrl_r ")
+_TWO_LEVELS = ("SELECT * FROM (SELECT * FROM (", ") sqlrl_q OFFSET 0) sqlrl_r ")
 _WIDE_ROW_CODE, _WIDE_ROW_ROUTINE = "22003", "int48pl"  # the check's overflow (``_wide_row``)
 _LINE_RE = re.compile(r"\bLINE (\d+):")
-_OWN_TEXT = re.compile(rf"BEGIN; DECLARE {_CURSOR} NO SCROLL CURSOR FOR( {re.escape(_ROWS_OF)})?"
-                       rf"|\s*\) sqlrl_q OFFSET 0\) sqlrl_r WHERE \(pg_catalog\.octet_length.*? IS NOT NULL"
+_OWN_TEXT = re.compile(rf"BEGIN; DECLARE {_CURSOR} NO SCROLL CURSOR FOR"
+                       rf"( SELECT \* FROM \((SELECT \* FROM \()?)?"
+                       rf"|\s*(\) sqlrl_q )?OFFSET 0\) sqlrl_r WHERE \(pg_catalog\.octet_length.*? IS NOT NULL"
                        rf"|\s*;FETCH FORWARD \d+ FROM {_CURSOR}"
                        rf"|SET statement_timeout = \d+; (FETCH FORWARD \d+ FROM {_CURSOR})?")
 
 
 def row_cap(max_bytes: int) -> str:
-    """The closing text of a streamed query whose rows may have ``max_bytes`` of text each."""
+    """The row-size check of a streamed query whose rows may have ``max_bytes`` of text each."""
     return _ROW_CAP.format(slack=_I8_MAX - min(max(0, max_bytes), _CAP_MAX))
+
+
+def streamed_text(statement: str, check: str, rows: int) -> str:
+    """What runs a streamed ``statement`` (the user's text from line 2): its cursor, declared over
+    the barrier and the row-size ``check`` (``row_cap``), and the first FETCH of ``rows`` rows."""
+    head, tail = _TWO_LEVELS if has_offset(statement) else _ONE_LEVEL
+    return (f"BEGIN; DECLARE {_CURSOR} NO SCROLL CURSOR FOR {head}\n{statement}\n{tail}{check}"
+            f";FETCH FORWARD {rows} FROM {_CURSOR}")
 
 
 def _wide_row(exc: psycopg2.Error) -> bool:
@@ -306,9 +318,7 @@ class PostgreSQLDialect:
                 prefix += f"SET statement_timeout = {left_ms}; SET lock_timeout = {left_ms};"
                 state.limits_set = True
             if streamable(statement):
-                text = (f"{prefix}BEGIN; DECLARE {_CURSOR} NO SCROLL CURSOR FOR {_ROWS_OF}\n"
-                        f"{statement}\n{conn.row_cap}"
-                        f";FETCH FORWARD {conn.batch_rows} FROM {_CURSOR}")
+                text = prefix + streamed_text(statement, conn.row_cap, conn.batch_rows)
                 self._execute(conn, cur, text, 1, wrapped=True)
                 return _StreamedCursor(self, conn, state, cur, deadline)
             if prefix:

@@ -243,6 +243,12 @@ _NOT_STREAMABLE = ('"InsertStmt":', '"UpdateStmt":', '"DeleteStmt":', '"MergeStm
                    '"intoClause":', '"lockingClause":')
 
 
+def has_offset(text: str) -> bool:
+    """Whether ``text``'s parse tree has an OFFSET clause anywhere (its own or a nested
+    query's; a string that spells the key is escaped in the tree and does not count)."""
+    return '"limitOffset":' in lex(text).node
+
+
 def streamable(text: str) -> bool:
     """A plain query (SELECT/VALUES/TABLE/WITH without data-modifying parts, INTO or FOR UPDATE):
     ``DECLARE … CURSOR FOR`` accepts it, so its rows can be streamed."""
