@@ -161,24 +161,24 @@ class _StreamedCursor:
 # Every name is schema-qualified (``pg_catalog``): a session may create functions and operators
 # in its clone and put their schema before ``pg_catalog`` on its ``search_path``, and an
 # unqualified ``pg_column_size`` or ``<=`` then resolved to the session's own (one returning 1
-# let a 50 MB value through). The check is one addition, text length (int4) + (2**63 - 1 - cap)
-# (an int8 literal), which raises "bigint out of range" in ``int48pl`` exactly when the row is
-# longer than ``cap``: one function and one operator, the row measured once (``<= cap OR
-# <error arm>`` measured it twice and cost the server 8.6-14.2 µs more per query).
+# let a 50 MB value through). The check is one addition, text length (int4) + (2**63 - 1 - cap),
+# raising "bigint out of range" in ``int48pl`` exactly when the row is longer than ``cap``; the
+# row is measured once (``<= cap OR <error arm>`` cost the server 8.6-14.2 µs more per query).
 _I8_MAX = 2**63 - 1
 _CAP_MAX = 2**31 - 1  # a row's text is at most ~1 GB (PostgreSQL's limit for one value)
 _ROW_TEXT_BYTES = "pg_catalog.octet_length((sqlrl_r.*)::pg_catalog.text)"
 _ROW_CAP = "WHERE (" + _ROW_TEXT_BYTES + " OPERATOR(pg_catalog.+) {slack}) IS NOT NULL"
 # The barrier: a query without an OFFSET anywhere gets ``OFFSET 0`` appended (one subquery level);
 # one with an OFFSET (its own, which a second OFFSET would contradict, or a nested query's: the
-# parse tree is searched as text) is put in a subquery that has it (two levels, 3-6 µs more).
+# parse tree is searched as text) is put in a subquery that has it (two levels, 2.5-6 µs more).
 _ONE_LEVEL = ("SELECT * FROM (", "OFFSET 0) sqlrl_r ")
 _TWO_LEVELS = ("SELECT * FROM (SELECT * FROM (", ") sqlrl_q OFFSET 0) sqlrl_r ")
 _WIDE_ROW_CODE, _WIDE_ROW_ROUTINE = "22003", "int48pl"  # the check's overflow (``_wide_row``)
 _LINE_RE = re.compile(r"\bLINE (\d+):")
 _OWN_TEXT = re.compile(rf"BEGIN; DECLARE {_CURSOR} NO SCROLL CURSOR FOR"
                        rf"( SELECT \* FROM \((SELECT \* FROM \()?)?"
-                       rf"|\s*(\) sqlrl_q )?OFFSET 0\) sqlrl_r WHERE \(pg_catalog\.octet_length.*? IS NOT NULL"
+                       rf"|\s*(\) sqlrl_q )?OFFSET 0\) sqlrl_r WHERE "
+                       rf"\(pg_catalog\.octet_length.*? IS NOT NULL"
                        rf"|\s*;FETCH FORWARD \d+ FROM {_CURSOR}"
                        rf"|SET statement_timeout = \d+; (FETCH FORWARD \d+ FROM {_CURSOR})?")
 
