@@ -16,7 +16,8 @@ The server measures every streamed row before sending it -- the length of the ro
 (``record_out``, at least what the wire carries), with names qualified by ``pg_catalog`` so that
 nothing the session creates is called: a row longer than ``Limits.max_bytes`` ends the query with
 a ``runtime`` error instead of reaching libpq, which would hold it whole (decoded, ~4x its size)
-before the executor's byte cap applies.
+before the executor's byte cap applies. The text that runs a streamed query (cursor, barrier,
+check) and the reading of the check's error are ``postgresql_wrap``.
 The cursor's transaction block is ended (``COMMIT``, or ``ROLLBACK`` after an error, read from
 libpq's local transaction status) in the same round trip as the session's next statement.
 
@@ -63,14 +64,15 @@ from ..types import ErrorKind, Limits, SessionError
 from .base import clone_source, error_message, register_dialect
 from .postgresql_admin import OWNER_ROLE
 from .postgresql_connect import connect_kwargs
-from .postgresql_lex import denial, has_offset, split, streamable
+from .postgresql_lex import denial, split, streamable
+from .postgresql_wrap import CURSOR as _CURSOR
+from .postgresql_wrap import OWN_TEXT, row_cap, streamed_text, wide_row
 
 __all__ = ["PostgreSQLDialect", "StatementError", "denial"]
 
 IDLE_IN_TRANSACTION_TIMEOUT_S = 600  # an abandoned session dies server-side after this
 FIRST_BATCH_ROWS = 16  # rows fetched with DECLARE (later FETCHes are sized by the executor)
 _FULL_BUDGET_MARGIN_MS = 50  # a statement starting this close to the call's start gets no SET
-_CURSOR = "sqlrl_c"
 _NO_XID_SQL = "SELECT pg_current_xact_id_if_assigned() IS NULL"  # PostgreSQL 13+
 _NO_TXID_SQL = "SELECT txid_current_if_assigned() IS NULL"  # 10-12
 _RESET_LIMITS = ("RESET statement_timeout; RESET lock_timeout; "
@@ -81,6 +83,7 @@ _ESCALATING_ROLES = ("pg_read_server_files", "pg_write_server_files", "pg_execut
 _SYNTAX_CODES = {"42601", "42602", "42622", "42939"}
 _PERMISSION_CODES = {"42501", "28000", "28P01", "2F003", "0LP01"}
 _TIMEOUT_CODES = {"57014", "55P03"}
+_LINE_RE = re.compile(r"\bLINE (\d+):")
 
 
 class _Connection(_ext.connection):
@@ -148,62 +151,6 @@ class _StreamedCursor:
 
     def close(self) -> None:
         self._cur.close()
-
-
-# A streamed query's rows pass a size check on the server before they are sent: a row whose text
-# is longer than the call's byte cap stops the query with an error (rewritten by ``_execute``)
-# instead of reaching the client, whose driver would hold the whole row, decoded, before sqlrl
-# could cap it. OFFSET 0 keeps the query a subquery planned on its own, so the check sees exactly
-# the rows it returns. What is measured is the row's text (``record_out``: every column's output
-# function, as sent, plus quoting), never its stored size: ``pg_column_size`` counts a compressed
-# value compressed (a 200 MB string stored in 2.3 MB) and a nested record before the quoting its
-# output doubles at every level (539 bytes printing as 138 MB), so neither bounds what is sent.
-# Every name is schema-qualified (``pg_catalog``): a session may create functions and operators
-# in its clone and put their schema before ``pg_catalog`` on its ``search_path``, and an
-# unqualified ``pg_column_size`` or ``<=`` then resolved to the session's own (one returning 1
-# let a 50 MB value through). The check is one addition, text length (int4) + (2**63 - 1 - cap),
-# raising "bigint out of range" in ``int48pl`` exactly when the row is longer than ``cap``; the
-# row is measured once (``<= cap OR <error arm>`` cost the server 8.6-14.2 µs more per query).
-_I8_MAX = 2**63 - 1
-_CAP_MAX = 2**31 - 1  # a row's text is at most ~1 GB (PostgreSQL's limit for one value)
-_ROW_TEXT_BYTES = "pg_catalog.octet_length((sqlrl_r.*)::pg_catalog.text)"
-_ROW_CAP = "WHERE (" + _ROW_TEXT_BYTES + " OPERATOR(pg_catalog.+) {slack}) IS NOT NULL"
-# The barrier: a query without an OFFSET anywhere gets ``OFFSET 0`` appended (one subquery level);
-# one with an OFFSET (its own, which a second OFFSET would contradict, or a nested query's: the
-# parse tree is searched as text) is put in a subquery that has it (two levels, 2.5-6 µs more).
-_ONE_LEVEL = ("SELECT * FROM (", "OFFSET 0) sqlrl_r ")
-_TWO_LEVELS = ("SELECT * FROM (SELECT * FROM (", ") sqlrl_q OFFSET 0) sqlrl_r ")
-_WIDE_ROW_CODE, _WIDE_ROW_ROUTINE = "22003", "int48pl"  # the check's overflow (``_wide_row``)
-_LINE_RE = re.compile(r"\bLINE (\d+):")
-_OWN_TEXT = re.compile(rf"BEGIN; DECLARE {_CURSOR} NO SCROLL CURSOR FOR"
-                       rf"( SELECT \* FROM \((SELECT \* FROM \()?)?"
-                       rf"|\s*(\) sqlrl_q )?OFFSET 0\) sqlrl_r WHERE "
-                       rf"\(pg_catalog\.octet_length.*? IS NOT NULL"
-                       rf"|\s*;FETCH FORWARD \d+ FROM {_CURSOR}"
-                       rf"|SET statement_timeout = \d+; (FETCH FORWARD \d+ FROM {_CURSOR})?")
-
-
-def row_cap(max_bytes: int) -> str:
-    """The row-size check of a streamed query whose rows may have ``max_bytes`` of text each."""
-    return _ROW_CAP.format(slack=_I8_MAX - min(max(0, max_bytes), _CAP_MAX))
-
-
-def streamed_text(statement: str, check: str, rows: int) -> str:
-    """What runs a streamed ``statement`` (the user's text from line 2): its cursor, declared over
-    the barrier and the row-size ``check`` (``row_cap``), and the first FETCH of ``rows`` rows."""
-    head, tail = _TWO_LEVELS if has_offset(statement) else _ONE_LEVEL
-    return (f"BEGIN; DECLARE {_CURSOR} NO SCROLL CURSOR FOR {head}\n{statement}\n{tail}{check}"
-            f";FETCH FORWARD {rows} FROM {_CURSOR}")
-
-
-def _wide_row(exc: psycopg2.Error) -> bool:
-    """Whether a streamed query's error is the row-size check's overflow (``_ROW_CAP``): "bigint
-    out of range" raised by the C routine ``int48pl`` (int4 + int8), which the server names in
-    the error. A query's own int4 + int8 sum past 2**63 reads the same and is reported as a
-    wide row; a query's other overflows (int8 + int8, int8 * int8, ...) are not."""
-    routine = exc.diag.source_function
-    return exc.pgcode == _WIDE_ROW_CODE and (
-        routine == _WIDE_ROW_ROUTINE or (routine is None and "bigint out of range" in str(exc)))
 
 
 @register_dialect("postgresql")
@@ -367,12 +314,12 @@ class PostgreSQLDialect:
             if conn.closed:
                 raise StatementError(error_message(exc) or "the connection was closed",
                                      getattr(exc, "pgcode", None), ErrorKind.SESSION_LOST) from exc
-            if wrapped and _wide_row(exc):
+            if wrapped and wide_row(exc):
                 raise StatementError(
                     f"a row of this result has more than the call's byte limit "
                     f"({conn.limits.max_bytes:,} bytes) of text, so it was not sent: select fewer "
                     "or narrower columns (e.g. left(col, 1000))", "54000") from exc
-            message = _OWN_TEXT.sub("", str(exc))
+            message = OWN_TEXT.sub("", str(exc))
             if shift:
                 message = _LINE_RE.sub(lambda m: f"LINE {max(1, int(m.group(1)) - shift)}:", message)
             raise StatementError(message.strip() or type(exc).__name__,
