@@ -14,7 +14,9 @@ Guarantees:
   ``VariableSetStmt``, ``CreatedbStmt``, …) and ``node`` its tree (JSON text); a statement the
   parser rejects has ``kind == ""`` and is still sent, whole, so that the server reports the
   syntax error (a text PostgreSQL's parser rejects runs nothing). ``words`` come from the
-  scanner's tokens either way.
+  scanner's tokens either way. A text that parses is not scanned whole (its words need only a
+  prefix, its comments come from libpg_query's list): the ``Statement`` is the same as a whole
+  scan gives (``_lex_full``; tests/unit/test_pg_lex_fast.py compares them at every cut).
 - ``denial(statement)``: the engine-specific sandbox reason (or None), decided on the parse node,
   with the scanner's words as the fallback for unparsed text; ``streamable(text)``: a plain query
   that ``DECLARE … CURSOR FOR`` accepts.
@@ -77,7 +79,81 @@ def _pieces(sql: str, tokens: list) -> list[str]:
 @lru_cache(maxsize=64)  # split, the sandbox and run() read the same statement text
 def lex(text: str) -> Statement:
     """One statement text, scanned and parsed. ``node`` is the parse as libpg_query's JSON text
-    (read with ``fields``); ``kind`` comes straight from it."""
+    (read with ``fields``); ``kind`` comes straight from it. Text that parses is read without
+    scanning all of it into tokens (a third of ``lex``'s time): its comments come from
+    libpg_query's comment list and its words from a prefix (``_leading_words``); the result is
+    the same ``Statement`` as ``_lex_full`` gives (tests/unit/test_pg_lex_fast.py compares them)."""
+    try:
+        found = _pg.comments(text) if ("--" in text or "/*" in text) else ()
+        tree = _pg.parse_sql_json(text)
+    except _pg.ParseError:  # the whole scan's words feed ``denial``'s fallback
+        return _lex_full(text)
+    m = _KIND.match(tree)
+    if m is None:  # nothing but comments
+        return _lex_full(text)
+    parts = len(json.loads(tree)["stmts"]) if ";" in text else 1
+    return Statement(text, _leading_words(text), m.group(1), _blanked(text, found), parts, tree)
+
+
+# The first prefix ``_leading_words`` scans, in characters (it grows 4x while words are missing).
+_PREFIX_CHARS = 80
+
+
+def _blanked(text: str, found: tuple) -> str:
+    """``text`` with each comment replaced by one space, as ``_lex_full`` builds ``code``.
+    libpg_query gives a comment's text and the end of the token before it (``match_location``):
+    only white space and the comments before it lie between, so the first occurrence of its text
+    from there (and past the previous comment) is where it starts."""
+    if not found:
+        return text
+    code, pos = [], 0
+    for comment in found:
+        start = text.find(comment.str, max(comment.match_location, pos))
+        code.append(text[pos:start] + " ")
+        pos = start + len(comment.str)
+    code.append(text[pos:])
+    return "".join(code)
+
+
+def _leading_words(text: str) -> tuple[str, ...]:
+    """The first ``MAX_WORDS`` keyword or identifier tokens of ``text`` (upper-cased), scanning a
+    prefix of it while that is enough. PostgreSQL's scanner never backs up (scan.l's rules are
+    written so, and its build checks it): a rule's match is decided by its characters and the
+    one after it, and what an action gives back (``yyless``) is rescanned from there. So a token
+    of the prefix followed by at least two more of its characters is a token of the whole text:
+    the one rule whose token is a word and whose match is longer (``U&`` not followed by a quote,
+    an identifier ``U``, the ``&`` given back) ends two characters before the cut at most. A cut
+    inside a string, quoted name, comment or dollar-quoted body fails to scan (a longer prefix
+    then); a string that continues after a newline is longer in the whole text, but it is not a
+    word and only white space or comments follow it in the prefix."""
+    k = _PREFIX_CHARS
+    while k < len(text):
+        try:
+            tokens = _pg.scan(text[:k])
+        except _pg.ParseError:
+            tokens = None
+        if tokens is not None:
+            words = _words(text, [tok for tok in tokens if tok.end < k - 2])
+            if len(words) == MAX_WORDS:
+                return words
+        k *= 4
+    return _words(text, _pg.scan(text))
+
+
+def _words(text: str, tokens: list) -> tuple[str, ...]:
+    """The first ``MAX_WORDS`` keyword/identifier tokens' text, upper-cased (comments and ``;``
+    are neither)."""
+    words: list[str] = []
+    for tok in tokens:
+        if tok.kind != "NO_KEYWORD" or tok.name == "IDENT":
+            words.append(text[tok.start:tok.end + 1].upper())
+            if len(words) == MAX_WORDS:
+                break
+    return tuple(words)
+
+
+def _lex_full(text: str) -> Statement:
+    """``lex`` by scanning the whole text (comments blanked in ``code``, ``;`` counted)."""
     try:
         tokens = _pg.scan(text)
     except _pg.ParseError:
