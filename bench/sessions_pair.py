@@ -6,7 +6,7 @@ The old checkout's ``sqlrl/db`` is copied into a temporary folder as the package
 (its module-name strings rewritten), so both versions run side by side: each loads its own base
 (``pair_old_<db>`` / ``pair_new_<db>``) with its own loader and opens its own session. Per Spider
 gold query (the database's distinct ones that run on PostgreSQL), ``--rounds`` rounds; in every
-round, in an order rotated per round, it times:
+round, in an order drawn afresh per round (``--seed``), it times:
 
 - ``raw_old`` / ``raw_new``: the raw driver call (``cursor.execute`` + ``fetchall``) on the old /
   new session's own connection;
@@ -16,10 +16,18 @@ round, in an order rotated per round, it times:
   the NEW session's connection, each followed by its ``COMMIT`` (as the next call's prelude would).
 
 "added" = ``session.execute`` minus the raw call on the same connection (per round), and every
-new-vs-old figure is the median over (query, round) pairs of the per-round difference. With
+new-vs-old figure is the median over (query, round) pairs of the per-round difference
+(``ratio_new_over_old``: of the per-round ratio ``new / old``). With
+Every step starts on an idle connection: a streamed result's block that the previous step left
+open is ended untimed first, so no step pays (or skips) another's ``COMMIT``, and a raw call
+never runs inside another statement's block. With
 ``--distinct``, every call's text is made unique (a comment with a counter is appended), so
 nothing keyed by SQL text can be reused between rounds. Prints a table and writes JSON (``--out``).
 Needs SQLRL_PG_ADMIN_URL (scripts/dbservers.sh). Not a test: numbers depend on the machine.
+The two sessions differ even with the same code (their backends, their clones): run it once with
+``--old`` naming a copy of this checkout (``git archive HEAD sqlrl | tar -x -C <dir>``) to see
+that bias on the machine at hand; on 2026-12-03 it was -7 / -4 µs per call (ratio 0.98-0.99),
+and the CPU columns moved by up to ±35 µs (server) and +7-11 µs (client) with no code change.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ import importlib
 import itertools
 import json
 import os
+import random
 import re
 import shutil
 import statistics
@@ -107,7 +116,7 @@ def settle(conn) -> None:
 
 
 def pair(old_db, admin: str, spider: Path, db_id: str, rounds: int, texts: bool,
-         distinct: bool) -> dict:
+         distinct: bool, seed: int) -> dict:
     sqlite = str(spider / "database" / db_id / f"{db_id}.sqlite")
     # the new loader first: its prepare_server takes sqlrl_owner away from old-style session roles
     new_url = load_sqlite(sqlite, admin, f"pair_new_{db_id}", replace=True).session_url
@@ -123,6 +132,7 @@ def pair(old_db, admin: str, spider: Path, db_id: str, rounds: int, texts: bool,
     per_round: dict[str, list[float]] = {}
     cpu: dict[str, list[float]] = {}  # client thread CPU and backend CPU per step
     used = 0
+    order = random.Random(seed)  # a fresh order every round: no step always follows the same one
     try:
         for q in gold_queries(spider, db_id):
             sql = sqlglot.transpile(q, read="sqlite", write="postgres")[0]
@@ -155,12 +165,10 @@ def pair(old_db, admin: str, spider: Path, db_id: str, rounds: int, texts: bool,
                 steps += [("text_old", lambda: send_text(new_c, text_old)),
                           ("text_new", lambda: send_text(new_c, text_new))]
             for rnd in range(rounds):
-                k = rnd % len(steps)
                 got: dict[str, float] = {}
-                for name, fn in steps[k:] + steps[:k]:
-                    if name.startswith("text_"):
-                        settle(new_c)
+                for name, fn in order.sample(steps, len(steps)):
                     conn = old_c if name in ("old", "raw_old") else new_c
+                    settle(conn)  # every step starts idle: none pays another's COMMIT
                     s0 = server_cpu_ns(conn)
                     c0 = time.thread_time()
                     t0 = time.perf_counter()
@@ -176,6 +184,7 @@ def pair(old_db, admin: str, spider: Path, db_id: str, rounds: int, texts: bool,
                 per_round.setdefault("added_new_minus_old", []).append(
                     (got["new"] - got["raw_new"]) - (got["old"] - got["raw_old"]))
                 per_round.setdefault("raw_new_minus_old", []).append(got["raw_new"] - got["raw_old"])
+                per_round.setdefault("ratio_new_over_old", []).append(got["new"] / got["old"])
                 if "text_new" in got:
                     per_round.setdefault("text_new_minus_old", []).append(
                         got["text_new"] - got["text_old"])
@@ -184,7 +193,8 @@ def pair(old_db, admin: str, spider: Path, db_id: str, rounds: int, texts: bool,
         old_s.close()
     out = {"db": db_id, "queries": used, "rounds": rounds, "distinct": distinct}
     out.update({f"{k}_us": statistics.median(v) for k, v in samples.items()})
-    out.update({f"{k}_us": statistics.median(v) for k, v in per_round.items()})
+    out.update({(k if k.startswith("ratio") else f"{k}_us"): statistics.median(v)
+                for k, v in per_round.items()})
     out.update({f"cpu_{k}_us": statistics.median(v) for k, v in cpu.items()})
     for side in ("client", "server"):  # paired per round: new minus old
         for a, b in (("new", "old"), ("raw_new", "raw_old"), ("text_new", "text_old")):
@@ -203,23 +213,28 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--texts", action="store_true", help="also time the two streamed texts raw")
     ap.add_argument("--distinct", action="store_true", help="a unique SQL text on every call")
+    ap.add_argument("--seed", type=int, default=0, help="seeds the per-round order of the steps")
     ap.add_argument("--out", default="/tmp/sessions_pair.json")
     args = ap.parse_args()
     admin = os.environ.get("SQLRL_PG_ADMIN_URL")
     if not admin:
         sys.exit("SQLRL_PG_ADMIN_URL is not set (scripts/dbservers.sh start; source its env.sh)")
     old_db = import_old(Path(args.old))
-    rows = [pair(old_db, admin, Path(args.spider), db, args.rounds, args.texts, args.distinct)
+    rows = [pair(old_db, admin, Path(args.spider), db, args.rounds, args.texts, args.distinct,
+                 args.seed)
             for db in args.dbs.split(",")]
     keys = ["raw_old_us", "old_us", "raw_new_us", "new_us", "added_old_us", "added_new_us",
-            "added_new_minus_old_us", "new_minus_old_us", "raw_new_minus_old_us",
+            "added_new_minus_old_us", "new_minus_old_us", "ratio_new_over_old",
+            "raw_new_minus_old_us",
             "text_new_minus_old_us", "cpu_client_old_us", "cpu_client_new_us",
             "cpu_client_new_minus_old_us", "cpu_server_old_us", "cpu_server_new_us",
             "cpu_server_new_minus_old_us", "cpu_server_raw_new_minus_raw_old_us",
             "cpu_server_text_new_minus_text_old_us", "cpu_client_text_new_minus_text_old_us"]
-    print(f"µs, medians (differences: of per-round pairs); load {os.getloadavg()}")
+    print(f"µs, medians (differences and the ratio: of per-round pairs); load {os.getloadavg()}")
     for k in keys:
-        print(f"{k[:-3]:45s} " + "  ".join(f"{r[k]:8.1f}" if k in r else "       –" for r in rows))
+        fmt = "8.3f" if k.startswith("ratio") else "8.1f"
+        print(f"{k.removesuffix('_us'):45s} "
+              + "  ".join(f"{r[k]:{fmt}}" if k in r else "       –" for r in rows))
     print(f"{'queries / pairs':45s} " + "  ".join(f"{r['queries']}/{r['pairs']}" for r in rows))
     Path(args.out).write_text(json.dumps({"rows": rows, "load": os.getloadavg()}, indent=2))
     print(f"wrote {args.out}")
