@@ -16,7 +16,7 @@ tables (18c+): ``CREATE PRIVATE TEMPORARY TABLE ora$ptt_x (...)`` with the defau
 ``ON COMMIT DROP DEFINITION`` (their creation does not commit; ``ON COMMIT PRESERVE DEFINITION``
 is refused because Oracle documents an implicit commit for it) and ``DROP TABLE ora$ptt_x``.
 Scratch schemas per session would need a privileged account to create and drop users, so they
-are not used.
+are not used. The rules (``oracle_denial``) live in ``oracle_sandbox.py``, imported here.
 
 Timeout: ``Connection.call_timeout`` (milliseconds, set from the statement's deadline before each
 statement). Thin mode turns an expired round trip into a break sent to the server (ORA-01013 on the
@@ -38,15 +38,15 @@ from typing import Any
 import oracledb
 from sqlalchemy.engine import URL
 
-from ..statements import Statement
 from ..types import ErrorKind, Limits, SessionError
 from ..url import redact
 from .base import close_quietly, error_message, register_dialect, url_flag, url_option
 from .glot_lex import ORACLE
+from .oracle_sandbox import (  # noqa: F401  (the rules' names, importable from here as before)
+    _DDL_REASON, ALLOWED_PACKAGES, DDL, DENIED_NAMES, DML, PTT_PREFIX, oracle_denial)
 from .transaction import SAVEPOINT, SessionLost, TransactionDialect, refuse_privileged, setup_failed
 
 DEFAULT_CONNECT_TIMEOUT_S = 10.0
-PTT_PREFIX = "ORA$PTT_"  # the default private_temp_table_prefix
 _ARRAYSIZE = 256
 _URL_KEYS = {"service_name", "sid", "mode", "allow_superuser", "connect_timeout", "protocol",
              "config_dir", "wallet_location", "wallet_password"}
@@ -221,89 +221,6 @@ def classify_oracle(exc: BaseException) -> ErrorKind:
     if full in SYNTAX_DPY or code in SYNTAX_CODES or (900 <= code <= 999 and code not in NOT_SYNTAX_900):
         return ErrorKind.SYNTAX
     return ErrorKind.RUNTIME
-
-
-# --- sandbox rules -------------------------------------------------------------------------------
-
-DML = {"SELECT", "WITH", "INSERT", "UPDATE", "DELETE", "MERGE"}
-DDL = {"CREATE", "ALTER", "DROP", "TRUNCATE", "RENAME", "GRANT", "REVOKE", "COMMENT", "ANALYZE",
-       "AUDIT", "NOAUDIT", "PURGE", "FLASHBACK", "ASSOCIATE", "DISASSOCIATE"}
-ALLOWED_PACKAGES = {"DBMS_RANDOM", "DBMS_LOB"}
-DENIED_NAMES = {"HTTPURITYPE", "DBURITYPE", "XDBURITYPE", "URIFACTORY", "BFILENAME"}
-_DDL_REASON = ("Oracle commits the transaction implicitly on DDL, which would make the session's "
-               "changes permanent; only queries, DML and private temporary tables (CREATE PRIVATE "
-               "TEMPORARY TABLE ora$ptt_name ..., DROP TABLE ora$ptt_name) are allowed")
-def oracle_denial(statement: Statement | str) -> str | None:
-    """The reason the Oracle sandbox rejects ``statement``, or None.
-
-    Of Oracle's SQL statements only these are allowed: SELECT/WITH, INSERT, UPDATE, DELETE, MERGE,
-    EXPLAIN PLAN FOR one of those, CREATE PRIVATE TEMPORARY TABLE (not ON COMMIT PRESERVE
-    DEFINITION) and DROP TABLE ora$ptt_name; every other statement type (DDL, which commits; ALTER
-    SESSION/SYSTEM; PL/SQL blocks; CALL; LOCK TABLE; SET ROLE; ADMINISTER KEY MANAGEMENT) is
-    refused. A first word that starts no Oracle statement is left to the server (ORA-00900).
-    Denied everywhere in a statement: inline PL/SQL (WITH FUNCTION/PROCEDURE, PRAGMA), EXECUTE IMMEDIATE,
-    UTL_* and DBMS_* packages (except DBMS_RANDOM, DBMS_LOB), URI types and BFILENAME (network
-    and file access), and database links (``table@link``). Read on the tokens the call was split
-    by (``glot_lex.ORACLE``).
-    """
-    tokens = list(ORACLE.tokens_of(statement))
-    words = [text if kind != "IDENT" else "" for kind, text in tokens]  # never keywords if quoted
-    names = [text for _, text in tokens]
-    if not tokens:
-        return None
-    start = 0
-    while start < len(words) and words[start] == "(":
-        start += 1
-    lead = words[start] if start < len(words) else ""
-    nxt = words[start + 1:start + 4]
-    if lead in DML:
-        pass
-    elif lead == "EXPLAIN":
-        target = next((words[i + 1] for i in range(start, len(words) - 1) if words[i] == "FOR"), "")
-        if target not in DML:
-            return "EXPLAIN PLAN is allowed only FOR a query or DML statement"
-    elif lead == "CREATE" and nxt[:3] == ["PRIVATE", "TEMPORARY", "TABLE"]:
-        for i in range(start, len(words) - 1):
-            if words[i] == "PRESERVE" and words[i + 1] == "DEFINITION":
-                return ("ON COMMIT PRESERVE DEFINITION is not allowed: Oracle commits the transaction "
-                        "when creating such a table; use the default ON COMMIT DROP DEFINITION")
-    elif lead == "DROP":
-        rest = names[start + 1:]
-        if not (len(rest) in (2, 3) and rest[0] == "TABLE" and rest[1].startswith(PTT_PREFIX)
-                and rest[2:] in ([], ["PURGE"])):
-            return _DDL_REASON
-    elif lead == "ALTER" and nxt[:1] in (["SESSION"], ["SYSTEM"]):
-        return f"ALTER {nxt[0]} (changing session or system settings) is not allowed"
-    elif lead in DDL:
-        return _DDL_REASON
-    elif lead in ("BEGIN", "DECLARE"):
-        return "anonymous PL/SQL blocks are not allowed (they could commit or run dynamic SQL)"
-    elif lead in ("CALL", "EXEC", "EXECUTE"):
-        return "calling procedures is not allowed (a procedure could commit or run dynamic SQL)"
-    elif lead == "LOCK":
-        return "LOCK TABLE is not allowed"
-    elif lead == "SET":
-        return "changing session settings (SET ROLE, SET CONSTRAINTS) is not allowed"
-    elif lead == "ADMINISTER":
-        return "ADMINISTER KEY MANAGEMENT is not allowed"
-    # Any other first word is none of Oracle's SQL statements: the server rejects it (ORA-00900,
-    # a syntax error), so it is left to the server to say so.
-    for i, (kind, text) in enumerate(tokens):
-        word = words[i]
-        following = words[i + 1] if i + 1 < len(words) else ""
-        if word == "WITH" and following in ("FUNCTION", "PROCEDURE"):
-            return "inline PL/SQL (WITH FUNCTION/PROCEDURE) is not allowed"
-        if word == "PRAGMA":
-            return "PL/SQL pragmas (autonomous transactions) are not allowed"
-        if word == "EXECUTE" and following == "IMMEDIATE":
-            return "dynamic SQL (EXECUTE IMMEDIATE) is not allowed"
-        if (text.startswith("UTL_") or text.startswith("DBMS_")) and text not in ALLOWED_PACKAGES:
-            return f"the {text} package is not allowed (file, network, scheduler or dynamic SQL access)"
-        if text in DENIED_NAMES:
-            return f"{text} is not allowed (file or network access)"
-        if "@" in word:
-            return "database links (name@link) are not allowed"
-    return None
 
 
 # --- the adapter ---------------------------------------------------------------------------------
