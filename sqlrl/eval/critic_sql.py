@@ -1,6 +1,6 @@
 """BIRD-CRITIC's SQL-rewriting and result-comparison helpers, as the sandboxed test cases call them.
 
-The sandbox child (``sqlrl.eval.sandbox``) puts these into a test case's namespace under
+The sandbox child (``sqlrl.eval.sandbox_child``) puts these into a test case's namespace under
 BIRD-CRITIC's names (``remove_comments``, ``remove_distinct``, ``remove_round``,
 ``preprocess_results``, ``check_sql_function_usage``) and ``ex_base`` compares with
 ``results_match``; ``sqlrl.eval.critic`` uses ``strip_sql`` and ``results_match`` in the parent.
