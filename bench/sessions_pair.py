@@ -17,12 +17,12 @@ round, in an order drawn afresh per round (``--seed``), it times:
 
 "added" = ``session.execute`` minus the raw call on the same connection (per round), and every
 new-vs-old figure is the median over (query, round) pairs of the per-round difference
-(``ratio_new_over_old``: of the per-round ratio ``new / old``). With
+(``ratio_new_over_old``: of the per-round ratio ``new / old``).
 Every step starts on an idle connection: a streamed result's block that the previous step left
 open is ended untimed first, so no step pays (or skips) another's ``COMMIT``, and a raw call
-never runs inside another statement's block. With
-``--distinct``, every call's text is made unique (a comment with a counter is appended), so
-nothing keyed by SQL text can be reused between rounds. Prints a table and writes JSON (``--out``).
+never runs inside another statement's block. With ``--distinct``, every call's text is made
+unique (a comment with a counter is appended), so nothing keyed by SQL text can be reused between
+rounds. Prints a table and writes JSON (``--out``).
 Needs SQLRL_PG_ADMIN_URL (scripts/dbservers.sh). Not a test: numbers depend on the machine.
 The two sessions differ even with the same code (their backends, their clones): run it once with
 ``--old`` naming a copy of this checkout (``git archive HEAD sqlrl | tar -x -C <dir>``) to see
