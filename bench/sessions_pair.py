@@ -1,6 +1,6 @@
-"""PostgreSQL per-query cost of two sqlrl versions, paired in ONE process on the same server.
+"""Per-query cost of two sqlrl versions, paired in ONE process on the same server.
 
-    python bench/sessions_pair.py --old /path/to/old/checkout [--rounds 20] [--dbs concert_singer,sakila_1]
+    python bench/sessions_pair.py --old /path/to/old/checkout [--engine postgresql|mysql] [--rounds 20] [--dbs concert_singer,sakila_1]
 
 The old checkout's ``sqlrl/db`` is copied into a temporary folder as the package ``sqlrl_old``
 (its module-name strings rewritten), so both versions run side by side: each loads its own base
@@ -15,6 +15,10 @@ round, in an order drawn afresh per round (``--seed``), it times:
   streamed query (``BEGIN; DECLARE …; FETCH``, with and without the row-size wrapper), sent raw on
   the NEW session's connection, each followed by its ``COMMIT`` (as the next call's prelude would).
 
+With ``--leases N``, session open+close is paired too (``pair_leases``): N rounds with a
+prepared clone ready ("lease", the hot path), then N/4 (at least 5) with none ready ("cold": the
+clone is made on the spot), each version once per round in a drawn order.
+
 "added" = ``session.execute`` minus the raw call on the same connection (per round), and every
 new-vs-old figure is the median over (query, round) pairs of the per-round difference
 (``ratio_new_over_old``: of the per-round ratio ``new / old``).
@@ -23,7 +27,10 @@ open is ended untimed first, so no step pays (or skips) another's ``COMMIT``, an
 never runs inside another statement's block. With ``--distinct``, every call's text is made
 unique (a comment with a counter is appended), so nothing keyed by SQL text can be reused between
 rounds. Prints a table and writes JSON (``--out``).
-Needs SQLRL_PG_ADMIN_URL (scripts/dbservers.sh). Not a test: numbers depend on the machine.
+Needs SQLRL_PG_ADMIN_URL (``--engine mysql``: SQLRL_MYSQL_ADMIN_URL; scripts/dbservers.sh). On
+MariaDB/MySQL there is no streamed text to send raw (``--texts`` is PostgreSQL's), no per-step
+settling (a session's connection is idle between calls) and no server CPU column (the server's
+connections are threads of one process). Not a test: numbers depend on the machine.
 The two sessions differ even with the same code (their backends, their clones): run it once with
 ``--old`` naming a copy of this checkout (``git archive HEAD sqlrl | tar -x -C <dir>``) to see
 that bias on the machine at hand; on 2026-12-03 it was -7 / -4 µs per call (ratio 0.98-0.99),
@@ -53,6 +60,8 @@ sys.path.insert(0, str(ROOT))
 
 from sqlrl.db import open_session  # noqa: E402
 from sqlrl.db.provisioning.loader import load_sqlite  # noqa: E402
+from sqlrl.db.provisioning.scratch import SCRATCH  # noqa: E402
+from sqlrl.db.url import parse_url  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sessions import gold_queries, raw_call  # noqa: E402
@@ -103,31 +112,84 @@ def server_cpu_ns(conn) -> int:
     try:
         with open(f"/proc/{conn.info.backend_pid}/schedstat") as f:
             return int(f.read().split()[0])
-    except (OSError, ValueError):
+    except (OSError, ValueError, AttributeError):  # AttributeError: not a psycopg2 connection
         return 0
 
 
 def settle(conn) -> None:
-    """End a streamed result's block left open on ``conn`` (untimed)."""
-    if conn.info.transaction_status != 0:
+    """End a streamed result's block left open on ``conn`` (untimed; PostgreSQL only)."""
+    if getattr(conn, "info", None) is not None and conn.info.transaction_status != 0:
         cur = conn.cursor()
         cur.execute("COMMIT")
         cur.close()
 
 
-def pair(old_db, admin: str, spider: Path, db_id: str, rounds: int, texts: bool,
-         distinct: bool, seed: int) -> dict:
+def old_module(name: str):
+    """``sqlrl_old.db.<name>``, which was ``sqlrl/db/<name>`` before the contracts issue moved it
+    to ``sqlrl/db/provisioning/``."""
+    try:
+        return importlib.import_module(f"sqlrl_old.db.provisioning.{name}")
+    except ModuleNotFoundError:
+        return importlib.import_module(f"sqlrl_old.db.{name}")
+
+
+def load_pair(admin: str, spider: Path, db_id: str) -> tuple[str, str]:
+    """The database loaded once by each version: (new session URL, old session URL)."""
     sqlite = str(spider / "database" / db_id / f"{db_id}.sqlite")
     # the new loader first: its prepare_server takes sqlrl_owner away from old-style session roles
     new_url = load_sqlite(sqlite, admin, f"pair_new_{db_id}", replace=True).session_url
-    try:  # the loader's place: sqlrl/db/ before the contracts issue, sqlrl/db/provisioning/ since
-        old_loader = importlib.import_module("sqlrl_old.db.provisioning.loader")
-    except ModuleNotFoundError:
-        old_loader = importlib.import_module("sqlrl_old.db.loader")
-    old_url = old_loader.load_sqlite(sqlite, admin, f"pair_old_{db_id}", replace=True).session_url
+    old_url = old_module("loader").load_sqlite(
+        sqlite, admin, f"pair_old_{db_id}", replace=True).session_url
+    return new_url, old_url
+
+
+def pair_leases(old_db, new_url: str, old_url: str, rounds: int, seed: int) -> dict:
+    """Session open+close of the two versions, paired per round in a drawn order: "lease" with a
+    prepared clone ready (the hot path), then "cold" with none ready (the clone is made on the
+    spot: its database, role and connection, and since issue 46 the ownership hand-over). Both
+    versions' background work is settled before every timed step."""
+    new_scratch, old_scratch = SCRATCH, old_module("scratch").SCRATCH
+    scratches = {"new": (new_scratch, new_url, open_session),
+                 "old": (old_scratch, old_url, old_db.open_session)}
+
+    def settle_all() -> None:
+        new_scratch.settle()
+        old_scratch.settle()
+
+    order = random.Random(seed)
+    per_round: dict[str, list[float]] = {}
+    for phase in ("lease", "cold"):
+        for scratch, url, opener in scratches.values():
+            scratch.configure(prefill=1 if phase == "lease" else 0)
+            for _ in range(2):
+                opener(url).close()  # a base taken twice gets clones ahead
+        for _ in range(rounds if phase == "lease" else max(5, rounds // 4)):
+            got = {}
+            for name in order.sample(list(scratches), 2):
+                scratch, url, opener = scratches[name]
+                settle_all()
+                if phase == "cold":
+                    scratch.forget(url, parse_url(url).database)  # nothing ready
+                t0 = time.perf_counter()
+                opener(url).close()
+                got[name] = (time.perf_counter() - t0) * 1e3
+            for name, ms in got.items():
+                per_round.setdefault(f"{phase}_{name}", []).append(ms)
+            per_round.setdefault(f"{phase}_ratio_new_over_old", []).append(got["new"] / got["old"])
+    for scratch, _, _ in scratches.values():
+        scratch.configure(prefill=2)
+    settle_all()
+    out = {(k if "ratio" in k else f"{k}_ms"): statistics.median(v) for k, v in per_round.items()}
+    out["lease_rounds"], out["cold_rounds"] = len(per_round["lease_new"]), len(per_round["cold_new"])
+    return out
+
+
+def pair(old_db, new_url: str, old_url: str, spider: Path, db_id: str, rounds: int, texts: bool,
+         distinct: bool, seed: int, engine: str = "postgresql") -> dict:
     new_s, old_s = open_session(new_url), old_db.open_session(old_url)
     new_c, old_c = new_s._conn, old_s._conn
     max_bytes = new_s.limits.max_bytes
+    write = {"postgresql": "postgres", "mysql": "mysql"}[engine]
     samples: dict[str, list[float]] = {}
     per_round: dict[str, list[float]] = {}
     cpu: dict[str, list[float]] = {}  # client thread CPU and backend CPU per step
@@ -135,13 +197,14 @@ def pair(old_db, admin: str, spider: Path, db_id: str, rounds: int, texts: bool,
     order = random.Random(seed)  # a fresh order every round: no step always follows the same one
     try:
         for q in gold_queries(spider, db_id):
-            sql = sqlglot.transpile(q, read="sqlite", write="postgres")[0]
+            sql = sqlglot.transpile(q, read="sqlite", write=write)[0]
             r_new, r_old = new_s.execute(sql), old_s.execute(sql)
             if not (r_new.ok and r_old.ok):
                 continue
             used += 1
             text_old, text_new = streamed_texts(sql, max_bytes)
-            streamed = new_c.info.transaction_status != 0  # a cursor block was left open
+            # a cursor block was left open (PostgreSQL's streamed query)
+            streamed = engine == "postgresql" and new_c.info.transaction_status != 0
             new_s.execute("SELECT 1")
             old_s.execute("SELECT 1")
 
@@ -175,7 +238,9 @@ def pair(old_db, admin: str, spider: Path, db_id: str, rounds: int, texts: bool,
                     fn()
                     got[name] = (time.perf_counter() - t0) * 1e6
                     cpu.setdefault(f"client_{name}", []).append((time.thread_time() - c0) * 1e6)
-                    cpu.setdefault(f"server_{name}", []).append((server_cpu_ns(conn) - s0) / 1e3)
+                    if engine == "postgresql":  # a backend process per connection
+                        cpu.setdefault(f"server_{name}", []).append(
+                            (server_cpu_ns(conn) - s0) / 1e3)
                 for name, us in got.items():
                     samples.setdefault(name, []).append(us)
                 per_round.setdefault("added_old", []).append(got["old"] - got["raw_old"])
@@ -191,7 +256,7 @@ def pair(old_db, admin: str, spider: Path, db_id: str, rounds: int, texts: bool,
     finally:
         new_s.close()
         old_s.close()
-    out = {"db": db_id, "queries": used, "rounds": rounds, "distinct": distinct}
+    out = {"engine": engine, "db": db_id, "queries": used, "rounds": rounds, "distinct": distinct}
     out.update({f"{k}_us": statistics.median(v) for k, v in samples.items()})
     out.update({(k if k.startswith("ratio") else f"{k}_us"): statistics.median(v)
                 for k, v in per_round.items()})
@@ -208,21 +273,30 @@ def pair(old_db, admin: str, spider: Path, db_id: str, rounds: int, texts: bool,
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--old", required=True, help="checkout of the old version (e.g. a worktree at 97f75fb)")
+    ap.add_argument("--engine", choices=("postgresql", "mysql"), default="postgresql")
     ap.add_argument("--spider", default=str(ROOT.parent / "shared" / "data" / "spider"))
     ap.add_argument("--dbs", default="concert_singer,sakila_1")
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--texts", action="store_true", help="also time the two streamed texts raw")
     ap.add_argument("--distinct", action="store_true", help="a unique SQL text on every call")
     ap.add_argument("--seed", type=int, default=0, help="seeds the per-round order of the steps")
+    ap.add_argument("--leases", type=int, default=0,
+                    help="also pair session open+close (ready clone, then none ready) in this many rounds")
     ap.add_argument("--out", default="/tmp/sessions_pair.json")
     args = ap.parse_args()
-    admin = os.environ.get("SQLRL_PG_ADMIN_URL")
+    env = {"postgresql": "SQLRL_PG_ADMIN_URL", "mysql": "SQLRL_MYSQL_ADMIN_URL"}[args.engine]
+    admin = os.environ.get(env)
     if not admin:
-        sys.exit("SQLRL_PG_ADMIN_URL is not set (scripts/dbservers.sh start; source its env.sh)")
+        sys.exit(f"{env} is not set (scripts/dbservers.sh start; source its env.sh)")
     old_db = import_old(Path(args.old))
-    rows = [pair(old_db, admin, Path(args.spider), db, args.rounds, args.texts, args.distinct,
-                 args.seed)
-            for db in args.dbs.split(",")]
+    rows = []
+    for db in args.dbs.split(","):
+        new_url, old_url = load_pair(admin, Path(args.spider), db)
+        row = pair(old_db, new_url, old_url, Path(args.spider), db, args.rounds, args.texts, args.distinct,
+                   args.seed, args.engine)
+        if args.leases:
+            row.update(pair_leases(old_db, new_url, old_url, args.leases, args.seed))
+        rows.append(row)
     keys = ["raw_old_us", "old_us", "raw_new_us", "new_us", "added_old_us", "added_new_us",
             "added_new_minus_old_us", "new_minus_old_us", "ratio_new_over_old",
             "raw_new_minus_old_us",
@@ -230,12 +304,20 @@ def main() -> None:
             "cpu_client_new_minus_old_us", "cpu_server_old_us", "cpu_server_new_us",
             "cpu_server_new_minus_old_us", "cpu_server_raw_new_minus_raw_old_us",
             "cpu_server_text_new_minus_text_old_us", "cpu_client_text_new_minus_text_old_us"]
-    print(f"µs, medians (differences and the ratio: of per-round pairs); load {os.getloadavg()}")
+    print(f"{args.engine}: µs, medians (differences and the ratio: of per-round pairs); "
+          f"load {os.getloadavg()}")
     for k in keys:
         fmt = "8.3f" if k.startswith("ratio") else "8.1f"
         print(f"{k.removesuffix('_us'):45s} "
               + "  ".join(f"{r[k]:{fmt}}" if k in r else "       –" for r in rows))
     print(f"{'queries / pairs':45s} " + "  ".join(f"{r['queries']}/{r['pairs']}" for r in rows))
+    if args.leases:
+        print("ms, medians (the ratio: of per-round pairs)")
+        for k in ("lease_old_ms", "lease_new_ms", "lease_ratio_new_over_old",
+                  "cold_old_ms", "cold_new_ms", "cold_ratio_new_over_old"):
+            print(f"{k.removesuffix('_ms'):45s} " + "  ".join(f"{r[k]:8.3f}" for r in rows))
+        print(f"{'rounds (lease / cold)':45s} "
+              + "  ".join(f"{r['lease_rounds']}/{r['cold_rounds']}" for r in rows))
     Path(args.out).write_text(json.dumps({"rows": rows, "load": os.getloadavg()}, indent=2))
     print(f"wrote {args.out}")
 
