@@ -15,6 +15,8 @@ round, in an order drawn afresh per round (``--seed``), it times:
   streamed query (``BEGIN; DECLARE …; FETCH``, with and without the row-size wrapper), sent raw on
   the NEW session's connection, each followed by its ``COMMIT`` (as the next call's prelude would).
 
+With ``--tables``, the queries are ``SELECT * FROM <table>`` for every table of the database
+instead (results of every size up to the row cap; the gold queries mostly return a few rows).
 With ``--leases N``, session open+close is paired too (``pair_leases``): N rounds with a
 prepared clone ready ("lease", the hot path), then N/4 (at least 5) with none ready ("cold": the
 clone is made on the spot), each version once per round in a drawn order.
@@ -40,6 +42,7 @@ and the CPU columns moved by up to ±35 µs (server) and +7-11 µs (client) with
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import itertools
 import json
@@ -47,18 +50,22 @@ import os
 import random
 import re
 import shutil
+import sqlite3
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+import psycopg2
+import psycopg2.extensions
 import sqlglot
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from sqlrl.db import open_session  # noqa: E402
+from sqlrl.db.dialects.descriptor import dialect_of, dialects  # noqa: E402
 from sqlrl.db.provisioning.loader import load_sqlite  # noqa: E402
 from sqlrl.db.provisioning.scratch import SCRATCH  # noqa: E402
 from sqlrl.db.url import parse_url  # noqa: E402
@@ -109,16 +116,30 @@ def send_text(conn, text: str) -> None:
 def server_cpu_ns(conn) -> int:
     """CPU time the connection's backend has used (ns, ``/proc/<pid>/schedstat``); 0 when the
     server is not on this machine or not readable."""
+    pid = backend_pid(conn)
+    if pid is None:
+        return 0
     try:
-        with open(f"/proc/{conn.info.backend_pid}/schedstat") as f:
+        with open(f"/proc/{pid}/schedstat") as f:
             return int(f.read().split()[0])
-    except (OSError, ValueError, AttributeError):  # AttributeError: not a psycopg2 connection
+    except (OSError, ValueError):
         return 0
 
 
+def backend_pid(conn) -> int | None:
+    """The process that serves ``conn`` on the server, when the driver says (psycopg2)."""
+    return conn.info.backend_pid if isinstance(conn, psycopg2.extensions.connection) else None
+
+
+def in_block(conn) -> bool:
+    """Whether ``conn`` is inside a transaction block (a streamed result's, on psycopg2)."""
+    return (isinstance(conn, psycopg2.extensions.connection)
+            and conn.info.transaction_status != psycopg2.extensions.TRANSACTION_STATUS_IDLE)
+
+
 def settle(conn) -> None:
-    """End a streamed result's block left open on ``conn`` (untimed; PostgreSQL only)."""
-    if getattr(conn, "info", None) is not None and conn.info.transaction_status != 0:
+    """End a streamed result's block left open on ``conn`` (untimed)."""
+    if in_block(conn):
         cur = conn.cursor()
         cur.execute("COMMIT")
         cur.close()
@@ -184,27 +205,38 @@ def pair_leases(old_db, new_url: str, old_url: str, rounds: int, seed: int) -> d
     return out
 
 
+def table_queries(spider: Path, db_id: str) -> list[str]:
+    """``SELECT * FROM <table>`` for every table of the database: results of every size (the
+    row cap is 10,000), where the gold queries are mostly a few rows."""
+    path = spider / "database" / db_id / f"{db_id}.sqlite"
+    with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as conn:
+        names = [r[0] for r in conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' "
+            "ORDER BY name")]
+    return [f'SELECT * FROM "{name}"' for name in names]
+
+
 def pair(old_db, new_url: str, old_url: str, spider: Path, db_id: str, rounds: int, texts: bool,
-         distinct: bool, seed: int, engine: str = "postgresql") -> dict:
+         distinct: bool, seed: int, engine: str = "postgresql", tables: bool = False) -> dict:
     new_s, old_s = open_session(new_url), old_db.open_session(old_url)
     new_c, old_c = new_s._conn, old_s._conn
     max_bytes = new_s.limits.max_bytes
-    write = {"postgresql": "postgres", "mysql": "mysql"}[engine]
+    write = dialect_of(engine).sqlglot
     samples: dict[str, list[float]] = {}
     per_round: dict[str, list[float]] = {}
     cpu: dict[str, list[float]] = {}  # client thread CPU and backend CPU per step
+    per_query: list[dict] = []  # each query's own medians (what --tables reports)
     used = 0
     order = random.Random(seed)  # a fresh order every round: no step always follows the same one
     try:
-        for q in gold_queries(spider, db_id):
+        for q in (table_queries(spider, db_id) if tables else gold_queries(spider, db_id)):
             sql = sqlglot.transpile(q, read="sqlite", write=write)[0]
             r_new, r_old = new_s.execute(sql), old_s.execute(sql)
             if not (r_new.ok and r_old.ok):
                 continue
             used += 1
-            text_old, text_new = streamed_texts(sql, max_bytes)
             # a cursor block was left open (PostgreSQL's streamed query)
-            streamed = engine == "postgresql" and new_c.info.transaction_status != 0
+            streamed = in_block(new_c)
             new_s.execute("SELECT 1")
             old_s.execute("SELECT 1")
 
@@ -225,8 +257,10 @@ def pair(old_db, new_url: str, old_url: str, spider: Path, db_id: str, rounds: i
 
             steps = [("raw_old", t_raw_old), ("old", t_old), ("raw_new", t_raw_new), ("new", t_new)]
             if texts and streamed:  # the texts are sent only on an idle connection
+                text_old, text_new = streamed_texts(sql, max_bytes)
                 steps += [("text_old", lambda: send_text(new_c, text_old)),
                           ("text_new", lambda: send_text(new_c, text_new))]
+            mine: dict[str, list[float]] = {"ratio": [], "diff": []}
             for rnd in range(rounds):
                 got: dict[str, float] = {}
                 for name, fn in order.sample(steps, len(steps)):
@@ -238,7 +272,7 @@ def pair(old_db, new_url: str, old_url: str, spider: Path, db_id: str, rounds: i
                     fn()
                     got[name] = (time.perf_counter() - t0) * 1e6
                     cpu.setdefault(f"client_{name}", []).append((time.thread_time() - c0) * 1e6)
-                    if engine == "postgresql":  # a backend process per connection
+                    if backend_pid(conn) is not None:  # a server process per connection
                         cpu.setdefault(f"server_{name}", []).append(
                             (server_cpu_ns(conn) - s0) / 1e3)
                 for name, us in got.items():
@@ -250,13 +284,19 @@ def pair(old_db, new_url: str, old_url: str, spider: Path, db_id: str, rounds: i
                     (got["new"] - got["raw_new"]) - (got["old"] - got["raw_old"]))
                 per_round.setdefault("raw_new_minus_old", []).append(got["raw_new"] - got["raw_old"])
                 per_round.setdefault("ratio_new_over_old", []).append(got["new"] / got["old"])
+                mine["ratio"].append(got["new"] / got["old"])
+                mine["diff"].append(got["new"] - got["old"])
                 if "text_new" in got:
                     per_round.setdefault("text_new_minus_old", []).append(
                         got["text_new"] - got["text_old"])
+            per_query.append({"sql": sql, "rows": r_new.row_count, "truncated": r_new.truncated,
+                              "ratio_new_over_old": statistics.median(mine["ratio"]),
+                              "new_minus_old_us": statistics.median(mine["diff"])})
     finally:
         new_s.close()
         old_s.close()
-    out = {"engine": engine, "db": db_id, "queries": used, "rounds": rounds, "distinct": distinct}
+    out = {"engine": engine, "db": db_id, "queries": used, "rounds": rounds, "distinct": distinct,
+           "per_query": per_query}
     out.update({f"{k}_us": statistics.median(v) for k, v in samples.items()})
     out.update({(k if k.startswith("ratio") else f"{k}_us"): statistics.median(v)
                 for k, v in per_round.items()})
@@ -273,18 +313,21 @@ def pair(old_db, new_url: str, old_url: str, spider: Path, db_id: str, rounds: i
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--old", required=True, help="checkout of the old version (e.g. a worktree at 97f75fb)")
-    ap.add_argument("--engine", choices=("postgresql", "mysql"), default="postgresql")
+    ap.add_argument("--engine", default="postgresql",
+                    choices=[d.name for d in dialects() if d.verified and d.admin_url_env])
     ap.add_argument("--spider", default=str(ROOT.parent / "shared" / "data" / "spider"))
     ap.add_argument("--dbs", default="concert_singer,sakila_1")
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--texts", action="store_true", help="also time the two streamed texts raw")
     ap.add_argument("--distinct", action="store_true", help="a unique SQL text on every call")
     ap.add_argument("--seed", type=int, default=0, help="seeds the per-round order of the steps")
+    ap.add_argument("--tables", action="store_true",
+                    help="time SELECT * of every table (results of every size) instead of the gold queries")
     ap.add_argument("--leases", type=int, default=0,
                     help="also pair session open+close (ready clone, then none ready) in this many rounds")
     ap.add_argument("--out", default="/tmp/sessions_pair.json")
     args = ap.parse_args()
-    env = {"postgresql": "SQLRL_PG_ADMIN_URL", "mysql": "SQLRL_MYSQL_ADMIN_URL"}[args.engine]
+    env = dialect_of(args.engine).admin_url_env
     admin = os.environ.get(env)
     if not admin:
         sys.exit(f"{env} is not set (scripts/dbservers.sh start; source its env.sh)")
@@ -293,7 +336,7 @@ def main() -> None:
     for db in args.dbs.split(","):
         new_url, old_url = load_pair(admin, Path(args.spider), db)
         row = pair(old_db, new_url, old_url, Path(args.spider), db, args.rounds, args.texts, args.distinct,
-                   args.seed, args.engine)
+                   args.seed, args.engine, args.tables)
         if args.leases:
             row.update(pair_leases(old_db, new_url, old_url, args.leases, args.seed))
         rows.append(row)
@@ -311,6 +354,12 @@ def main() -> None:
         print(f"{k.removesuffix('_us'):45s} "
               + "  ".join(f"{r[k]:{fmt}}" if k in r else "       –" for r in rows))
     print(f"{'queries / pairs':45s} " + "  ".join(f"{r['queries']}/{r['pairs']}" for r in rows))
+    if args.tables:  # results of every size: each query on its own line
+        print("per query (rows returned, truncated): new - old µs, ratio new / old")
+        for r in rows:
+            for q in sorted(r["per_query"], key=lambda q: q["rows"]):
+                print(f"  {r['db']:16s} {q['sql'][:40]:40s} {q['rows']:6d}{'+' if q['truncated'] else ' '}"
+                      f" {q['new_minus_old_us']:+10.1f} {q['ratio_new_over_old']:7.3f}")
     if args.leases:
         print("ms, medians (the ratio: of per-round pairs)")
         for k in ("lease_old_ms", "lease_new_ms", "lease_ratio_new_over_old",

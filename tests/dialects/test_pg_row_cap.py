@@ -2,8 +2,9 @@
 own functions.
 
 A streamed query's rows are measured on the server before they are sent (``_ROW_CAP`` in
-``sqlrl/db/dialects/postgresql.py``); a row longer than ``Limits.max_bytes`` ends the call with a
-``runtime`` error, so it never reaches libpq. Attacked here, with the text filter on and off:
+``sqlrl/db/dialects/postgresql.py``); a row longer than ``postgresql_wrap.row_bytes`` (here
+``Limits.max_bytes`` itself: 64 KiB is the floor) ends the call with a ``runtime`` error, so it
+never reaches libpq. Attacked here, with the text filter on and off:
 
 - values whose STORED size is far below their text (``pg_column_size`` passed them): a compressed
   string in a table (``TABLE t`` too), a record nested in records (its quoting doubles at every
@@ -40,7 +41,7 @@ def url(pg_admin_url):
 
 def too_wide(result, context):
     assert result.error is not None and result.error.kind is ErrorKind.RUNTIME, (context, result)
-    assert "more than the call's byte limit" in result.error.message, (context, result)
+    assert "more than the byte limit on one row" in result.error.message, (context, result)
     assert result.rows == (), (context, result)
 
 

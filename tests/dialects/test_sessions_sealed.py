@@ -202,7 +202,7 @@ def test_4_pg_one_wide_value_stays_within_the_client_memory_bound(pg_base, text_
             (sql, probe)
         assert probe["growth_kib"] < 64 * 1024, (sql, probe)
         on_time_or_says_so(probe["elapsed"], probe["error"], 2.0, (sql, probe))
-    assert probes[-1]["kind"] == "runtime" and "more than the call's byte limit" in probes[-1]["error"]
+    assert probes[-1]["kind"] == "runtime" and "more than the byte limit on one row" in probes[-1]["error"]
     assert after == {"after": 60}  # the session goes on
 
 

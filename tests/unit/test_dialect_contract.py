@@ -257,7 +257,8 @@ def test_the_builtins_declare_what_they_implement() -> None:
             for d in builtins}
     assert caps == {
         "sqlite": {"ExactLexer", "ReadOnlyAttestation"},
-        "postgresql": {"ExactLexer", "Cancellable", "ReadOnlyAttestation", "AgentLogin"},
+        "postgresql": {"ExactLexer", "Cancellable", "BatchBound", "ReadOnlyAttestation",
+                       "AgentLogin"},
         "mysql": {"ExactLexer", "Cancellable", "Abandoning", "AgentLogin"},
         "mssql": {"ExactLexer"}, "oracle": {"ExactLexer"}}
     assert [d.storage.kind for d in builtins] == [

@@ -155,3 +155,58 @@ def test_an_earlier_deadline_wakes_the_watchdog():
     # asleep until the far deadline (60 s) it would miss this bound; woken, it fires at once
     assert fired.wait(30) and time.monotonic() - t0 < 30
     assert dog.disarm(near) and not dog.disarm(far)
+
+
+class _WideningCursor(_Cursor):
+    """16 one-byte rows, then rows of ``width`` bytes: a later batch sized from the first is huge."""
+
+    def __init__(self, width: int, total: int, log: list[int]) -> None:
+        super().__init__(width, total, log=log)
+        self.pos = 0
+
+    def fetchmany(self, size: int):
+        self.sizes.append(size)
+        n = min(size, self.left)
+        rows = [("x" if p < 16 else "x" * self.width,) for p in range(self.pos, self.pos + n)]
+        self.pos, self.left = self.pos + n, self.left - n
+        return rows
+
+
+class _BoundedAdapter(_Adapter):
+    """The fake engine with ``BatchBound``: one fetch may ask for at most ``bound`` rows."""
+
+    def __init__(self, cursor_factory, bound: int) -> None:
+        super().__init__(cursor_factory)
+        self.bound = bound
+
+    def batch_rows(self, conn) -> int:
+        return self.bound
+
+
+def test_a_batch_bound_caps_every_fetch_however_narrow_the_first_rows():
+    limits = Limits(max_bytes=1_000_000)
+    unbounded: list[int] = []
+    r = executor.run_call(_Adapter(lambda: _WideningCursor(60_000, 3000, unbounded)), None, None,
+                          "SELECT v FROM t", limits)
+    assert r.truncated and max(unbounded) > 2000, unbounded  # what the bound is for
+    bounded: list[int] = []
+    adapter = _BoundedAdapter(lambda: _WideningCursor(60_000, 3000, bounded), bound=7)
+    r = executor.run_call(adapter, None, None, "SELECT v FROM t", limits)
+    assert r.ok and r.truncated and adapter.abandoned == 1, r
+    assert [len(v) for (v,) in r.rows[:16]] == [1] * 16 and len(r.rows) == 16 + 1_000_000 // 60_005
+    assert bounded[0] == 7 and max(bounded) == 7, bounded  # the first batch too
+
+
+def test_a_short_batch_over_the_byte_cap_is_a_truncation_not_the_end():
+    """An adapter may stop reading a batch once it holds more than ``max_bytes`` (MariaDB's
+    Result): the executor must read that as truncated, not as the last rows of the result."""
+
+    class _StopsEarly(_Cursor):
+        def fetchmany(self, size: int):
+            self.sizes.append(size)
+            return [("x" * 600_000,)] * 2  # fewer than asked, already over the cap
+
+    log: list[int] = []
+    adapter = _Adapter(lambda: _StopsEarly(0, 0, log=log))
+    r = executor.run_call(adapter, None, None, "SELECT v FROM t", Limits(max_bytes=1_000_000))
+    assert r.ok and r.truncated and r.row_count == 1 and adapter.abandoned == 1, r

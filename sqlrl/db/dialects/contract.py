@@ -40,7 +40,7 @@ from ..statements import Statement
 from ..types import ErrorKind, Limits
 from .descriptor import Dialect
 
-__all__ = ["Abandoning", "AdapterContractError", "AgentLogin", "BulkLoad", "CAPABILITIES",
+__all__ = ["Abandoning", "AdapterContractError", "AgentLogin", "BatchBound", "BulkLoad", "CAPABILITIES",
            "Cancellable", "CloneHandOver", "CloneSource", "Contract", "DialectAdapter",
            "ExactLexer", "ReadOnlyAttestation", "ServerAdmin", "admin_class", "check_adapter",
            "check_admin",
@@ -112,6 +112,16 @@ class Abandoning(Protocol):
 
     def abandon(self, conn: Any, cursor: Any) -> None:
         """Stop the server's work on ``cursor``; ``conn`` stays usable. Errors are ignored."""
+
+
+class BatchBound(Protocol):
+    """The engine bounds each row's size but not a fetch's (PostgreSQL's row-size check: one
+    ``FETCH n`` arrives whole), so the executor asks one ``fetchmany`` for at most ``batch_rows``
+    rows, however narrow the rows seen so far: a result whose rows widen after its first batch
+    cannot bring more than ``batch_rows`` x the row bound into the client at once."""
+
+    def batch_rows(self, conn: Any) -> int:
+        """The most rows one ``fetchmany`` on ``conn`` may ask for (at least 1)."""
 
 
 class ReadOnlyAttestation(Protocol):
@@ -238,8 +248,8 @@ def methods_of(protocol: type) -> tuple[str, ...]:
     return tuple(n for n, v in vars(protocol).items() if not n.startswith("_") and callable(v))
 
 
-CAPABILITIES: tuple[type, ...] = (ExactLexer, Cancellable, Abandoning, ReadOnlyAttestation,
-                                  AgentLogin)
+CAPABILITIES: tuple[type, ...] = (ExactLexer, Cancellable, Abandoning, BatchBound,
+                                  ReadOnlyAttestation, AgentLogin)
 
 
 @dataclass(frozen=True)

@@ -91,6 +91,7 @@ class _Connection(pymysql.connections.Connection):
     flavor: Flavor = DEFAULT  # what the statement lexer needs to know about the server
     connect_kw: dict = {}  # how it was opened (the watchdog's KILL QUERY connection uses it)
     limits_sql: str = ""  # SET SESSION … applied at connect
+    max_bytes: int = 0  # the session's byte cap: a batch stops being read past it (mysql_fetch)
     timeouts_seen: int = 0  # the session's Max_statement_time_exceeded when last read
 
     @property
@@ -182,6 +183,7 @@ class MySQLDialect:
                 if problem:
                     raise SessionError(f"refusing to run agent SQL as {url.username!r}: {problem}")
                 conn.limits_sql = self._limits_sql(conn, limits)
+                conn.max_bytes = limits.max_bytes
                 cur.execute(conn.limits_sql)
         except BaseException as exc:
             _close(conn)
@@ -273,7 +275,7 @@ class MySQLDialect:
             except Exception:
                 pass
             raise (exc if isinstance(exc, StatementError) else clean(exc)) from exc
-        return _Result(cur, clean, finished)
+        return _Result(cur, clean, finished, conn.max_bytes)
 
     def classify(self, exc: BaseException) -> ErrorKind:
         kind = getattr(exc, "kind", None)

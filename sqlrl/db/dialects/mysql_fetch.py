@@ -1,7 +1,11 @@
 """MariaDB/MySQL: reading a statement's unbuffered result and stopping it from outside.
 
 - ``Result``: the statement's ``SSCursor`` with driver errors cleaned; an error packet (a kill, the
-  statement timer) ends the result so the connection stays usable.
+  statement timer) ends the result so the connection stays usable. Rows are read one at a time
+  (as the unbuffered protocol sends them) and a batch stops being read once its strings and bytes
+  alone pass the session's byte cap: the executor truncates the result there (a batch over the
+  cap ends it), so a result whose rows widen after its first batch brings at most the cap plus
+  one row (``max_allowed_packet``) into the client, not the batch the narrow rows asked for.
 - ``stopped_by_timeout``: whether the server's timer stopped a statement that reported success.
 - ``kill_query`` / ``abandon_unbuffered``: ``KILL QUERY`` from a second connection (the watchdog's
   canceller, and the executor's way to stop a capped result instead of draining it).
@@ -15,31 +19,60 @@ import time
 from typing import Any
 
 import pymysql
+from pymysql.constants import FIELD_TYPE
 
 from ..url import parse_url
 
 TIMEOUT_CHECK_MARGIN_S = 0.005  # statements ending this close to their deadline are checked
+_LONG_TYPES = frozenset({FIELD_TYPE.VARCHAR, FIELD_TYPE.BIT, FIELD_TYPE.JSON, FIELD_TYPE.ENUM,
+                         FIELD_TYPE.SET, FIELD_TYPE.TINY_BLOB, FIELD_TYPE.MEDIUM_BLOB,
+                         FIELD_TYPE.LONG_BLOB, FIELD_TYPE.BLOB, FIELD_TYPE.VAR_STRING,
+                         FIELD_TYPE.STRING, FIELD_TYPE.GEOMETRY})
 
 
 class Result:
     """The statement's unbuffered cursor, with driver errors raised while fetching cleaned too;
     when the last row has been read, ``finished`` says whether the server stopped the statement."""
 
-    def __init__(self, cur: Any, clean: Any, finished: Any) -> None:
+    def __init__(self, cur: Any, clean: Any, finished: Any, max_bytes: int = 0) -> None:
         self._cur, self._clean, self._finished = cur, clean, finished
+        self._max_bytes = max_bytes  # 0: no cap (read what is asked for)
         self.description = cur.description
         self.rowcount = cur.rowcount
+        # the columns whose values can be long (strings, blobs, JSON, bits, geometry): the rest
+        # are numbers and dates of a bounded size
+        self._long = tuple(i for i, d in enumerate(cur.description or ())
+                           if d[1] in _LONG_TYPES)
 
     def fetchmany(self, size: int) -> Any:
+        """Up to ``size`` rows; fewer only at the end of the result, or when the strings and bytes
+        of the rows read pass the byte cap (a lower bound of what the executor measures, so it
+        truncates the result at that batch)."""
+        rows: list = []
+        read = self._cur.read_next
+        cap, seen = self._max_bytes, 0
         try:
-            rows = self._cur.fetchmany(size)
+            while len(rows) < size:
+                row = read()
+                if row is None:  # the whole result is read
+                    self._finished()
+                    break
+                rows.append(row)
+                if cap:
+                    for i in self._long:
+                        value = row[i]
+                        if value is not None:
+                            try:
+                                seen += len(value)
+                            except TypeError:  # a converter's value without a length
+                                pass
+                    if seen > cap:
+                        break
         except pymysql.Error as exc:
             result = getattr(self._cur, "_result", None)
             if result is not None:  # an error packet (a kill, the timer) ended the result
                 result.unbuffered_active = False
             raise self._clean(exc) from exc
-        if len(rows) < size:  # the whole result is read
-            self._finished()
         return rows
 
     def close(self) -> None:

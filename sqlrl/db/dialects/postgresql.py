@@ -14,10 +14,13 @@ server-side cursor (``BEGIN; DECLARE … ; FETCH n`` in one round trip), so the 
 client memory and server work: a cross join of a billion rows stops after ``max_rows + 1`` rows.
 The server measures every streamed row before sending it -- the length of the row's text
 (``record_out``, at least what the wire carries), with names qualified by ``pg_catalog`` so that
-nothing the session creates is called: a row longer than ``Limits.max_bytes`` ends the query with
-a ``runtime`` error instead of reaching libpq, which would hold it whole (decoded, ~4x its size)
-before the executor's byte cap applies. The text that runs a streamed query (cursor, barrier,
-check) and the reading of the check's error are ``postgresql_wrap``.
+nothing the session creates is called: a row longer than ``postgresql_wrap.row_bytes`` (a 16th of
+``Limits.max_bytes``, at least 64 KiB) ends the query with a ``runtime`` error instead of reaching
+libpq, which would hold it whole (decoded, ~4x its size) before the executor's byte cap applies;
+and a later FETCH asks for at most ``LATER_BATCH_ROWS`` rows (``batch_rows``: the executor's
+``BatchBound``), so no FETCH brings more than ``max(16 x max_bytes, 16 MiB)`` of text however
+the rows widen. The text that runs a streamed query (cursor, barrier, check) and the reading of
+the check's error are ``postgresql_wrap``.
 The cursor's transaction block is ended (``COMMIT``, or ``ROLLBACK`` after an error, read from
 libpq's local transaction status) in the same round trip as the session's next statement.
 
@@ -66,7 +69,7 @@ from .postgresql_admin import OWNER_ROLE
 from .postgresql_connect import connect_kwargs
 from .postgresql_lex import denial, split, streamable
 from .postgresql_wrap import CURSOR as _CURSOR
-from .postgresql_wrap import OWN_TEXT, row_cap, streamed_text, wide_row
+from .postgresql_wrap import LATER_BATCH_ROWS, OWN_TEXT, row_bytes, row_cap, streamed_text, wide_row
 
 __all__ = ["PostgreSQLDialect", "StatementError", "denial"]
 
@@ -92,6 +95,7 @@ class _Connection(_ext.connection):
     limits: Limits
     batch_rows: int = FIRST_BATCH_ROWS
     row_cap: str = ""  # the streamed query's row-size check (``row_cap``)
+    row_bytes: int = 0  # the most text one streamed row may have (``row_bytes``)
 
 
 @dataclass
@@ -114,7 +118,8 @@ class StatementError(Exception):
 
 class _StreamedCursor:
     """The rows of a server-side cursor, fetched on demand as many as the executor asks for
-    (it sizes batches by bytes). Every FETCH carries ``SET statement_timeout`` = the time left
+    (it sizes batches by bytes, at most ``batch_rows``), at most ``LATER_BATCH_ROWS`` per FETCH
+    (one arrives whole). Every FETCH carries ``SET statement_timeout`` = the time left
     to the call, so a slow cursor cannot take a full timeout per FETCH."""
 
     rowcount = -1
@@ -138,7 +143,7 @@ class _StreamedCursor:
             if left_ms < 1:
                 raise StatementError("canceling statement due to statement timeout "
                                      "(while fetching rows)", "57014")
-            want = size - len(out)
+            want = min(size - len(out), LATER_BATCH_ROWS)  # one FETCH arrives whole
             self._cur.close()  # drop the previous batch's result before the next arrives
             self._cur = self._conn.cursor()
             self._state.limits_set = True
@@ -185,6 +190,7 @@ class PostgreSQLDialect:
         conn.limits = limits
         conn.batch_rows = min(limits.max_rows + 1, FIRST_BATCH_ROWS)
         conn.row_cap = row_cap(limits.max_bytes)  # once per session, not per call
+        conn.row_bytes = row_bytes(limits.max_bytes)
         try:
             self._refuse_privileged(conn)
         except BaseException:
@@ -277,6 +283,11 @@ class PostgreSQLDialect:
             cur.close()
             raise
 
+    def batch_rows(self, conn: Any) -> int:
+        """One FETCH arrives whole: at most ``LATER_BATCH_ROWS`` rows of at most ``row_bytes``
+        each (``postgresql_wrap``), however narrow the rows before them were."""
+        return LATER_BATCH_ROWS
+
     def observe(self, conn: Any, state: Any) -> None:
         """Nothing to prepare: the server's transaction id tells (``read_only``)."""
 
@@ -316,9 +327,10 @@ class PostgreSQLDialect:
                                      getattr(exc, "pgcode", None), ErrorKind.SESSION_LOST) from exc
             if wrapped and wide_row(exc):
                 raise StatementError(
-                    f"a row of this result has more than the call's byte limit "
-                    f"({conn.limits.max_bytes:,} bytes) of text, so it was not sent: select fewer "
-                    "or narrower columns (e.g. left(col, 1000))", "54000") from exc
+                    f"a row of this result has more than the byte limit on one row "
+                    f"({conn.row_bytes:,} bytes of text; the call's limit is "
+                    f"{conn.limits.max_bytes:,}), so it was not sent: select fewer or narrower "
+                    "columns (e.g. left(col, 1000))", "54000") from exc
             message = OWN_TEXT.sub("", str(exc))
             if shift:
                 message = _LINE_RE.sub(lambda m: f"LINE {max(1, int(m.group(1)) - shift)}:", message)

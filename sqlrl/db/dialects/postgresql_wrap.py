@@ -4,8 +4,12 @@
   query behind a barrier that keeps it planned on its own, filtered by the row-size ``check``,
   then the first ``FETCH`` -- one round trip. The user's text starts on line 2 (error positions
   are shifted back by one).
+- ``row_bytes(max_bytes)``: the most text one row may have: a 16th of the call's ``max_bytes``,
+  at least 64 KiB (at most ``max_bytes``), so that a first batch of 16 rows is at most
+  ``max(max_bytes, 1 MiB)`` and a later one of ``LATER_BATCH_ROWS`` rows at most
+  ``max(16 x max_bytes, 16 MiB)`` of text, however the rows widen;
 - ``row_cap(max_bytes)``: the check (once per session): a row whose text is longer than
-  ``max_bytes`` stops the query with "bigint out of range" in ``int48pl``.
+  ``row_bytes(max_bytes)`` stops the query with "bigint out of range" in ``int48pl``.
 - ``wide_row(exc)``: whether an error is that check's; ``OWN_TEXT``: every piece of sqlrl's own
   text an error message may quote, to be cut from it.
 
@@ -41,6 +45,14 @@ CURSOR = "sqlrl_c"  # the streamed query's cursor (the sandbox refuses the name 
 # row is measured once (``<= cap OR <error arm>`` cost the server 8.6-14.2 µs more per query).
 _I8_MAX = 2**63 - 1
 _CAP_MAX = 2**31 - 1  # a row's text is at most ~1 GB (PostgreSQL's limit for one value)
+# One FETCH arrives whole (libpq), so what bounds a batch is rows x the row bound: a row may have
+# a ROW_SHARE-th of the call's byte cap (at least ROW_FLOOR), and a later FETCH asks for at most
+# LATER_BATCH_ROWS rows (the executor's ``BatchBound``). Before, a row could have all of
+# max_bytes and a later FETCH 10,000 rows: 16 narrow rows, then 1 MB ones, grew the client by
+# 2.3 GB with max_bytes at 4 MiB (issue 46, case 4's many-row form).
+ROW_SHARE = 16
+ROW_FLOOR = 64 * 1024
+LATER_BATCH_ROWS = 256
 _ROW_TEXT_BYTES = "pg_catalog.octet_length((sqlrl_r.*)::pg_catalog.text)"
 _ROW_CAP = "WHERE (" + _ROW_TEXT_BYTES + " OPERATOR(pg_catalog.+) {slack}) IS NOT NULL"
 # The barrier: a query without an OFFSET anywhere gets ``OFFSET 0`` appended (one subquery level);
@@ -57,9 +69,15 @@ OWN_TEXT = re.compile(rf"BEGIN; DECLARE {CURSOR} NO SCROLL CURSOR FOR"
                       rf"|SET statement_timeout = \d+; (FETCH FORWARD \d+ FROM {CURSOR})?")
 
 
+def row_bytes(max_bytes: int) -> int:
+    """The most text one streamed row may have in a call whose byte cap is ``max_bytes``."""
+    return min(max(0, max_bytes), max(ROW_FLOOR, max_bytes // ROW_SHARE), _CAP_MAX)
+
+
 def row_cap(max_bytes: int) -> str:
-    """The row-size check of a streamed query whose rows may have ``max_bytes`` of text each."""
-    return _ROW_CAP.format(slack=_I8_MAX - min(max(0, max_bytes), _CAP_MAX))
+    """The row-size check of a streamed query whose rows may have ``row_bytes(max_bytes)`` of
+    text each."""
+    return _ROW_CAP.format(slack=_I8_MAX - row_bytes(max_bytes))
 
 
 def streamed_text(statement: str, check: str, rows: int) -> str:

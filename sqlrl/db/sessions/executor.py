@@ -21,8 +21,12 @@ Guarantees:
   passes. A call stopped by the deadline is always ``ErrorKind.TIMEOUT``; one that the server
   ended more than ``_LATE_S`` after its deadline (an undo, an uninterruptible function) says so.
 - Fetching is byte-bounded: batches start at ``FIRST_BATCH_ROWS`` and are then sized from the
-  observed row width so one batch is about ``max_bytes / 4``; when the row or byte cap is reached
-  the rest is abandoned (an ``Abandoning`` adapter's ``abandon`` stops the server's work).
+  observed row width so one batch is about ``max_bytes / 4``, never more than a ``BatchBound``
+  adapter's ``batch_rows(conn)`` (rows that widen after the first batch cannot arrive
+  ``MAX_BATCH_ROWS`` at a time); when the row or byte cap is reached the rest is abandoned (an
+  ``Abandoning`` adapter's ``abandon`` stops the server's work). A batch whose rows alone pass
+  ``max_bytes`` ends the result as truncated, however few rows it holds (an adapter may stop
+  reading a batch there).
 - Values are normalised (``normalize.py``) so results are JSON-serialisable and hashable.
 - ``QueryResult.read_only`` is the engine's attestation, statement by statement, asked only when
   ``Limits.attest`` is on (otherwise None, at no cost): an adapter with ``ReadOnlyAttestation``
@@ -42,8 +46,8 @@ import time
 from typing import Any, cast
 
 from ..dialects.base import common_denial, error_message
-from ..dialects.contract import (Abandoning, Cancellable, DialectAdapter, ExactLexer,
-                                ReadOnlyAttestation, contract_of)
+from ..dialects.contract import (Abandoning, BatchBound, Cancellable, DialectAdapter,
+                                ExactLexer, ReadOnlyAttestation, contract_of)
 from .normalize import normalize_rows
 from ..statements import Statement, split
 from ..types import ErrorKind, Limits, QueryResult, read_only_of
@@ -99,6 +103,8 @@ def run_call(adapter: DialectAdapter, conn: Any, state: Any, sql: str, limits: L
     attest = (cast(ReadOnlyAttestation, adapter)
               if limits.attest and contract.has(ReadOnlyAttestation) else None)
     abandon = cast(Abandoning, adapter) if contract.has(Abandoning) else None
+    batch = (min(MAX_BATCH_ROWS, max(1, cast(BatchBound, adapter).batch_rows(conn)))
+             if contract.has(BatchBound) else MAX_BATCH_ROWS)
     read_only: bool | None = None if attest is None else True
     columns: tuple[str, ...] = ()
     rows: list[tuple[Any, ...]] = []
@@ -120,7 +126,7 @@ def run_call(adapter: DialectAdapter, conn: Any, state: Any, sql: str, limits: L
                 if attest is not None:
                     attest.observe(conn, state)
                 cursor = adapter.run(conn, state, statement.text, deadline)
-                columns, rows, truncated, affected = _fetch(cursor, limits, deadline)
+                columns, rows, truncated, affected = _fetch(cursor, limits, deadline, batch)
                 if truncated:
                     _abandon(abandon, conn, cursor)
                 if attest is not None:
@@ -170,7 +176,7 @@ def _abandon(adapter: Abandoning | None, conn: Any, cursor: Any) -> None:
             pass
 
 
-def _fetch(cursor: Any, limits: Limits, deadline: float
+def _fetch(cursor: Any, limits: Limits, deadline: float, batch: int = MAX_BATCH_ROWS
            ) -> tuple[tuple[str, ...], list[tuple[Any, ...]], bool, int | None]:
     if cursor.description is None:  # DDL/DML: no result set
         count = getattr(cursor, "rowcount", -1)
@@ -178,7 +184,7 @@ def _fetch(cursor: Any, limits: Limits, deadline: float
     columns = tuple(str(d[0]) for d in cursor.description)
     rows: list[tuple[Any, ...]] = []
     size = 0
-    want = min(FIRST_BATCH_ROWS, limits.max_rows + 1)
+    want = min(FIRST_BATCH_ROWS, batch, limits.max_rows + 1)
     target = max(1, limits.max_bytes // 4)
     while True:
         chunk = normalize_rows(cursor.fetchmany(want))
@@ -194,7 +200,7 @@ def _fetch(cursor: Any, limits: Limits, deadline: float
             if time.monotonic() >= deadline:
                 raise DeadlineExceeded()
             width = max(1, chunk_size // max(1, len(chunk)))
-            want = max(1, min(MAX_BATCH_ROWS, target // width, limits.max_rows + 1 - len(rows)))
+            want = max(1, min(batch, target // width, limits.max_rows + 1 - len(rows)))
             continue
         for row, row_size in zip(chunk[:room], sizes):  # the cap falls inside this chunk
             size += row_size
