@@ -49,17 +49,18 @@ class Result:
         of the rows read pass the byte cap (a lower bound of what the executor measures, so it
         truncates the result at that batch)."""
         rows: list = []
-        read = self._cur.read_next
+        append, read = rows.append, self._cur.read_next
         cap, seen = self._max_bytes, 0
+        long = self._long if cap else ()  # nothing to measure: every row is read as asked
         try:
-            while len(rows) < size:
+            for _ in range(size):
                 row = read()
                 if row is None:  # the whole result is read
                     self._finished()
                     break
-                rows.append(row)
-                if cap:
-                    for i in self._long:
+                append(row)
+                if long:
+                    for i in long:
                         value = row[i]
                         if value is not None:
                             try:
