@@ -143,25 +143,34 @@ def test_wide_rows_stop_at_the_byte_cap(engine):
 _MEMORY_PROBE = textwrap.dedent("""
     import json, resource, sys, time
     from sqlrl.db import Limits, open_session
-    url, sql = sys.argv[1], sys.argv[2]
-    with open_session(url, limits=Limits(timeout_s=10.0, max_bytes=4 * 1024 * 1024)) as s:
+    from sqlrl.db.sessions.executor import set_text_filter
+    url, sql, max_bytes, filter_on = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "on"
+    set_text_filter(filter_on)
+    with open_session(url, limits=Limits(timeout_s=10.0, max_bytes=max_bytes)) as s:
         s.execute("SELECT 1")
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         t0 = time.monotonic()
         r = s.execute(sql)
         elapsed = time.monotonic() - t0
         after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        again = s.execute("SELECT 2")
     print(json.dumps({"growth_kib": after - before, "elapsed": elapsed, "rows": r.row_count,
-                      "truncated": r.truncated, "error": str(r.error) if r.error else None}))
+                      "truncated": r.truncated, "widths": sorted({len(row[0]) for row in r.rows}),
+                      "error": str(r.error) if r.error else None, "usable": again.rows == ((2,),)}))
 """)
+
+
+def memory_probe(url: str, sql: str, max_bytes: int, text_filter: str = "on") -> dict:
+    """``sql`` run in a child process (its peak RSS is its own): what the call grew it by."""
+    out = subprocess.run([sys.executable, "-c", _MEMORY_PROBE, url, sql, str(max_bytes),
+                          text_filter], capture_output=True, text=True, timeout=300, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def test_wide_rows_keep_client_memory_within_a_small_multiple_of_max_bytes(engine):
     dialect, url = engine
-    out = subprocess.run([sys.executable, "-c", _MEMORY_PROBE, url, WIDE[dialect]],
-                         capture_output=True, text=True, timeout=120, check=True)
-    probe = json.loads(out.stdout.strip().splitlines()[-1])
-    assert probe["error"] is None and probe["truncated"], probe
+    probe = memory_probe(url, WIDE[dialect], 4 * 1024 * 1024)
+    assert probe["error"] is None and probe["truncated"] and probe["usable"], probe
     assert probe["growth_kib"] < 64 * 1024, probe  # 16 x max_bytes; 1,000 rows were ~1.4 GB
     assert probe["elapsed"] < 10.0, probe  # before its 10 s timeout (error None says so too)
 
@@ -230,7 +239,7 @@ def test_filter_off_set_and_sleep_in_one_call(engine, filter_off):
 # whole) and 1.1 GB on MariaDB (the batch was read before it was measured). Now PostgreSQL's rows
 # are each at most a 16th of max_bytes (at least 64 KiB) and a later FETCH asks for at most 256 of
 # them (BatchBound), and MariaDB stops reading a batch once its strings pass max_bytes. Each probe
-# runs in a child process, whose peak RSS is its own; the text filter on and off.
+# runs in a child process (memory_probe); the text filter on and off.
 
 # PostgreSQL: rows of at most 64 KiB of text, FETCHes of at most 16 MiB
 WIDEN_MAX_BYTES = 1024 * 1024
@@ -246,31 +255,10 @@ WIDENING = {  # 16 one-byte rows, then rows of WIDEN_WIDTH bytes (~180 MB in all
 # MariaDB the cap and one row; before the fix both grew by ~0.35 GB here
 GROWTH_LIMIT_KIB = {"postgresql": 64 * 1024, "mysql": 24 * 1024}
 
-_WIDENING_PROBE = textwrap.dedent("""
-    import json, resource, sys
-    from sqlrl.db import Limits, open_session
-    from sqlrl.db.sessions.executor import set_text_filter
-    url, sql, max_bytes, filter_on = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "on"
-    set_text_filter(filter_on)
-    with open_session(url, limits=Limits(timeout_s=20.0, max_bytes=max_bytes)) as s:
-        s.execute("SELECT 1")
-        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        r = s.execute(sql)
-        after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        again = s.execute("SELECT 2")
-    print(json.dumps({"growth_kib": after - before, "rows": r.row_count, "truncated": r.truncated,
-                      "widths": sorted({len(row[0]) for row in r.rows}),
-                      "error": str(r.error) if r.error else None, "usable": again.rows == ((2,),)}))
-""")
-
-
 @pytest.mark.parametrize("text_filter", ["on", "off"])
 def test_rows_that_widen_after_the_first_batch_keep_client_memory_bounded(engine, text_filter):
     dialect, url = engine
-    out = subprocess.run([sys.executable, "-c", _WIDENING_PROBE, url, WIDENING[dialect],
-                          str(WIDEN_MAX_BYTES), text_filter],
-                         capture_output=True, text=True, timeout=300, check=True)
-    probe = json.loads(out.stdout.strip().splitlines()[-1])
+    probe = memory_probe(url, WIDENING[dialect], WIDEN_MAX_BYTES, text_filter)
     # the rows that fit the cap, in order: the 16 narrow ones, then wide ones up to WIDEN_MAX_BYTES
     assert probe["error"] is None and probe["truncated"] and probe["usable"], probe
     assert probe["widths"] == [1, WIDEN_WIDTH], probe
