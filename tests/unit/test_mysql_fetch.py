@@ -82,3 +82,9 @@ def test_the_executor_truncates_where_the_result_stopped_reading():
     r = executor.run_call(adapter, None, None, "SELECT 1", Limits(max_bytes=1_000_000))
     assert r.ok and r.truncated and r.row_count == 16 + 1_000_000 // 60_010, r.row_count
     assert adapter.cur.read < 40  # read row by row: the wide rows past the cap stayed unread
+
+
+def test_a_column_of_a_type_not_known_to_be_bounded_is_measured():
+    rows = [("x" * 600_000,)] * 10
+    result, cur, ended = _result(rows, [200], 1_000_000)  # a type code pymysql does not name
+    assert len(result.fetchmany(10)) == 2 and cur.read == 2 and not ended

@@ -2,8 +2,8 @@
 
 - ``Result``: the statement's ``SSCursor`` with driver errors cleaned; an error packet (a kill, the
   statement timer) ends the result so the connection stays usable. Rows are read one at a time
-  (as the unbuffered protocol sends them) and a batch stops being read once its strings and bytes
-  alone pass the session's byte cap: the executor truncates the result there (a batch over the
+  (as the unbuffered protocol sends them) and a batch stops being read once the lengths of its
+  values of unbounded types (all but numbers and dates) pass the session's byte cap: the executor truncates the result there (a batch over the
   cap ends it), so a result whose rows widen after its first batch brings at most the cap plus
   one row (``max_allowed_packet``) into the client, not the batch the narrow rows asked for.
 - ``stopped_by_timeout``: whether the server's timer stopped a statement that reported success.
@@ -24,10 +24,13 @@ from pymysql.constants import FIELD_TYPE
 from ..url import parse_url
 
 TIMEOUT_CHECK_MARGIN_S = 0.005  # statements ending this close to their deadline are checked
-_LONG_TYPES = frozenset({FIELD_TYPE.VARCHAR, FIELD_TYPE.BIT, FIELD_TYPE.JSON, FIELD_TYPE.ENUM,
-                         FIELD_TYPE.SET, FIELD_TYPE.TINY_BLOB, FIELD_TYPE.MEDIUM_BLOB,
-                         FIELD_TYPE.LONG_BLOB, FIELD_TYPE.BLOB, FIELD_TYPE.VAR_STRING,
-                         FIELD_TYPE.STRING, FIELD_TYPE.GEOMETRY})
+# numbers and dates: a value of these types has a bounded size; every other column (strings,
+# blobs, JSON, bits, geometry, and any type this list does not know) is measured
+_BOUNDED_TYPES = frozenset({FIELD_TYPE.DECIMAL, FIELD_TYPE.TINY, FIELD_TYPE.SHORT, FIELD_TYPE.LONG,
+                            FIELD_TYPE.FLOAT, FIELD_TYPE.DOUBLE, FIELD_TYPE.NULL,
+                            FIELD_TYPE.TIMESTAMP, FIELD_TYPE.LONGLONG, FIELD_TYPE.INT24,
+                            FIELD_TYPE.DATE, FIELD_TYPE.TIME, FIELD_TYPE.DATETIME,
+                            FIELD_TYPE.YEAR, FIELD_TYPE.NEWDATE, FIELD_TYPE.NEWDECIMAL})
 
 
 class Result:
@@ -39,15 +42,14 @@ class Result:
         self._max_bytes = max_bytes  # 0: no cap (read what is asked for)
         self.description = cur.description
         self.rowcount = cur.rowcount
-        # the columns whose values can be long (strings, blobs, JSON, bits, geometry): the rest
-        # are numbers and dates of a bounded size
+        # the columns whose values can be long: all but numbers and dates
         self._long = tuple(i for i, d in enumerate(cur.description or ())
-                           if d[1] in _LONG_TYPES)
+                           if d[1] not in _BOUNDED_TYPES)
 
     def fetchmany(self, size: int) -> Any:
-        """Up to ``size`` rows; fewer only at the end of the result, or when the strings and bytes
-        of the rows read pass the byte cap (a lower bound of what the executor measures, so it
-        truncates the result at that batch)."""
+        """Up to ``size`` rows; fewer only at the end of the result, or when the lengths of the
+        rows' values of unbounded types pass the byte cap (a lower bound of what the executor
+        measures, so it truncates the result at that batch)."""
         rows: list = []
         append, read = rows.append, self._cur.read_next
         cap, seen = self._max_bytes, 0
@@ -65,7 +67,7 @@ class Result:
                         if value is not None:
                             try:
                                 seen += len(value)
-                            except TypeError:  # a converter's value without a length
+                            except TypeError:  # a value without a length (a number): bounded
                                 pass
                     if seen > cap:
                         break
